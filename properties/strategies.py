@@ -1,0 +1,166 @@
+"""Hypothesis strategies for the layout model: meshes, placements, shapes, bit-exact tensors, state layouts.
+
+Everything shrinks toward small cases: few tensors, small shapes, world size 1, plain bit patterns. Special values
+are drawn as integers and viewed as bits, so NaN payloads, -0.0, subnormals and infinities survive exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from reference.dtypes import DTYPES, DType
+from reference.layout import Mesh, Replicate, Shard, Sharded, TensorLayout, flat_group
+from reference.moe import keyed_layouts, stacked_layout
+from reference.tensor import Tensor
+
+DTYPE_NAMES = ("F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL")
+
+# Bit patterns worth hitting on purpose, per dtype: NaN payloads (quiet and signalling), -0.0, smallest and largest
+# subnormals, infinities, extremes of integer ranges.
+SPECIAL_BITS: dict[str, tuple[int, ...]] = {
+    "F64": (0x8000000000000000, 0x7FF8000000000001, 0x7FF0000000000001, 0xFFF8DEADBEEF0000, 0x7FF0000000000000,
+            0xFFF0000000000000, 0x0000000000000001, 0x000FFFFFFFFFFFFF),
+    "F32": (0x80000000, 0x7FC00001, 0x7F800001, 0xFFC0DEAD, 0x7F800000, 0xFF800000, 0x00000001, 0x007FFFFF),
+    "F16": (0x8000, 0x7E01, 0x7C01, 0xFE5A, 0x7C00, 0xFC00, 0x0001, 0x03FF),
+    "BF16": (0x8000, 0x7FC1, 0x7F81, 0xFFA5, 0x7F80, 0xFF80, 0x0001, 0x007F),
+    "F8_E4M3": (0x80, 0x7F, 0xFF, 0x01, 0x07, 0x7E),
+    "F8_E5M2": (0x80, 0x7D, 0x7E, 0xFF, 0x7C, 0xFC, 0x01, 0x03),
+    "I64": (0x8000000000000000, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF),
+    "I32": (0x80000000, 0x7FFFFFFF, 0xFFFFFFFF),
+    "I16": (0x8000, 0x7FFF, 0xFFFF),
+    "I8": (0x80, 0x7F, 0xFF),
+    "U8": (0x00, 0xFF),
+    "BOOL": (0, 1),
+}
+
+
+def dtypes() -> st.SearchStrategy[DType]:
+    return st.sampled_from(DTYPE_NAMES).map(DTYPES.__getitem__)
+
+
+def bits_element(dt: DType) -> st.SearchStrategy[int]:
+    if dt.name == "BOOL":
+        return st.sampled_from((0, 1))
+    top = (1 << (8 * dt.itemsize)) - 1
+    return st.one_of(st.integers(0, min(top, 255)), st.sampled_from(SPECIAL_BITS[dt.name]), st.integers(0, top))
+
+
+@st.composite
+def tensors(draw, dt: DType, shape: tuple[int, ...]) -> Tensor:
+    """A tensor whose every element is drawn as raw bits; small shapes only, so elementwise drawing is fine."""
+    bits = draw(hnp.arrays(dt.bits_dtype, shape, elements=bits_element(dt), fill=st.nothing()))
+    return Tensor(dt, bits.astype(dt.bits_dtype))
+
+
+def seeded_tensor(dt: DType, shape: tuple[int, ...], seed: int) -> Tensor:
+    """A large tensor from a seed (cases carry seeds, not bytes); sprinkles special values deterministically."""
+    rng = np.random.default_rng(seed)
+    n = math.prod(shape)
+    if dt.name == "BOOL":
+        bits = rng.integers(0, 2, n, dtype=np.uint8)
+    else:
+        bits = rng.integers(0, 1 << (8 * dt.itemsize), n, dtype=dt.bits_dtype, endpoint=False)
+        specials = np.array(SPECIAL_BITS[dt.name], dtype=dt.bits_dtype)
+        where = rng.random(n) < 0.05
+        bits[where] = rng.choice(specials, int(where.sum()))
+    return Tensor(dt, bits.reshape(shape))
+
+
+def shapes(max_dims: int = 3, max_side: int = 6) -> st.SearchStrategy[tuple[int, ...]]:
+    """Global shapes including 0-d and zero-size dims, sized so dims are often not divisible by the mesh."""
+    return st.lists(st.integers(0, max_side), min_size=0, max_size=max_dims).map(tuple)
+
+
+def factorizations(n: int, max_dims: int = 3) -> list[tuple[int, ...]]:
+    """Every ordered factorisation of ``n`` into 1..max_dims factors (1s allowed once each, to keep it finite)."""
+    out: set[tuple[int, ...]] = {(n,)}
+    if max_dims >= 2:
+        for a in range(1, n + 1):
+            if n % a == 0:
+                out.add((a, n // a))
+                if max_dims >= 3:
+                    for b in range(1, n // a + 1):
+                        if (n // a) % b == 0:
+                            out.add((a, b, n // a // b))
+    return sorted(out, key=lambda t: (len(t), t))
+
+
+@st.composite
+def meshes(draw, world_size: int | None = None, max_world: int = 8) -> Mesh:
+    n = world_size if world_size is not None else draw(st.integers(1, max_world))
+    shape = draw(st.sampled_from(factorizations(n)))
+    return Mesh(shape, tuple(("dp", "pp", "tp")[: len(shape)]) if len(shape) <= 3 else ())
+
+
+@st.composite
+def sharded_layouts(draw, mesh: Mesh, ndim: int) -> Sharded:
+    choices = [Replicate()] + [Shard(d) for d in range(ndim)]
+    return Sharded(mesh, tuple(draw(st.sampled_from(choices)) for _ in mesh.shape))
+
+
+@st.composite
+def states(draw, max_tensors: int = 4, max_side: int = 6, allow_empty: bool = True) -> dict[str, Tensor]:
+    """A state dict of bit-exact tensors under namespaced keys; may be empty."""
+    names = draw(
+        st.lists(
+            st.sampled_from(["model/w", "model/b", "model/emb", "optimizer/w.m1", "optimizer/w.m2", "master/w",
+                             "ema/w", "rng/state", "meta/step", "model/layers.0.attn.qkv"]),
+            min_size=0 if allow_empty else 1,
+            max_size=max_tensors,
+            unique=True,
+        )
+    )
+    out = {}
+    for name in names:
+        dt = draw(dtypes())
+        shape = draw(shapes(max_side=max_side))
+        out[name] = draw(tensors(dt, shape))
+    return out
+
+
+@st.composite
+def state_layouts(draw, state: dict[str, Tensor], mesh: Mesh) -> dict[str, TensorLayout]:
+    """A layout for every tensor: DTensor placements, or membership of one flattened (stage-1 v2) buffer."""
+    layouts: dict[str, TensorLayout] = {}
+    flat_members = []
+    for name in sorted(state):
+        kind = draw(st.sampled_from(("sharded", "sharded", "flat")))
+        if kind == "flat":
+            flat_members.append(name)
+        else:
+            layouts[name] = draw(sharded_layouts(mesh, len(state[name].shape)))
+    if flat_members:
+        mesh_dim = draw(st.integers(0, len(mesh.shape) - 1))
+        align = draw(st.sampled_from((1, 2, 4)))
+        layouts.update(flat_group(mesh, mesh_dim, [(n, state[n].shape) for n in flat_members], align=align))
+    return layouts
+
+
+@st.composite
+def moe_cases(draw) -> tuple[dict[str, Tensor], dict[str, TensorLayout], Mesh, int, str]:
+    """An MoE state (stacked or keyed experts) on a (dp, ep) mesh: returns state, layouts, mesh, E, encoding."""
+    ep = draw(st.sampled_from((1, 2, 4)))
+    dp = draw(st.sampled_from((1, 2)))
+    per = draw(st.integers(1, 2))
+    num_experts = ep * per * draw(st.sampled_from((1, 2)))
+    mesh = Mesh((dp, ep), ("dp", "ep"))
+    encoding = draw(st.sampled_from(("stacked", "keyed")))
+    dt = draw(dtypes())
+    inner = draw(st.lists(st.integers(0, 4), min_size=0, max_size=2).map(tuple))
+    if encoding == "stacked":
+        state = {"model/moe.w1": draw(tensors(dt, (num_experts, *inner)))}
+        layouts: dict[str, TensorLayout] = {"model/moe.w1": stacked_layout(mesh, "ep", num_experts)}
+    else:
+        layouts = dict(keyed_layouts(mesh, "ep", num_experts, "model/moe", "w1"))
+        state = {key: draw(tensors(dt, inner)) for key in layouts}
+    return state, layouts, mesh, num_experts, encoding
+
+
+__all__ = [
+    "DTYPE_NAMES", "SPECIAL_BITS", "dtypes", "factorizations", "meshes", "moe_cases", "seeded_tensor",
+    "shapes", "sharded_layouts", "state_layouts", "states", "tensors",
+]

@@ -1,0 +1,225 @@
+"""How a checkpoint becomes visible: the commit step as one small protocol with two implementations.
+
+``AtomicRename`` writes into a staging directory and renames it to the final name (POSIX filesystems).
+``CommitMarker`` writes in place and publishes by writing a marker file last (stores without atomic rename).
+Either way a reader sees a checkpoint only once every byte of it is durable. The ``latest`` pointer moves only
+after the commit, and rotation never deletes what ``latest`` points at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Protocol
+
+from .errors import (
+    CheckpointError,
+    CheckpointExists,
+    CheckpointIncomplete,
+    CheckpointNotFound,
+    CorruptCheckpoint,
+    UnsafePath,
+)
+from .index import INDEX_NAME, check_safe_name
+
+LATEST = "latest"
+MARKER = "COMMITTED"
+STAGING_PREFIX = ".staging-"
+TRASH_PREFIX = ".trash-"
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Create ``path`` (must not exist) with ``data`` and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CommitProtocol(Protocol):
+    name: str
+
+    def staging_dir(self, root: Path, ckpt: str, save_id: str) -> Path: ...
+
+    def finalize(self, staging: Path, final: Path) -> None: ...
+
+    def is_committed(self, ckpt_dir: Path) -> bool: ...
+
+
+class AtomicRename:
+    name = "rename"
+
+    def staging_dir(self, root: Path, ckpt: str, save_id: str) -> Path:
+        return root / f"{STAGING_PREFIX}{ckpt}-{save_id}"
+
+    def finalize(self, staging: Path, final: Path) -> None:
+        fsync_dir(staging)
+        if final.exists():
+            raise CheckpointExists("a checkpoint of this name is already committed", final)
+        os.rename(staging, final)
+        fsync_dir(final.parent)
+
+    def is_committed(self, ckpt_dir: Path) -> bool:
+        return (ckpt_dir / INDEX_NAME).is_file()
+
+
+class CommitMarker:
+    name = "marker"
+
+    def staging_dir(self, root: Path, ckpt: str, save_id: str) -> Path:
+        return root / ckpt
+
+    def finalize(self, staging: Path, final: Path) -> None:
+        fsync_dir(staging)
+        write_durable(final / MARKER, b"")
+        fsync_dir(final)
+
+    def is_committed(self, ckpt_dir: Path) -> bool:
+        return (ckpt_dir / INDEX_NAME).is_file() and (ckpt_dir / MARKER).is_file()
+
+
+PROTOCOLS: dict[str, CommitProtocol] = {"rename": AtomicRename(), "marker": CommitMarker()}
+
+
+def protocol(name: str) -> CommitProtocol:
+    try:
+        return PROTOCOLS[name]
+    except KeyError:
+        raise CheckpointError(f"unknown commit protocol {name!r}; known: {', '.join(PROTOCOLS)}") from None
+
+
+def committed_checkpoints(root: Path) -> dict[str, int]:
+    """Committed checkpoint names under ``root`` → their sequence numbers (commit order)."""
+    out = {}
+    if not root.is_dir():
+        return out
+    for entry in root.iterdir():
+        if entry.name.startswith(".") or entry.name == LATEST or entry.is_symlink() or not entry.is_dir():
+            continue
+        seq = _committed_seq(entry)
+        if seq is not None:
+            out[entry.name] = seq
+    return out
+
+
+def _committed_seq(ckpt_dir: Path) -> int | None:
+    try:
+        data = json.loads((ckpt_dir / INDEX_NAME).read_bytes())
+        proto = PROTOCOLS.get(data.get("commit", "rename"))
+        if proto is None or not proto.is_committed(ckpt_dir):
+            return None
+        seq = data["seq"]
+        return seq if isinstance(seq, int) and seq >= 0 else None
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def read_latest(root: Path) -> str | None:
+    path = root / LATEST
+    if path.is_symlink():
+        raise UnsafePath("the latest pointer is a symlink", path)
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CorruptCheckpoint(f"latest pointer is unreadable ({exc})", path) from None
+    return check_safe_name(text, "latest pointer target", path)
+
+
+def set_latest(root: Path, name: str, save_id: str) -> None:
+    tmp = root / f".latest-{save_id}.tmp"
+    write_durable(tmp, (name + "\n").encode())
+    os.replace(tmp, root / LATEST)
+    fsync_dir(root)
+
+
+def resolve(root: Path, name: str | None = None) -> Path:
+    """Directory of checkpoint ``name`` (or of the latest one), which must be committed."""
+    if name is not None:
+        ckpt = root / check_safe_name(name, "checkpoint name", root)
+        if not ckpt.exists():
+            raise CheckpointNotFound(f"no checkpoint named {name!r}", root)
+        if not _is_committed_dir(ckpt):
+            raise CheckpointIncomplete("checkpoint was never committed (no index or commit marker)", ckpt)
+        return ckpt
+    pointed = read_latest(root)
+    if pointed is not None:
+        ckpt = root / pointed
+        if not _is_committed_dir(ckpt):
+            raise CheckpointIncomplete(f"latest pointer names {pointed!r}, which is not a committed checkpoint", root)
+        return ckpt
+    found = committed_checkpoints(root)
+    if not found:
+        raise CheckpointNotFound("no committed checkpoint", root)
+    return root / max(found, key=found.__getitem__)
+
+
+def _is_committed_dir(ckpt: Path) -> bool:
+    return ckpt.is_dir() and not ckpt.is_symlink() and _committed_seq(ckpt) is not None
+
+
+def rotate(root: Path, keep_last: int, save_id: str) -> list[str]:
+    """Delete all but the newest ``keep_last`` committed checkpoints; never the one ``latest`` names.
+
+    Each victim is first renamed into a trash name (atomic), so a crash mid-delete never leaves a half-deleted
+    directory that still looks committed.
+    """
+    if keep_last < 1:
+        raise CheckpointError(f"keep_last must be at least 1, got {keep_last}")
+    found = committed_checkpoints(root)
+    protected = read_latest(root)
+    newest_first = sorted(found, key=found.__getitem__, reverse=True)
+    victims = [n for n in newest_first[keep_last:] if n != protected]
+    for victim in victims:
+        trash = root / f"{TRASH_PREFIX}{victim}-{save_id}"
+        os.rename(root / victim, trash)
+    if victims:
+        fsync_dir(root)
+    for victim in victims:
+        shutil.rmtree(root / f"{TRASH_PREFIX}{victim}-{save_id}", ignore_errors=True)
+    return victims
+
+
+def collect_garbage(root: Path, keep: set[str]) -> list[str]:
+    """Remove stale staging, trash and pointer temp files left by crashed saves (never those in ``keep``)."""
+    removed = []
+    for entry in root.iterdir():
+        if entry.name in keep:
+            continue
+        stale_dir = entry.name.startswith((STAGING_PREFIX, TRASH_PREFIX))
+        stale_marker_dir = (
+            not entry.name.startswith(".")
+            and entry.name != LATEST
+            and entry.is_dir()
+            and not entry.is_symlink()
+            and not _is_committed_dir(entry)
+            and _looks_like_marker_staging(entry)
+        )
+        if (stale_dir and entry.is_dir() and not entry.is_symlink()) or stale_marker_dir:
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+        elif entry.name.startswith(".latest-") and entry.is_file():
+            entry.unlink()
+            removed.append(entry.name)
+    return removed
+
+
+def _looks_like_marker_staging(entry: Path) -> bool:
+    """An uncommitted in-place (marker protocol) checkpoint: nothing but our own rank files and index."""
+    names = [p.name for p in entry.iterdir()]
+    return bool(names) and all(n.startswith("rank-") or n == INDEX_NAME for n in names)

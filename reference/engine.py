@@ -1,0 +1,433 @@
+"""Save and load: the reference engine's rank step, coordinator step and loader.
+
+A real multi-rank run calls ``save_rank`` on every rank and ``commit`` on the coordinator after a barrier
+(``commit`` can also wait for the ranks' manifests itself, which is what an async writer does). The in-process
+``save`` plays every rank in turn, so the reference needs no launcher for any world size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import uuid
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .commit import collect_garbage, committed_checkpoints, protocol, resolve, rotate, set_latest, write_durable
+from .dtypes import DType, dtype
+from .errors import (
+    CheckpointIncomplete,
+    CorruptCheckpoint,
+    LayoutError,
+    MissingSlices,
+    MissingTensor,
+    TargetMismatch,
+)
+from .index import FORMAT, VERSION, Index, SliceRecord, check_safe_name, parse_index, read_index
+from .layout import Box, FlatRange, Region, TensorLayout
+from .regions import copy_between, needed_runs
+from .stio import DEFAULT_BLOCK, Entry, SafetensorsReader, write_file
+from .tensor import Tensor
+
+
+@dataclass(frozen=True)
+class LocalTensor:
+    """One rank's piece of a tensor: where it sits in the global tensor, its bits, and whether this rank is the
+    one that saves it (replicas are saved once)."""
+
+    global_shape: tuple[int, ...]
+    region: Region
+    tensor: Tensor
+    saves: bool = True
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a rank wants loaded: the global dtype and shape it expects, and the region it holds."""
+
+    dtype: DType
+    global_shape: tuple[int, ...]
+    region: Region
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    name: str
+    path: Path
+    seq: int
+    save_id: str
+    world_size: int
+
+
+def rank_file(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def _manifest_file(rank: int) -> str:
+    return f"rank-{rank:05d}.manifest.json"
+
+
+def new_save_id() -> str:
+    return uuid.uuid4().hex[:16]
+
+
+# --- save --------------------------------------------------------------------------------------------------
+
+
+def save_rank(
+    root: str | Path,
+    name: str,
+    save_id: str,
+    rank: int,
+    world_size: int,
+    tensors: Mapping[str, LocalTensor],
+    *,
+    block: int = DEFAULT_BLOCK,
+    commit: str = "rename",
+) -> Path:
+    """Rank step: write this rank's deduplicated slices and its manifest into the staging directory."""
+    root = Path(root)
+    check_safe_name(name, "checkpoint name", root)
+    check_safe_name(save_id, "save id", root)
+    if block <= 0 or block % 8:
+        raise LayoutError(f"checksum block size {block} must be a positive multiple of 8")
+    staging = protocol(commit).staging_dir(root, name, save_id)
+    staging.mkdir(parents=True, exist_ok=True)
+    entries, described, specs = [], [], {}
+    for tname in sorted(tensors):
+        lt = tensors[tname]
+        _check_local(tname, lt)
+        specs[tname] = {"dtype": lt.tensor.dtype.name, "shape": list(lt.global_shape)}
+        if lt.saves and lt.region.numel > 0:
+            key = f"{tname}#{rank}"
+            entries.append((key, lt.tensor.dtype, lt.tensor.shape, lt.tensor.bits))
+            described.append((tname, key, lt.region))
+    fname = rank_file(rank)
+    written, size, header_crc = write_file(staging / fname, entries, block)
+    manifest = {
+        "rank": rank,
+        "save_id": save_id,
+        "world_size": world_size,
+        "file": fname,
+        "size": size,
+        "header_crc32": header_crc,
+        "block": block,
+        "tensors": specs,
+        "slices": [
+            {"tensor": t, "key": k, "region": r.to_json(), "offset": w.offset, "nbytes": w.nbytes, "crc32": w.crcs}
+            for (t, k, r), w in zip(described, written)
+        ],
+    }
+    tmp = staging / f".{_manifest_file(rank)}.tmp"
+    tmp.unlink(missing_ok=True)
+    write_durable(tmp, json.dumps(manifest).encode())
+    os.replace(tmp, staging / _manifest_file(rank))
+    return staging
+
+
+def _check_local(name: str, lt: LocalTensor) -> None:
+    if lt.tensor.shape != lt.region.shape:
+        raise LayoutError(f"{name}: local data shape {lt.tensor.shape} != region shape {lt.region.shape}")
+    if isinstance(lt.region, Box):
+        fits = len(lt.region.offsets) == len(lt.global_shape) and all(
+            o + s <= g for o, s, g in zip(lt.region.offsets, lt.region.shape, lt.global_shape)
+        )
+    else:
+        fits = lt.region.stop <= math.prod(lt.global_shape)
+    if not fits:
+        raise LayoutError(f"{name}: region {lt.region} does not fit global shape {lt.global_shape}")
+
+
+def commit(
+    root: str | Path,
+    name: str,
+    save_id: str,
+    world_size: int,
+    *,
+    meta: Mapping | None = None,
+    commit: str = "rename",
+    keep_last: int | None = None,
+    timeout: float = 0.0,
+) -> CheckpointInfo:
+    """Coordinator step: gather manifests, check exact cover, write the index, publish, move ``latest``,
+    rotate, and collect what crashed saves left behind."""
+    root = Path(root)
+    proto = protocol(commit)
+    staging = proto.staging_dir(root, name, save_id)
+    manifests = _gather_manifests(staging, world_size, save_id, timeout)
+    tensors: dict[str, dict] = {}
+    files, slices = {}, []
+    for m in manifests:
+        for tname, spec in m["tensors"].items():
+            if tensors.setdefault(tname, spec) != spec:
+                raise LayoutError(f"{tname}: rank {m['rank']} saves it as {spec}, another rank as {tensors[tname]}")
+        files[m["file"]] = {"size": m["size"], "header_crc32": m["header_crc32"]}
+        slices += [{**s, "file": m["file"]} for s in m["slices"]]
+    known = committed_checkpoints(root)
+    index = {
+        "format": FORMAT,
+        "version": VERSION,
+        "name": name,
+        "seq": max(known.values(), default=-1) + 1,
+        "save_id": save_id,
+        "world_size": world_size,
+        "block": manifests[0]["block"] if manifests else DEFAULT_BLOCK,
+        "commit": proto.name,
+        "meta": dict(meta or {}),
+        "tensors": tensors,
+        "files": files,
+        "slices": slices,
+    }
+    parse_index(index, staging / "index.json")  # the reference asserts exact cover before publishing
+    write_durable(staging / "index.json", json.dumps(index).encode())
+    final = root / name
+    proto.finalize(staging, final)
+    set_latest(root, name, save_id)
+    if keep_last is not None:
+        rotate(root, keep_last, save_id)
+    collect_garbage(root, keep={name})
+    return CheckpointInfo(name, final, index["seq"], save_id, world_size)
+
+
+def _gather_manifests(staging: Path, world_size: int, save_id: str, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    paths = [staging / _manifest_file(r) for r in range(world_size)]
+    while True:
+        missing = [r for r, p in enumerate(paths) if not p.is_file()]
+        if not missing or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    if missing:
+        raise CheckpointIncomplete(f"ranks {missing} did not finish writing (no manifest)", staging)
+    manifests = []
+    for path in paths:
+        m = json.loads(path.read_bytes())
+        if m.get("save_id") != save_id or m.get("world_size") != world_size:
+            raise CheckpointIncomplete(f"manifest belongs to another save ({m.get('save_id')})", path)
+        manifests.append(m)
+    return manifests
+
+
+def world_size_of(layouts: Mapping[str, TensorLayout]) -> int:
+    sizes = {layout.mesh.world_size for layout in layouts.values()}
+    if len(sizes) > 1:
+        raise LayoutError(f"layouts disagree on the world size: {sorted(sizes)}")
+    return sizes.pop() if sizes else 1
+
+
+def extract(tensor: Tensor, region: Region) -> Tensor:
+    """The bits of ``region`` of a global tensor, as a contiguous local tensor."""
+    if isinstance(region, FlatRange):
+        return Tensor(tensor.dtype, tensor.bits.reshape(-1)[region.start : region.stop].copy())
+    sel = tuple(slice(o, o + s) for o, s in zip(region.offsets, region.shape))
+    return Tensor(tensor.dtype, np.array(tensor.bits[sel], order="C", copy=True))
+
+
+def local_tensors(
+    state: Mapping[str, Tensor], layouts: Mapping[str, TensorLayout], rank: int
+) -> dict[str, LocalTensor]:
+    """What ``rank`` holds of a global state under ``layouts`` (tensors without a layout live whole on rank 0)."""
+    out = {}
+    for tname, tensor in state.items():
+        layout = layouts.get(tname)
+        if layout is None:
+            if rank == 0:
+                out[tname] = LocalTensor(tensor.shape, Box((0,) * len(tensor.shape), tensor.shape), tensor)
+            continue
+        local = layout.local(tensor.shape, rank)
+        if local is not None:
+            out[tname] = LocalTensor(tensor.shape, local.region, extract(tensor, local.region), local.saves)
+    return out
+
+
+def save(
+    root: str | Path,
+    state: Mapping[str, Tensor],
+    layouts: Mapping[str, TensorLayout] | None = None,
+    *,
+    name: str,
+    meta: Mapping | None = None,
+    keep_last: int | None = None,
+    block: int = DEFAULT_BLOCK,
+    commit_protocol: str = "rename",
+    save_id: str | None = None,
+) -> CheckpointInfo:
+    """Save a global state as every rank of ``layouts`` would, then commit (in-process, any world size)."""
+    layouts = dict(layouts or {})
+    world = world_size_of(layouts)
+    save_id = save_id or new_save_id()
+    for rank in range(world):
+        save_rank(
+            root, name, save_id, rank, world, local_tensors(state, layouts, rank), block=block, commit=commit_protocol
+        )
+    return commit(root, name, save_id, world, meta=meta, commit=commit_protocol, keep_last=keep_last)
+
+
+# --- load --------------------------------------------------------------------------------------------------
+
+
+class _Files:
+    """Data files of one checkpoint, opened on demand and checked against the index before use."""
+
+    def __init__(self, ckpt: Path, index: Index) -> None:
+        self.ckpt, self.index = ckpt, index
+        self.open: dict[str, SafetensorsReader] = {}
+
+    def entry(self, s: SliceRecord) -> tuple[SafetensorsReader, Entry]:
+        reader = self.open.get(s.file)
+        path = self.ckpt / s.file
+        if reader is None:
+            try:
+                reader = SafetensorsReader(path)
+            except FileNotFoundError:
+                raise CheckpointIncomplete("data file listed in the index is missing", path) from None
+            self.open[s.file] = reader
+            record = self.index.files[s.file]
+            if reader.size != record.size:
+                raise CorruptCheckpoint(f"file is {reader.size} bytes, the index says {record.size}", path)
+            if zlib.crc32(reader.header_bytes) != record.header_crc32:
+                raise CorruptCheckpoint("safetensors header checksum mismatch", path)
+        entry = reader.entries.get(s.key)
+        meta = self.index.tensors[s.tensor]
+        if entry is None or (entry.offset, entry.nbytes, entry.dtype) != (s.offset, s.nbytes, meta.dtype):
+            raise CorruptCheckpoint(f"header entry {s.key!r} disagrees with the index", path)
+        return reader, entry
+
+    def close(self) -> None:
+        for reader in self.open.values():
+            reader.close()
+
+
+def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], block: int) -> Tensor:
+    dt = target.dtype
+    dst = np.empty(target.region.shape, dt.bits_dtype)
+    want = target.region.numel
+    if want == 0:
+        return Tensor(dt, dst)
+    copied = 0
+    for s in slices:
+        if s.region == target.region:
+            reader, entry = files.entry(s)
+            reader.read_blocks(entry, memoryview(dst.reshape(-1)).cast("B"), 0, [(0, len(s.crcs))], block, list(s.crcs))
+            copied += want
+            continue
+        starts, lengths = needed_runs(s.region, target.region, target.global_shape)
+        if len(starts) == 0:
+            continue
+        reader, entry = files.entry(s)
+        lo, hi = int(starts.min()), int((starts + lengths).max())
+        if isinstance(s.region, Box) and s.region.shape:
+            row = math.prod(s.region.shape[1:])
+            lo, hi = lo // row * row, -(-hi // row) * row
+        it = dt.itemsize
+        first_block = lo * it // block
+        byte0 = first_block * block
+        byte_end = min(-(-hi * it // block) * block, s.nbytes)
+        buffer = np.empty(byte_end - byte0, np.uint8)
+        reader.read_blocks(
+            entry,
+            memoryview(buffer),
+            byte0,
+            _needed_blocks(starts, lengths, it, block, first_block),
+            block,
+            list(s.crcs),
+        )
+        src = buffer[lo * it - byte0 : hi * it - byte0].view(dt.bits_dtype)
+        copied += copy_between(s.region, src, lo, target.region, dst, target.global_shape)
+    if copied != want:
+        raise MissingSlices(f"tensor {tname!r}: saved slices gave {copied} of {want} elements", files.ckpt)
+    return Tensor(dt, dst)
+
+
+def _needed_blocks(
+    starts: np.ndarray, lengths: np.ndarray, itemsize: int, block: int, first: int
+) -> list[tuple[int, int]]:
+    """Coalesced block ranges [b0, b1) holding the given element runs."""
+    b0 = starts * itemsize // block - first
+    b1 = -(-(starts + lengths) * itemsize // block) - first
+    marks = np.zeros(int(b1.max()) + 1, np.int64)
+    np.add.at(marks, b0, 1)
+    np.add.at(marks, b1, -1)
+    used = np.cumsum(marks)[:-1] > 0
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], used, [False])).astype(np.int8)))
+    return [(int(a) + first, int(b) + first) for a, b in zip(edges[::2], edges[1::2])]
+
+
+def open_checkpoint(root: str | Path, name: str | None = None) -> tuple[Path, Index]:
+    ckpt = resolve(Path(root), name)
+    index = read_index(ckpt)
+    if index.name != ckpt.name:
+        raise CorruptCheckpoint(f"index names checkpoint {index.name!r} but lives in {ckpt.name!r}", ckpt)
+    return ckpt, index
+
+
+def load(root: str | Path, targets: Mapping[str, Target], *, name: str | None = None) -> dict[str, Tensor]:
+    """Load each target's region (any layout) from checkpoint ``name`` or the latest, reading only the blocks
+    that overlap what is asked for and verifying their checksums."""
+    ckpt, index = open_checkpoint(root, name)
+    by_tensor: dict[str, list[SliceRecord]] = {}
+    for s in index.slices:
+        by_tensor.setdefault(s.tensor, []).append(s)
+    files = _Files(ckpt, index)
+    try:
+        out = {}
+        for tname, target in targets.items():
+            meta = index.tensors.get(tname)
+            if meta is None:
+                raise MissingTensor(f"tensor {tname!r} is not in the checkpoint", ckpt)
+            if (meta.dtype, meta.shape) != (target.dtype, tuple(target.global_shape)):
+                raise TargetMismatch(
+                    f"tensor {tname!r} is saved as {meta.dtype.name}{list(meta.shape)}, target wants "
+                    f"{target.dtype.name}{list(target.global_shape)}",
+                    ckpt,
+                )
+            out[tname] = _fill(files, tname, target, by_tensor.get(tname, []), index.block)
+        return out
+    finally:
+        files.close()
+
+
+def load_global(root: str | Path, *, name: str | None = None, names: list[str] | None = None) -> dict[str, Tensor]:
+    """Every (or the named) tensor of a checkpoint, whole."""
+    _, index = open_checkpoint(root, name)
+    wanted = names if names is not None else list(index.tensors)
+    targets = {}
+    for tname in wanted:
+        meta = index.tensors.get(tname)
+        if meta is None:
+            raise MissingTensor(f"tensor {tname!r} is not in the checkpoint", root)
+        targets[tname] = Target(meta.dtype, meta.shape, Box((0,) * len(meta.shape), meta.shape))
+    return load(root, targets, name=index.name)
+
+
+def load_rank(
+    root: str | Path,
+    specs: Mapping[str, tuple[str | DType, tuple[int, ...]]],
+    layouts: Mapping[str, TensorLayout],
+    rank: int,
+    *,
+    name: str | None = None,
+) -> dict[str, Tensor]:
+    """What ``rank`` holds under ``layouts`` (any layout, any world size), loaded from the checkpoint."""
+    targets = {}
+    for tname, (dt, shape) in specs.items():
+        shape = tuple(shape)
+        layout = layouts.get(tname)
+        if layout is None:
+            if rank == 0:
+                targets[tname] = Target(dtype(dt), shape, Box((0,) * len(shape), shape))
+            continue
+        local = layout.local(shape, rank)
+        if local is not None:
+            targets[tname] = Target(dtype(dt), shape, local.region)
+    return load(root, targets, name=name)
+
+
+def read_meta(root: str | Path, *, name: str | None = None) -> dict:
+    return open_checkpoint(root, name)[1].meta

@@ -1,0 +1,187 @@
+"""Region arithmetic: contiguous runs, intersections, copies between regions, and exact cover.
+
+Every region is a set of contiguous runs in the global tensor's row-major element order. A Box is many runs (one
+per row of its non-full leading dims), a FlatRange is one. Box-to-box copies use numpy slicing; anything with a
+flat side goes through runs, because a flat range cuts boxes mid-row.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .errors import MissingSlices, OverlappingSlices
+from .layout import Box, FlatRange, Region
+
+
+def strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for size in reversed(shape):
+        out.append(acc)
+        acc *= size
+    return tuple(reversed(out))
+
+
+def box_runs(box: Box, global_shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+    """Global start of every contiguous run of ``box`` (sorted) and the common run length, in elements."""
+    if box.numel == 0:
+        return np.zeros(0, np.int64), 0
+    ndim = len(global_shape)
+    if ndim == 0:
+        return np.zeros(1, np.int64), 1
+    # Merge trailing dims the box spans fully; the last partial dim is contiguous within a run.
+    m = ndim - 1
+    while m > 0 and box.offsets[m] == 0 and box.shape[m] == global_shape[m]:
+        m -= 1
+    st = strides(global_shape)
+    run_len = box.shape[m] * st[m]
+    base = sum(box.offsets[d] * st[d] for d in range(ndim))
+    starts = np.full(1, base, np.int64)
+    for d in range(m):
+        steps = np.arange(box.shape[d], dtype=np.int64) * st[d]
+        starts = (starts[:, None] + steps[None, :]).reshape(-1)
+    return starts, run_len
+
+
+def intersect_boxes(a: Box, b: Box) -> Box | None:
+    lo = tuple(max(x, y) for x, y in zip(a.offsets, b.offsets))
+    hi = tuple(min(x + s, y + t) for x, s, y, t in zip(a.offsets, a.shape, b.offsets, b.shape))
+    if any(h <= l for l, h in zip(lo, hi)) and lo:
+        return None
+    return Box(lo, tuple(h - l for l, h in zip(lo, hi)))
+
+
+def relative(box: Box, origin: Box) -> Box:
+    """``box`` expressed in the frame of ``origin`` (both global)."""
+    return Box(tuple(o - p for o, p in zip(box.offsets, origin.offsets)), box.shape)
+
+
+def region_runs(region: Region, global_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(global starts, lengths, local starts) of a region's runs; local = offset in the region's own order."""
+    if isinstance(region, FlatRange):
+        if region.numel == 0:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, empty
+        return np.array([region.start]), np.array([region.numel]), np.zeros(1, np.int64)
+    starts, run_len = box_runs(region, global_shape)
+    lengths = np.full(len(starts), run_len, np.int64)
+    return starts, lengths, np.arange(len(starts), dtype=np.int64) * run_len
+
+
+def overlap_pieces(
+    src: Region, dst: Region, global_shape: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pieces shared by two regions where at least one is flat: (src local start, dst local start, length)."""
+    if isinstance(src, FlatRange):
+        flat, other, flat_is_src = src, dst, True
+    else:
+        flat, other, flat_is_src = dst, src, False
+    g, n, local = region_runs(other, global_shape)
+    lo = np.maximum(g, flat.start)
+    hi = np.minimum(g + n, flat.stop)
+    keep = hi > lo
+    lo, hi, g, local = lo[keep], hi[keep], g[keep], local[keep]
+    other_local = local + (lo - g)
+    flat_local = lo - flat.start
+    if flat_is_src:
+        return flat_local, other_local, hi - lo
+    return other_local, flat_local, hi - lo
+
+
+def needed_runs(src: Region, dst: Region, global_shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Element runs (local starts, lengths) of ``src`` that ``dst`` needs, in ``src``'s own order."""
+    if isinstance(src, Box) and isinstance(dst, Box):
+        inter = intersect_boxes(src, dst)
+        if inter is None or inter.numel == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        starts, run_len = box_runs(relative(inter, src), src.shape)
+        return starts, np.full(len(starts), run_len, np.int64)
+    s, _, n = overlap_pieces(src, dst, global_shape)
+    return s, n
+
+
+def copy_between(
+    src: Region,
+    src_bits: np.ndarray,
+    src_base: int,
+    dst: Region,
+    dst_bits: np.ndarray,
+    global_shape: tuple[int, ...],
+) -> int:
+    """Copy the overlap of ``src`` into ``dst``; returns elements copied.
+
+    ``src_bits`` is a flat array holding src's elements from local index ``src_base`` on (a partial read);
+    ``dst_bits`` is the full destination shaped as ``dst.shape``.
+    """
+    if isinstance(src, Box) and isinstance(dst, Box):
+        inter = intersect_boxes(src, dst)
+        if inter is None or inter.numel == 0:
+            return 0
+        rel_src = relative(inter, src)
+        src_shape = src.shape
+        if len(src_shape) == 0:
+            dst_bits[()] = src_bits[0]
+            return 1
+        row = math.prod(src_shape[1:])
+        first_row = src_base // row
+        if src_base % row:
+            raise ValueError("box reads must start on a row boundary")
+        rows = rel_src.offsets[0] + rel_src.shape[0] - first_row
+        view = src_bits[: rows * row].reshape((rows, *src_shape[1:]))
+        sel = tuple(slice(o, o + s) for o, s in zip(rel_src.offsets, rel_src.shape))
+        sel = (slice(sel[0].start - first_row, sel[0].stop - first_row), *sel[1:])
+        rel_dst = relative(inter, dst)
+        dsel = tuple(slice(o, o + s) for o, s in zip(rel_dst.offsets, rel_dst.shape))
+        dst_bits[dsel] = view[sel]
+        return inter.numel
+    s, d, n = overlap_pieces(src, dst, global_shape)
+    flat_dst = dst_bits.reshape(-1)
+    for a, b, k in zip(s.tolist(), d.tolist(), n.tolist()):
+        flat_dst[b : b + k] = src_bits[a - src_base : a - src_base + k]
+    return int(n.sum())
+
+
+def check_exact_cover(name: str, global_shape: tuple[int, ...], regions: list[Region], path: str | None = None) -> None:
+    """Raise MissingSlices / OverlappingSlices unless ``regions`` cover the tensor exactly once."""
+    total = math.prod(global_shape)
+    regions = [r for r in regions if r.numel > 0]
+    if all(isinstance(r, Box) for r in regions):
+        _check_boxes(name, total, regions, path)  # type: ignore[arg-type]
+        return
+    starts, ends = [], []
+    for region in regions:
+        g, n, _ = region_runs(region, global_shape)
+        starts.append(g)
+        ends.append(g + n)
+    if not starts:
+        if total:
+            raise MissingSlices(f"tensor {name!r}: no slice saved for {total} elements", path)
+        return
+    s = np.concatenate(starts)
+    e = np.concatenate(ends)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    if len(s) > 1 and np.any(s[1:] < e[:-1]):
+        i = int(np.argmax(s[1:] < e[:-1]))
+        raise OverlappingSlices(f"tensor {name!r}: element {int(s[i + 1])} is saved twice", path)
+    gaps = np.concatenate(([s[0] > 0], s[1:] > e[:-1], [e[-1] < total]))
+    if np.any(gaps):
+        i = int(np.argmax(gaps))
+        first = 0 if i == 0 else int(e[i - 1])
+        raise MissingSlices(f"tensor {name!r}: element {first} (flat index) is in no saved slice", path)
+
+
+def _check_boxes(name: str, total: int, boxes: list[Box], path: str | None) -> None:
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            inter = intersect_boxes(a, b)
+            if inter is not None and inter.numel > 0:
+                raise OverlappingSlices(
+                    f"tensor {name!r}: slices at {list(a.offsets)} and {list(b.offsets)} overlap at "
+                    f"{list(inter.offsets)}",
+                    path,
+                )
+    covered = sum(b.numel for b in boxes)
+    if covered != total:
+        raise MissingSlices(f"tensor {name!r}: saved slices cover {covered} of {total} elements", path)

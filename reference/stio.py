@@ -1,0 +1,189 @@
+"""Safetensors files written and read by hand: streaming writes with per-block checksums, and reads of only the
+byte ranges a load needs, checked against hostile headers.
+
+The safetensors library builds a whole file in memory and reads whole tensors; a reference engine that must read
+only needed byte ranges, never follow links and survive lying headers needs its own small reader. Files stay
+readable by the safetensors library (tests check it).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+import struct
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .dtypes import DTYPES, DType
+from .errors import ChecksumMismatch, CorruptCheckpoint, HeaderTooLarge, UnsafePath
+
+HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own cap
+DEFAULT_BLOCK = 1 << 20  # checksum granularity: partial reads verify whole blocks
+_IO_CHUNK = 64 << 20
+
+
+@dataclass(frozen=True)
+class Entry:
+    key: str
+    dtype: DType
+    shape: tuple[int, ...]
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class WrittenEntry:
+    key: str
+    offset: int
+    nbytes: int
+    crcs: list[int]
+
+
+def block_crcs(data: memoryview, block: int) -> list[int]:
+    return [zlib.crc32(data[i : i + block]) for i in range(0, len(data), block)] or [zlib.crc32(b"")]
+
+
+def _bytes_of(bits: np.ndarray) -> memoryview:
+    return memoryview(np.ascontiguousarray(bits)).cast("B")
+
+
+def write_file(
+    path: Path, entries: list[tuple[str, DType, tuple[int, ...], np.ndarray]], block: int = DEFAULT_BLOCK
+) -> tuple[list[WrittenEntry], int, int]:
+    """Write a safetensors file, fsync it; return entries with checksums, file size and header crc32.
+
+    Checksums of each tensor are computed on a helper thread while the previous tensor is being written
+    (zlib and os.write both release the GIL), so checksumming costs little wall time.
+    """
+    header: dict[str, dict] = {}
+    cursor = 0
+    for key, dt, shape, bits in entries:
+        nbytes = int(bits.nbytes)
+        header[key] = {"dtype": dt.name, "shape": list(shape), "data_offsets": [cursor, cursor + nbytes]}
+        cursor += nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    prefix = struct.pack("<Q", len(raw)) + raw
+    data_start = len(prefix)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    written: list[WrittenEntry] = []
+    try:
+        _write_all(fd, memoryview(prefix))
+        with ThreadPoolExecutor(1) as pool:
+            pending = []
+            for key, _dt, _shape, bits in entries:
+                view = _bytes_of(bits)
+                pending.append((key, header[key]["data_offsets"][0], len(view), pool.submit(block_crcs, view, block)))
+                _write_all(fd, view)
+            written = [WrittenEntry(k, data_start + off, n, fut.result()) for k, off, n, fut in pending]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return written, data_start + cursor, zlib.crc32(prefix)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    pos = 0
+    while pos < len(view):
+        pos += os.write(fd, view[pos : pos + _IO_CHUNK])
+
+
+class SafetensorsReader:
+    """An open safetensors file whose header has been checked against the file's real size."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:  # ELOOP: a symlink where a data file should be
+            raise UnsafePath(f"cannot open data file safely ({exc.strerror})", path) from None
+        try:
+            st = os.fstat(self.fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise UnsafePath("data file is not a regular file", path)
+            self.size = st.st_size
+            self.header_bytes, self.entries = self._parse_header()
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def _parse_header(self) -> tuple[bytes, dict[str, Entry]]:
+        if self.size < 8:
+            raise CorruptCheckpoint(f"file is {self.size} bytes, too short for a safetensors header", self.path)
+        (length,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
+        if length > HEADER_LIMIT or length > self.size - 8:
+            raise HeaderTooLarge(f"header claims {length} bytes but the file has {self.size}", self.path)
+        raw = os.pread(self.fd, length, 8)
+        try:
+            header = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CorruptCheckpoint(f"header is not valid JSON ({exc})", self.path) from None
+        if not isinstance(header, dict):
+            raise CorruptCheckpoint("header is not a JSON object", self.path)
+        data_start = 8 + length
+        entries = {}
+        for key, meta in header.items():
+            if key == "__metadata__":
+                continue
+            entries[key] = self._entry(key, meta, data_start)
+        return struct.pack("<Q", length) + raw, entries
+
+    def _entry(self, key: str, meta: object, data_start: int) -> Entry:
+        try:
+            dt = DTYPES[meta["dtype"]]  # type: ignore[index]
+            shape = tuple(meta["shape"])  # type: ignore[index]
+            begin, end = meta["data_offsets"]  # type: ignore[index]
+            ok = all(isinstance(s, int) and s >= 0 for s in shape) and isinstance(begin, int) and isinstance(end, int)
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise CorruptCheckpoint(f"malformed header entry for {key!r}", self.path)
+        nbytes = math.prod(shape) * dt.itemsize
+        if not 0 <= begin <= end or end - begin != nbytes or data_start + end > self.size:
+            raise CorruptCheckpoint(
+                f"entry {key!r} claims bytes [{begin}, {end}) for {nbytes} bytes of data in a {self.size}-byte file",
+                self.path,
+            )
+        return Entry(key, dt, shape, data_start + begin, nbytes)
+
+    def read_blocks(
+        self,
+        entry: Entry,
+        out: memoryview,
+        out_byte0: int,
+        blocks: list[tuple[int, int]],
+        block: int,
+        crcs: list[int],
+    ) -> None:
+        """Read block ranges [b0, b1) of ``entry`` into ``out`` (which holds entry bytes from ``out_byte0``)
+        and verify each block's crc32; checksumming overlaps the next read on a helper thread."""
+        with ThreadPoolExecutor(1) as pool:
+            pending = []
+            for b0, b1 in blocks:
+                for c0 in range(b0, b1, max(1, _IO_CHUNK // block)):
+                    c1 = min(b1, c0 + max(1, _IO_CHUNK // block))
+                    lo, hi = c0 * block, min(c1 * block, entry.nbytes)
+                    target = out[lo - out_byte0 : hi - out_byte0]
+                    got = os.preadv(self.fd, [target], entry.offset + lo)
+                    if got != hi - lo:
+                        raise CorruptCheckpoint(f"short read of {entry.key!r} ({got} of {hi - lo} bytes)", self.path)
+                    pending.append((c0, pool.submit(block_crcs, target, block)))
+            for c0, fut in pending:
+                for i, crc in enumerate(fut.result()):
+                    if crc != crcs[c0 + i]:
+                        raise ChecksumMismatch(
+                            f"checksum mismatch in {entry.key!r}, block {c0 + i} (bytes "
+                            f"{(c0 + i) * block}..{min((c0 + i + 1) * block, entry.nbytes)})",
+                            self.path,
+                        )
