@@ -6,9 +6,6 @@ are drawn as integers and viewed as bits, so NaN payloads, -0.0, subnormals and 
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
@@ -17,25 +14,9 @@ from reference.layout import Mesh, Replicate, Shard, Sharded, TensorLayout, flat
 from reference.moe import keyed_layouts, stacked_layout
 from reference.tensor import Tensor
 
-DTYPE_NAMES = ("F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL")
+from .case import SPECIAL_BITS, seeded_tensor
 
-# Bit patterns worth hitting on purpose, per dtype: NaN payloads (quiet and signalling), -0.0, smallest and largest
-# subnormals, infinities, extremes of integer ranges.
-SPECIAL_BITS: dict[str, tuple[int, ...]] = {
-    "F64": (0x8000000000000000, 0x7FF8000000000001, 0x7FF0000000000001, 0xFFF8DEADBEEF0000, 0x7FF0000000000000,
-            0xFFF0000000000000, 0x0000000000000001, 0x000FFFFFFFFFFFFF),
-    "F32": (0x80000000, 0x7FC00001, 0x7F800001, 0xFFC0DEAD, 0x7F800000, 0xFF800000, 0x00000001, 0x007FFFFF),
-    "F16": (0x8000, 0x7E01, 0x7C01, 0xFE5A, 0x7C00, 0xFC00, 0x0001, 0x03FF),
-    "BF16": (0x8000, 0x7FC1, 0x7F81, 0xFFA5, 0x7F80, 0xFF80, 0x0001, 0x007F),
-    "F8_E4M3": (0x80, 0x7F, 0xFF, 0x01, 0x07, 0x7E),
-    "F8_E5M2": (0x80, 0x7D, 0x7E, 0xFF, 0x7C, 0xFC, 0x01, 0x03),
-    "I64": (0x8000000000000000, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF),
-    "I32": (0x80000000, 0x7FFFFFFF, 0xFFFFFFFF),
-    "I16": (0x8000, 0x7FFF, 0xFFFF),
-    "I8": (0x80, 0x7F, 0xFF),
-    "U8": (0x00, 0xFF),
-    "BOOL": (0, 1),
-}
+DTYPE_NAMES = ("F32", "BF16", "F16", "F8_E4M3", "F8_E5M2", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL")
 
 
 def dtypes() -> st.SearchStrategy[DType]:
@@ -54,20 +35,6 @@ def tensors(draw, dt: DType, shape: tuple[int, ...]) -> Tensor:
     """A tensor whose every element is drawn as raw bits; small shapes only, so elementwise drawing is fine."""
     bits = draw(hnp.arrays(dt.bits_dtype, shape, elements=bits_element(dt), fill=st.nothing()))
     return Tensor(dt, bits.astype(dt.bits_dtype))
-
-
-def seeded_tensor(dt: DType, shape: tuple[int, ...], seed: int) -> Tensor:
-    """A large tensor from a seed (cases carry seeds, not bytes); sprinkles special values deterministically."""
-    rng = np.random.default_rng(seed)
-    n = math.prod(shape)
-    if dt.name == "BOOL":
-        bits = rng.integers(0, 2, n, dtype=np.uint8)
-    else:
-        bits = rng.integers(0, 1 << (8 * dt.itemsize), n, dtype=dt.bits_dtype, endpoint=False)
-        specials = np.array(SPECIAL_BITS[dt.name], dtype=dt.bits_dtype)
-        where = rng.random(n) < 0.05
-        bits[where] = rng.choice(specials, int(where.sum()))
-    return Tensor(dt, bits.reshape(shape))
 
 
 def shapes(max_dims: int = 3, max_side: int = 6) -> st.SearchStrategy[tuple[int, ...]]:
@@ -107,8 +74,20 @@ def states(draw, max_tensors: int = 4, max_side: int = 6, allow_empty: bool = Tr
     """A state dict of bit-exact tensors under namespaced keys; may be empty."""
     names = draw(
         st.lists(
-            st.sampled_from(["model/w", "model/b", "model/emb", "optimizer/w.m1", "optimizer/w.m2", "master/w",
-                             "ema/w", "rng/state", "meta/step", "model/layers.0.attn.qkv"]),
+            st.sampled_from(
+                [
+                    "model/w",
+                    "model/b",
+                    "model/emb",
+                    "optimizer/w.m1",
+                    "optimizer/w.m2",
+                    "master/w",
+                    "ema/w",
+                    "rng/state",
+                    "meta/step",
+                    "model/layers.0.attn.qkv",
+                ]
+            ),
             min_size=0 if allow_empty else 1,
             max_size=max_tensors,
             unique=True,
@@ -161,6 +140,16 @@ def moe_cases(draw) -> tuple[dict[str, Tensor], dict[str, TensorLayout], Mesh, i
 
 
 __all__ = [
-    "DTYPE_NAMES", "SPECIAL_BITS", "dtypes", "factorizations", "meshes", "moe_cases", "seeded_tensor",
-    "shapes", "sharded_layouts", "state_layouts", "states", "tensors",
+    "DTYPE_NAMES",
+    "SPECIAL_BITS",
+    "dtypes",
+    "factorizations",
+    "meshes",
+    "moe_cases",
+    "seeded_tensor",
+    "shapes",
+    "sharded_layouts",
+    "state_layouts",
+    "states",
+    "tensors",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -33,7 +34,7 @@ def test_split_range_known_values(n: int, parts: int, expected: list[tuple[int, 
 def test_split_range_partitions_exactly(n: int, parts: int) -> None:
     chunks = [split_range(n, parts, i) for i in range(parts)]
     assert chunks[0][0] == 0 and chunks[-1][1] == n
-    for (a, b), (c, _) in zip(chunks, chunks[1:]):
+    for (a, b), (c, _) in itertools.pairwise(chunks):
         assert 0 <= a <= b == c  # no negative, no gap, no overlap
     chunk = -(-n // parts)
     assert all(b - a <= chunk for a, b in chunks)
@@ -136,8 +137,9 @@ def test_moe_global_ids() -> None:
     with pytest.raises(LayoutError):
         global_expert_id(0, 0, 6, 4)
     keyed = keyed_layouts(mesh, "ep", 8, "model/moe", "w1")
-    savers = {key: [r for r in range(8) if (s := lay.local((3,), r)) is not None and s.saves] for key, lay in
-              keyed.items()}
+    savers = {
+        key: [r for r in range(8) if (s := lay.local((3,), r)) is not None and s.saves] for key, lay in keyed.items()
+    }
     # each expert saved once, from dp 0 of its EP rank
     assert savers["model/moe.experts.5.w1"] == [2]
     stacked = stacked_layout(mesh, "ep", 8)

@@ -71,7 +71,9 @@ def test_reshard_between_any_two_layouts(state, mesh_a, mesh_b, data) -> None:
 @given(states(allow_empty=False, max_tensors=3), meshes(max_world=4), st.data())
 def test_flat_to_unflat_and_back(state, mesh, data) -> None:
     dim = data.draw(st.integers(0, len(mesh.shape) - 1))
-    flat = flat_group(mesh, dim, [(n, t.shape) for n, t in sorted(state.items())], align=data.draw(st.sampled_from([1, 4])))
+    flat = flat_group(
+        mesh, dim, [(n, t.shape) for n, t in sorted(state.items())], align=data.draw(st.sampled_from([1, 4]))
+    )
     unflat = data.draw(state_layouts(state, mesh))
     with tempfile.TemporaryDirectory() as tmp:
         save(tmp, state, flat, name="flat", block=8)
@@ -94,7 +96,11 @@ def test_empty_state_dict_round_trips(tmp_path: Path) -> None:
 def test_special_bit_patterns_survive_exactly(tmp_path: Path, name: str) -> None:
     dt = DTYPES[name]
     bits = np.array(SPECIAL_BITS[name], dt.bits_dtype)
-    state = {"v": Tensor(dt, bits), "scalar": Tensor(dt, bits[:1].reshape(())), "zero": Tensor(dt, bits[:0].reshape(0, 3))}
+    state = {
+        "v": Tensor(dt, bits),
+        "scalar": Tensor(dt, bits[:1].reshape(())),
+        "zero": Tensor(dt, bits[:0].reshape(0, 3)),
+    }
     mesh = Mesh((3,))
     save(tmp_path, state, {"v": Sharded(mesh, (Shard(0),))}, name="s")
     loaded = load_global(tmp_path)
@@ -132,7 +138,7 @@ def test_diff_names_tensor_index_and_bits() -> None:
 
 @given(moe_cases(), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2]))
 def test_moe_experts_keep_global_ids_across_ep_change(case, new_ep, new_dp) -> None:
-    state, layouts, mesh, num_experts, encoding = case
+    state, layouts, _mesh, num_experts, encoding = case
     if num_experts % new_ep:
         new_ep = 1
     target_mesh = Mesh((new_dp, new_ep), ("dp", "ep"))

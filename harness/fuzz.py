@@ -1,0 +1,186 @@
+"""Time-bounded fuzzing: draw cases per property with Hypothesis, run them, judge them, shrink failures, and
+write findings, a summary and a report (DESIGN.md §8, a contract)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+
+from properties.case import Case
+from properties.case_strategies import cases
+from properties.judge import judge
+from properties.verdicts import Judgement, Verdict
+
+from .inprocess import execute
+
+BATCH = 20  # examples per Hypothesis run; properties take turns between batches
+
+
+class _Failed(AssertionError):
+    pass
+
+
+@dataclass
+class Finding:
+    case: Case
+    judgement: Judgement
+
+    def to_json(self, replay: str) -> dict:
+        details = list(self.judgement.details)
+        return {
+            "property": self.judgement.property,
+            "sut": self.case.sut,
+            "verdict": self.judgement.verdict.value,
+            "error": details[0] if details else "",
+            "details": details,
+            "case": self.case.to_json(),
+            "replay": replay,
+        }
+
+
+@dataclass
+class Campaign:
+    sut: str
+    ranks: int
+    properties: list[str]
+    seconds: float
+    seed: int
+    cases_run: Counter = field(default_factory=Counter)
+    sut_seconds: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+    wall: float = 0.0
+
+
+def run_case(case: Case, adapter) -> tuple[Judgement, float]:
+    outcome = execute(case, adapter)
+    return judge(case, outcome), outcome.sut_seconds
+
+
+def fuzz(adapter, campaign: Campaign, progress: bool = False) -> Campaign:
+    start = time.monotonic()
+    deadline = start + campaign.seconds
+    hard_deadline = deadline + max(30.0, campaign.seconds * 0.25)  # room to finish shrinking a failure
+    pending = list(campaign.properties)
+    batch = 0
+    while pending and time.monotonic() < deadline:
+        for prop in list(pending):
+            if time.monotonic() >= deadline:
+                break
+            finding = _batch(adapter, campaign, prop, campaign.seed + batch, hard_deadline, progress, start)
+            if finding is not None:
+                campaign.findings.append(finding)
+                pending.remove(prop)  # one shrunk finding per property and campaign
+        batch += 1
+    campaign.wall = time.monotonic() - start
+    if progress:
+        sys.stderr.write("\n")
+    return campaign
+
+
+def _batch(
+    adapter, campaign: Campaign, prop: str, seed: int, hard_deadline: float, progress: bool, start: float
+) -> Finding | None:
+    last_failure: list[Finding] = []
+
+    @settings(
+        max_examples=BATCH,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=[Phase.generate, Phase.shrink],
+        report_multiple_bugs=False,
+    )
+    @given(cases(prop, campaign.sut, campaign.ranks))
+    def body(case: Case) -> None:
+        if time.monotonic() > hard_deadline:
+            return
+        judgement, sut_seconds = run_case(case, adapter)
+        campaign.cases_run[prop] += 1
+        campaign.sut_seconds += sut_seconds
+        if progress:
+            _progress(campaign, prop, start)
+        if not judgement.ok:
+            last_failure[:] = [Finding(case, judgement)]  # Hypothesis re-runs the shrunk example last
+            raise _Failed("; ".join(judgement.details))
+
+    try:
+        hypothesis_seed(seed)(body)()
+    except Exception:
+        if not last_failure:
+            raise
+    return last_failure[0] if last_failure else None
+
+
+def _progress(campaign: Campaign, prop: str, start: float) -> None:
+    left = max(0.0, campaign.seconds - (time.monotonic() - start))
+    total = sum(campaign.cases_run.values())
+    sys.stderr.write(f"\r{prop:<18} cases {total:>6}  findings {len(campaign.findings):>3}  {left:6.0f}s left ")
+    sys.stderr.flush()
+
+
+def write_results(campaign: Campaign, out: Path) -> None:
+    findings_dir = out / "findings"
+    findings_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n, finding in enumerate(campaign.findings):
+        safe_sut = re.sub(r"[^A-Za-z0-9._-]", "_", campaign.sut)
+        path = findings_dir / f"{n:03d}-{finding.judgement.property}-{safe_sut}.json"
+        replay = f"ckpt-harness replay {path}"
+        data = finding.to_json(replay)
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        rows.append(data)
+    verdicts = Counter(f.judgement.verdict.value for f in campaign.findings)
+    summary = {
+        "sut": campaign.sut,
+        "ranks": campaign.ranks,
+        "seed": campaign.seed,
+        "cases_run": dict(sorted(campaign.cases_run.items())),
+        "findings": {v.value: verdicts.get(v.value, 0) for v in Verdict if v is not Verdict.PASS},
+        "wall_time_s": round(campaign.wall, 3),
+        "sut_share": round(campaign.sut_seconds / campaign.wall, 3) if campaign.wall else 0.0,
+        "launch_mode": "in-process",
+        "shims": [],
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
+
+
+def report(summary: dict, rows: list[dict]) -> str:
+    lines = [
+        f"# ckpt-harness report: {summary['sut']}",
+        "",
+        f"{sum(summary['cases_run'].values())} cases in {summary['wall_time_s']} s on {summary['ranks']} rank(s), "
+        f"{summary['launch_mode']}, seed {summary['seed']}.",
+        "",
+        "| property | cases |",
+        "|---|---|",
+        *[f"| {p} | {n} |" for p, n in summary["cases_run"].items()],
+        "",
+    ]
+    lines += findings_table(rows)
+    return "\n".join(lines) + "\n"
+
+
+def findings_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["No findings."]
+    out = ["| property | SUT | verdict | error | replay |", "|---|---|---|---|---|"]
+    for r in rows:
+        error = r["error"].replace("|", "\\|").replace("\n", " ")
+        if len(error) > 160:
+            error = error[:157] + "..."
+        out.append(f"| {r['property']} | {r['sut']} | {r['verdict']} | {error} | `{r['replay']}` |")
+    return out
+
+
+def default_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")

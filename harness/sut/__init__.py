@@ -1,0 +1,53 @@
+"""Systems under test: selection by name or by ``package.module:ClassName`` (DESIGN.md §4, a contract)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+
+
+class UnknownSut(LookupError):
+    """The SUT name is neither registered nor an importable ``package.module:ClassName``."""
+
+
+@dataclass(frozen=True)
+class SutInfo:
+    name: str
+    target: str  # "package.module:ClassName" of the adapter
+    framework: str | None  # module whose presence the adapter needs, if any
+
+
+REGISTRY: dict[str, SutInfo] = {
+    "reference": SutInfo("reference", "harness.sut.reference:ReferenceSut", None),
+}
+
+
+def framework_available(info: SutInfo) -> bool:
+    return info.framework is None or importlib.util.find_spec(info.framework) is not None
+
+
+def resolve(name: str) -> type:
+    """The adapter class for ``name``; raises UnknownSut with a message that says what to do."""
+    info = REGISTRY.get(name)
+    target = info.target if info else name
+    if info is None and ":" not in name:
+        raise UnknownSut(
+            f"unknown SUT {name!r}: known SUTs are {', '.join(sorted(REGISTRY))}, or name an external adapter as "
+            "package.module:ClassName"
+        )
+    if info is not None and not framework_available(info):
+        raise UnknownSut(f"SUT {name!r} needs the Python package {info.framework!r}, which is not installed")
+    module_name, _, class_name = target.partition(":")
+    if info is None and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # external adapters may live in the user's working tree
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownSut(f"cannot import SUT adapter module {module_name!r} ({exc})") from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise UnknownSut(f"module {module_name!r} has no adapter class {class_name!r}")
+    return cls

@@ -1,0 +1,188 @@
+"""Cases (JSON, versioned): everything needed to re-run one example exactly, and nothing bulky.
+
+Tensors are regenerated from (dtype, shape, seed) — or from an explicit bit pattern for special values — so a
+shrunk failing case is a few hundred bytes and replays bit for bit. Operations are a small sequential language:
+``save`` a version of the state under a name (sync or async, optionally mutating the caller's tensors right after
+an async save returns), ``load`` a name (or the latest) and expect a given version.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from reference.dtypes import DTYPES, DType
+from reference.errors import LayoutError
+from reference.layout import TensorLayout, layout_from_json
+from reference.tensor import Tensor
+
+CASE_VERSION = 1
+
+# Bit patterns worth hitting on purpose, per dtype: NaN payloads (quiet and signalling), -0.0, smallest and largest
+# subnormals, infinities, extremes of integer ranges.
+SPECIAL_BITS: dict[str, tuple[int, ...]] = {
+    "F64": (
+        0x8000000000000000,
+        0x7FF8000000000001,
+        0x7FF0000000000001,
+        0xFFF8DEADBEEF0000,
+        0x7FF0000000000000,
+        0xFFF0000000000000,
+        0x0000000000000001,
+        0x000FFFFFFFFFFFFF,
+    ),
+    "F32": (0x80000000, 0x7FC00001, 0x7F800001, 0xFFC0DEAD, 0x7F800000, 0xFF800000, 0x00000001, 0x007FFFFF),
+    "F16": (0x8000, 0x7E01, 0x7C01, 0xFE5A, 0x7C00, 0xFC00, 0x0001, 0x03FF),
+    "BF16": (0x8000, 0x7FC1, 0x7F81, 0xFFA5, 0x7F80, 0xFF80, 0x0001, 0x007F),
+    "F8_E4M3": (0x80, 0x7F, 0xFF, 0x01, 0x07, 0x7E),
+    "F8_E5M2": (0x80, 0x7D, 0x7E, 0xFF, 0x7C, 0xFC, 0x01, 0x03),
+    "I64": (0x8000000000000000, 0x7FFFFFFFFFFFFFFF, 0xFFFFFFFFFFFFFFFF),
+    "I32": (0x80000000, 0x7FFFFFFF, 0xFFFFFFFF),
+    "I16": (0x8000, 0x7FFF, 0xFFFF),
+    "I8": (0x80, 0x7F, 0xFF),
+    "U8": (0x00, 0xFF),
+    "BOOL": (0, 1),
+}
+
+
+class CaseError(ValueError):
+    """A case file is malformed; the message names the file and the field."""
+
+
+def seeded_tensor(dt: DType, shape: tuple[int, ...], seed: int) -> Tensor:
+    """Deterministic bits from a seed, with ~5% special values sprinkled in (same seed → same bits, always)."""
+    rng = np.random.default_rng(seed)
+    n = math.prod(shape)
+    if dt.name == "BOOL":
+        bits = rng.integers(0, 2, n, dtype=np.uint8)
+    else:
+        bits = rng.integers(0, 1 << (8 * dt.itemsize), n, dtype=dt.bits_dtype, endpoint=False)
+        specials = np.array(SPECIAL_BITS.get(dt.name, (0,)), dtype=dt.bits_dtype)
+        where = rng.random(n) < 0.05
+        bits[where] = rng.choice(specials, int(where.sum()))
+    return Tensor(dt, bits.reshape(shape))
+
+
+@dataclass(frozen=True)
+class TensorCase:
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    seed: int = 0
+    bits: tuple[int, ...] | None = None  # explicit element bit patterns (row-major); overrides the seed
+
+    def build(self, version: int = 0) -> Tensor:
+        """The tensor's bits at state ``version`` (each saved version differs, so a stale load is visible)."""
+        dt = DTYPES[self.dtype]
+        if self.bits is not None:
+            base = np.array(self.bits, dtype=dt.bits_dtype).reshape(self.shape)
+            if version and base.size and dt.name != "BOOL":
+                base = base ^ np.array(version, dtype=dt.bits_dtype)  # flips low bits per version, keeps patterns
+            elif version and base.size:
+                base = base ^ np.uint8(version & 1)
+            return Tensor(dt, base)
+        return seeded_tensor(dt, self.shape, self.seed * 1_000_003 + version)
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # "save" | "load"
+    name: str | None = None  # checkpoint name; None on load means "latest"
+    version: int = 0  # save: which state version; load: which version is expected
+    use_async: bool = False
+    mutate_after: bool = False  # async save: scribble on the caller's tensors as soon as save returns
+
+
+@dataclass(frozen=True)
+class Case:
+    property: str
+    sut: str
+    tensors: tuple[TensorCase, ...]
+    save_layout: dict[str, dict]
+    load_layout: dict[str, dict]
+    ops: tuple[Op, ...]
+    options: dict = field(default_factory=dict)
+    seed: int = 0
+    version: int = CASE_VERSION
+
+    def state(self, version: int = 0) -> dict[str, Tensor]:
+        return {t.name: t.build(version) for t in self.tensors}
+
+    def specs(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        return {t.name: (t.dtype, t.shape) for t in self.tensors}
+
+    def layouts(self, which: str) -> dict[str, TensorLayout]:
+        raw = self.save_layout if which == "save" else self.load_layout
+        return {name: layout_from_json(data) for name, data in raw.items()}
+
+    def world_size(self, which: str) -> int:
+        sizes = {lay.mesh.world_size for lay in self.layouts(which).values()}
+        return sizes.pop() if len(sizes) == 1 else int(self.options.get(f"{which}_world_size", 1))
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["tensors"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in self.tensors]
+        return data
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, data: object, source: str = "<case>") -> Case:
+        if not isinstance(data, dict):
+            raise CaseError(f"{source}: a case is a JSON object")
+        if data.get("version") != CASE_VERSION:
+            raise CaseError(f"{source}: case version {data.get('version')!r} is not {CASE_VERSION}")
+        try:
+            tensors = tuple(
+                TensorCase(
+                    str(t["name"]),
+                    _dtype(t["dtype"]),
+                    tuple(int(s) for s in t["shape"]),
+                    int(t.get("seed", 0)),
+                    tuple(int(b) for b in t["bits"]) if t.get("bits") is not None else None,
+                )
+                for t in data["tensors"]
+            )
+            ops = tuple(Op(**op) for op in data["ops"])
+            case = cls(
+                str(data["property"]),
+                str(data["sut"]),
+                tensors,
+                dict(data["save_layout"]),
+                dict(data["load_layout"]),
+                ops,
+                dict(data.get("options", {})),
+                int(data.get("seed", 0)),
+            )
+            for t in tensors:
+                if any(s < 0 for s in t.shape) or (t.bits is not None and len(t.bits) != math.prod(t.shape)):
+                    raise ValueError(f"tensor {t.name!r}: shape {list(t.shape)} and bits disagree")
+            case.layouts("save"), case.layouts("load")  # validate
+            unknown = [op.kind for op in ops if op.kind not in ("save", "load")]
+            if unknown:
+                raise ValueError(f"unknown operations {unknown}")
+        except (KeyError, TypeError, ValueError, LayoutError) as exc:
+            raise CaseError(f"{source}: malformed case ({type(exc).__name__}: {exc})") from None
+        return case
+
+    @classmethod
+    def load(cls, path: str | Path) -> Case:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise CaseError(f"{path}: no such case file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise CaseError(f"{path}: not a JSON case file ({exc})") from None
+        return cls.from_json(data, str(path))
+
+
+def _dtype(name: object) -> str:
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}")
+    return str(name)

@@ -1,0 +1,30 @@
+"""Outcome: what a run of a case recorded (the history), judged later by pure checkers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reference.layout import Region
+from reference.tensor import Tensor
+
+
+@dataclass
+class OpRecord:
+    index: int
+    kind: str
+    name: str | None
+    ok: bool = True
+    error_type: str | None = None
+    error: str | None = None
+    loaded: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # rank -> tensors (loads)
+    written: dict[str, tuple[tuple[int, ...], list[Region]]] = field(default_factory=dict)  # saves: what hit disk
+    seconds: float = 0.0  # for reports only, never for verdicts
+
+
+@dataclass
+class Outcome:
+    sut: str
+    records: list[OpRecord] = field(default_factory=list)
+    shims: tuple[str, ...] = ()
+    launch_mode: str = "in-process"
+    sut_seconds: float = 0.0
