@@ -237,9 +237,7 @@ def test_enlarged_box_is_overlapping(good) -> None:
     rec["region"] = {"box": {"offsets": [3, 0], "shape": [5, 4]}}
     rec["nbytes"] = 5 * 4 * 4  # keep the record self-consistent so only the cover is wrong
     write_index(ckpt, index)
-    raises_exactly(
-        OverlappingSlices, lambda: R.load_global(root), str(ckpt / "index.json"), "'w'", "overlap at [3, 0]"
-    )
+    raises_exactly(OverlappingSlices, lambda: R.load_global(root), str(ckpt / "index.json"), "'w'", "overlap at [3, 0]")
 
 
 @pytest.fixture
@@ -268,7 +266,7 @@ def test_flat_dropped_slice_is_missing_slices(flat_ckpt) -> None:
 def test_flat_duplicated_slice_is_overlapping(flat_ckpt) -> None:
     root, ckpt = flat_ckpt
     index = read_index(ckpt)
-    index["slices"].append(dict([s for s in index["slices"] if s["tensor"] == "p"][0]))
+    index["slices"].append(dict(next(s for s in index["slices"] if s["tensor"] == "p")))
     write_index(ckpt, index)
     raises_exactly(OverlappingSlices, lambda: R.load_global(root), str(ckpt / "index.json"), "'p'", "saved twice")
 
