@@ -22,32 +22,13 @@ from .errors import (
     CorruptCheckpoint,
     UnsafePath,
 )
-from .index import INDEX_NAME, check_safe_name
+from .fsutil import fsync_dir, read_small_file, write_durable
+from .index import INDEX_NAME, check_safe_name, read_index
 
 LATEST = "latest"
 MARKER = "COMMITTED"
 STAGING_PREFIX = ".staging-"
 TRASH_PREFIX = ".trash-"
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_durable(path: Path, data: bytes) -> None:
-    """Create ``path`` (must not exist) with ``data`` and fsync it."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CommitProtocol(Protocol):
@@ -81,6 +62,8 @@ class CommitMarker:
     name = "marker"
 
     def staging_dir(self, root: Path, ckpt: str, save_id: str) -> Path:
+        if _is_committed_dir(root / ckpt):
+            raise CheckpointExists("a checkpoint of this name is already committed", root / ckpt)
         return root / ckpt
 
     def finalize(self, staging: Path, final: Path) -> None:
@@ -118,13 +101,13 @@ def committed_checkpoints(root: Path) -> dict[str, int]:
 
 def _committed_seq(ckpt_dir: Path) -> int | None:
     try:
-        data = json.loads((ckpt_dir / INDEX_NAME).read_bytes())
+        data = json.loads(read_small_file(ckpt_dir / INDEX_NAME))
         proto = PROTOCOLS.get(data.get("commit", "rename"))
         if proto is None or not proto.is_committed(ckpt_dir):
             return None
         seq = data["seq"]
         return seq if isinstance(seq, int) and seq >= 0 else None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+    except (OSError, ValueError, TypeError, KeyError, AttributeError, CheckpointError):
         return None
 
 
@@ -154,19 +137,30 @@ def resolve(root: Path, name: str | None = None) -> Path:
         ckpt = root / check_safe_name(name, "checkpoint name", root)
         if not ckpt.exists():
             raise CheckpointNotFound(f"no checkpoint named {name!r}", root)
-        if not _is_committed_dir(ckpt):
-            raise CheckpointIncomplete("checkpoint was never committed (no index or commit marker)", ckpt)
+        _require_committed(ckpt, f"checkpoint {name!r}")
         return ckpt
     pointed = read_latest(root)
     if pointed is not None:
         ckpt = root / pointed
-        if not _is_committed_dir(ckpt):
-            raise CheckpointIncomplete(f"latest pointer names {pointed!r}, which is not a committed checkpoint", root)
+        _require_committed(ckpt, f"latest pointer target {pointed!r}")
         return ckpt
     found = committed_checkpoints(root)
     if not found:
         raise CheckpointNotFound("no committed checkpoint", root)
     return root / max(found, key=found.__getitem__)
+
+
+def _require_committed(ckpt: Path, what: str) -> None:
+    """Raise the most specific error for a directory that should hold a committed checkpoint."""
+    if ckpt.is_symlink():
+        raise UnsafePath(f"{what} is a symbolic link", ckpt)
+    if not ckpt.is_dir():
+        raise CheckpointIncomplete(f"{what} does not exist", ckpt)
+    if _committed_seq(ckpt) is not None:
+        return
+    if (ckpt / INDEX_NAME).exists() or (ckpt / INDEX_NAME).is_symlink():
+        read_index(ckpt)  # raises CorruptCheckpoint / UnsupportedFormatVersion / UnsafePath when that is the problem
+    raise CheckpointIncomplete(f"{what} was never committed (no index or commit marker)", ckpt)
 
 
 def _is_committed_dir(ckpt: Path) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .commit import collect_garbage, committed_checkpoints, protocol, resolve, rotate, set_latest, write_durable
+from .commit import collect_garbage, committed_checkpoints, protocol, resolve, rotate, set_latest
 from .dtypes import DType, dtype
 from .errors import (
     CheckpointIncomplete,
@@ -29,6 +29,7 @@ from .errors import (
     MissingTensor,
     TargetMismatch,
 )
+from .fsutil import read_small_file, write_durable
 from .index import FORMAT, VERSION, Index, SliceRecord, check_safe_name, parse_index, read_index
 from .layout import Box, FlatRange, Region, TensorLayout
 from .regions import copy_between, needed_runs
@@ -207,7 +208,7 @@ def _gather_manifests(staging: Path, world_size: int, save_id: str, timeout: flo
         raise CheckpointIncomplete(f"ranks {missing} did not finish writing (no manifest)", staging)
     manifests = []
     for path in paths:
-        m = json.loads(path.read_bytes())
+        m = json.loads(read_small_file(path))
         if m.get("save_id") != save_id or m.get("world_size") != world_size:
             raise CheckpointIncomplete(f"manifest belongs to another save ({m.get('save_id')})", path)
         manifests.append(m)

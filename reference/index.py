@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .dtypes import DTYPES, DType
 from .errors import CorruptCheckpoint, LayoutError, UnsafePath, UnsupportedFormatVersion
+from .fsutil import read_small_file
 from .layout import Region, region_from_json
 from .regions import check_exact_cover
 
@@ -71,10 +72,7 @@ class Index:
 
 def read_index(ckpt_dir: Path, check_cover: bool = True) -> Index:
     path = ckpt_dir / INDEX_NAME
-    try:
-        raw = path.read_bytes()
-    except IsADirectoryError:
-        raise CorruptCheckpoint("index is a directory", path) from None
+    raw = read_small_file(path)
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import struct
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from .dtypes import DTYPES, DType
-from .errors import ChecksumMismatch, CorruptCheckpoint, HeaderTooLarge, UnsafePath
+from .errors import ChecksumMismatch, CorruptCheckpoint, HeaderTooLarge
+from .fsutil import open_regular
 
 HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own cap
 DEFAULT_BLOCK = 1 << 20  # checksum granularity: partial reads verify whole blocks
@@ -99,17 +99,8 @@ class SafetensorsReader:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.fd, self.size = open_regular(path)
         try:
-            self.fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:  # ELOOP: a symlink where a data file should be
-            raise UnsafePath(f"cannot open data file safely ({exc.strerror})", path) from None
-        try:
-            st = os.fstat(self.fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise UnsafePath("data file is not a regular file", path)
-            self.size = st.st_size
             self.header_bytes, self.entries = self._parse_header()
         except BaseException:
             os.close(self.fd)

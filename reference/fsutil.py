@@ -1,0 +1,68 @@
+"""Filesystem primitives shared by the writer and the reader: durable writes, and opens that refuse links,
+FIFOs and devices (a hostile checkpoint directory must not make a load follow a link or block forever)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from .errors import CorruptCheckpoint, UnsafePath
+
+SMALL_FILE_LIMIT = 256 * 1024 * 1024  # index and manifests; anything larger is hostile
+
+
+def open_regular(path: Path) -> tuple[int, int]:
+    """Open ``path`` read-only as a regular file; returns (fd, size). Raises UnsafePath for links and non-files,
+    FileNotFoundError when absent."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafePath("is a symbolic link", path) from None
+        raise UnsafePath(f"cannot open safely ({exc.strerror})", path) from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise UnsafePath("is not a regular file", path)
+    return fd, st.st_size
+
+
+def read_small_file(path: Path, limit: int = SMALL_FILE_LIMIT) -> bytes:
+    fd, size = open_regular(path)
+    try:
+        if size > limit:
+            raise CorruptCheckpoint(f"is {size} bytes, more than the {limit}-byte limit for metadata", path)
+        chunks, remaining = [], size
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            remaining -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes) -> None:
+    """Create ``path`` (must not exist) with ``data`` and fsync it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
