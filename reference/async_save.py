@@ -1,8 +1,8 @@
 """Async save: snapshot into host memory, return, and let a background writer process write and commit.
 
-The snapshot is a copy into a memfd-backed buffer that the writer process maps (no pickling, no second copy).
-A saver reuses its buffer across saves, as training loops do with pinned staging memory, and waits for the
-previous writer before overwriting it. ``wait()`` surfaces the writer's error, or its death by signal.
+The writer process maps a memfd-backed buffer holding the snapshot (no pickling). A saver reuses that buffer
+across saves, as training loops do with pinned staging memory, and waits for the previous writer before
+overwriting it. ``wait()`` surfaces the writer's error, or its death by signal.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -32,53 +32,87 @@ _ALIGN = 64
 
 
 class AsyncSave:
-    """Handle of one in-flight async save."""
+    """Handle of one in-flight async save.
 
-    def __init__(self, proc: subprocess.Popen, job: bytes, on_done) -> None:
-        self._proc = proc
+    A background thread finishes staging (fills the shared buffer when the caller's snapshot went to private
+    memory first), starts the writer process, feeds it the job and collects its report.
+    """
+
+    def __init__(self, stage: Callable[[], tuple[subprocess.Popen, bytes]], on_done: Callable[[], None]) -> None:
+        self._stage = stage
         self._on_done = on_done
+        self._lock = threading.Lock()
+        self._started = threading.Event()
+        self._proc: subprocess.Popen | None = None
+        self._killed = False
+        self._stage_error: BaseException | None = None
+        self._out = b""
         self._result: CheckpointInfo | None = None
         self._error: BaseException | None = None
         self._finished = False
-        self._out: list[bytes] = []
-        # Feed the job and drain output on a thread so a large job never blocks the caller.
-        self._io = threading.Thread(target=self._pump, args=(job,), daemon=True)
-        self._io.start()
+        self._thread = threading.Thread(target=self._run, name="ckpt-async-save", daemon=True)
+        self._thread.start()
 
-    def _pump(self, job: bytes) -> None:
+    def _run(self) -> None:
         try:
-            out, _ = self._proc.communicate(job)
-            self._out.append(out)
-        except (OSError, ValueError):
-            self._proc.wait()
+            with self._lock:
+                if self._killed:
+                    return
+            proc, job = self._stage()
+            with self._lock:
+                self._proc = proc
+                if self._killed:
+                    proc.kill()
+            self._started.set()
+            try:
+                self._out, _ = proc.communicate(job)
+            except (OSError, ValueError):  # the writer died before reading its job
+                proc.wait()
+        except BaseException as exc:  # staging failed: surfaced by wait()
+            self._stage_error = exc
+        finally:
+            self._started.set()
 
     @property
-    def pid(self) -> int:
-        return self._proc.pid
+    def pid(self) -> int | None:
+        """The writer's pid once it has started (None if it never did)."""
+        self._started.wait()
+        return self._proc.pid if self._proc is not None else None
 
     def done(self) -> bool:
-        return self._proc.poll() is not None
+        return not self._thread.is_alive()
 
     def wait(self, timeout: float | None = None) -> CheckpointInfo | None:
         """Block until the writer ends; return the committed checkpoint (None for a writer that only staged
         its ranks' files) or raise AsyncWriterError."""
         if not self._finished:
-            try:
-                self._proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                raise AsyncWriterError(f"async writer (pid {self._proc.pid}) still running after {timeout} s") from None
-            self._io.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise AsyncWriterError(f"async writer (pid {self.pid}) still running after {timeout} s")
             self._finished = True
             self._on_done()
-            self._result, self._error = _outcome(self._proc.returncode, b"".join(self._out), self._proc.pid)
+            self._result, self._error = self._judge()
         if self._error is not None:
             raise self._error
         return self._result
 
+    def _judge(self) -> tuple[CheckpointInfo | None, BaseException | None]:
+        if self._stage_error is not None:
+            err = AsyncWriterError(
+                f"async save failed while staging: {type(self._stage_error).__name__}: {self._stage_error}"
+            )
+            err.__cause__ = self._stage_error
+            return None, err
+        if self._proc is None:
+            return None, AsyncWriterError("async save was killed before its writer started")
+        return _outcome(self._proc.returncode, self._out, self._proc.pid)
+
     def kill(self) -> None:
-        """Test hook: SIGKILL the writer (what a crash does)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
+        """Test hook: SIGKILL the writer (what a crash does); before it starts, it never will."""
+        with self._lock:
+            self._killed = True
+            if self._proc is not None and self._proc.poll() is None:
+                self._proc.kill()
 
 
 def _outcome(code: int, out: bytes, pid: int) -> tuple[CheckpointInfo | None, BaseException | None]:
@@ -116,7 +150,7 @@ class AsyncSaver:
     def _buffer(self, size: int) -> mmap.mmap:
         if self._map is not None and self._size >= size:
             return self._map
-        self.close()
+        self._release()
         self._fd = os.memfd_create("ckpt-snapshot", os.MFD_CLOEXEC)
         self._size = max(size, 1)
         os.ftruncate(self._fd, self._size)
@@ -139,7 +173,12 @@ class AsyncSaver:
         commit_timeout: float = 60.0,
     ) -> AsyncSave:
         """Snapshot the given ranks' local tensors and write them in the background; the coordinator's writer
-        (``commit=True``) then waits for every rank's manifest and commits."""
+        (``commit=True``) then waits for every rank's manifest and commits.
+
+        A buffer already touched by an earlier save is filled directly (its pages exist, so the copy runs at
+        memory speed). A fresh buffer is not: first-touching shared memory costs several times a plain copy
+        (shmem gets no huge pages), so the caller only copies into private memory and the background thread moves
+        that into the shared buffer."""
         check_safe_name(name, "checkpoint name", root)
         check_safe_name(save_id, "save id", root)
         if self._inflight is not None:
@@ -153,54 +192,70 @@ class AsyncSaver:
                 size = -(-size // _ALIGN) * _ALIGN
                 layout.append((rank, tname, lt, size))
                 size += lt.tensor.nbytes
-        buf = self._buffer(size)
-        items = []
-        for rank, tname, lt, offset in layout:
-            if offset is not None:
-                dst = np.frombuffer(buf, lt.tensor.dtype.bits_dtype, lt.tensor.bits.size, offset)
-                np.copyto(dst.reshape(lt.tensor.shape), lt.tensor.bits)
-            items.append(
-                {
-                    "rank": rank,
-                    "name": tname,
-                    "dtype": lt.tensor.dtype.name,
-                    "shape": list(lt.tensor.shape),
-                    "global_shape": list(lt.global_shape),
-                    "region": lt.region.to_json(),
-                    "saves": lt.saves,
-                    "offset": offset,
-                }
-            )
-        job = json.dumps(
+        reuse = self._map is not None and self._size >= size
+        pieces = [
+            (offset, lt.tensor.bits if reuse else lt.tensor.bits.copy())
+            for _, _, lt, offset in layout
+            if offset is not None
+        ]
+        if reuse:
+            self._fill(pieces)
+        items = [
             {
-                "root": str(root),
-                "name": name,
-                "save_id": save_id,
-                "world_size": world_size,
-                "ranks": sorted(ranks),
-                "items": items,
-                "commit": commit,
-                "meta": dict(meta or {}),
-                "keep_last": keep_last,
-                "block": block,
-                "commit_protocol": commit_protocol,
-                "commit_timeout": commit_timeout,
-                "size": self._size,
+                "rank": rank,
+                "name": tname,
+                "dtype": lt.tensor.dtype.name,
+                "shape": list(lt.tensor.shape),
+                "global_shape": list(lt.global_shape),
+                "region": lt.region.to_json(),
+                "saves": lt.saves,
+                "offset": offset,
             }
-        ).encode()
-        assert self._fd is not None
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "reference.async_writer", str(self._fd)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            pass_fds=(self._fd,),
-            cwd=os.getcwd(),
-            env=_writer_env(),
-        )
-        handle = AsyncSave(proc, job, on_done=self._finished)
+            for rank, tname, lt, offset in layout
+        ]
+        job = {
+            "root": str(root),
+            "name": name,
+            "save_id": save_id,
+            "world_size": world_size,
+            "ranks": sorted(ranks),
+            "items": items,
+            "commit": commit,
+            "meta": dict(meta or {}),
+            "keep_last": keep_last,
+            "block": block,
+            "commit_protocol": commit_protocol,
+            "commit_timeout": commit_timeout,
+        }
+
+        def stage() -> tuple[subprocess.Popen, bytes]:
+            if not reuse:
+                self._fill(pieces)
+            job["size"] = self._size
+            assert self._fd is not None
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "reference.async_writer", str(self._fd)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(self._fd,),
+                cwd=os.getcwd(),
+                env=_writer_env(),
+            )
+            return proc, json.dumps(job).encode()
+
+        handle = AsyncSave(stage, on_done=self._finished)
         self._inflight = handle
         return handle
+
+    def _fill(self, pieces: list[tuple[int, np.ndarray]]) -> None:
+        """Copy snapshot pieces into the shared buffer, dropping each private copy once it is in."""
+        size = max((offset + bits.nbytes for offset, bits in pieces), default=0)
+        buf = self._buffer(size)
+        while pieces:
+            offset, bits = pieces.pop(0)
+            dst = np.frombuffer(buf, bits.dtype, bits.size, offset)
+            np.copyto(dst.reshape(bits.shape), bits)
 
     def _finished(self) -> None:
         self._inflight = None
@@ -241,6 +296,9 @@ class AsyncSaver:
         if self._inflight is not None:
             with contextlib.suppress(AsyncWriterError):
                 self._inflight.wait()
+        self._release()
+
+    def _release(self) -> None:
         if self._map is not None:
             self._map.close()
             self._map = None

@@ -14,6 +14,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,6 +280,7 @@ class _Files:
     def __init__(self, ckpt: Path, index: Index) -> None:
         self.ckpt, self.index = ckpt, index
         self.open: dict[str, SafetensorsReader] = {}
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="ckpt-read")  # one per load: read + verify in parallel
 
     def entry(self, s: SliceRecord) -> tuple[SafetensorsReader, Entry]:
         reader = self.open.get(s.file)
@@ -301,6 +303,7 @@ class _Files:
         return reader, entry
 
     def close(self) -> None:
+        self.pool.shutdown(wait=True)
         for reader in self.open.values():
             reader.close()
 
@@ -315,7 +318,8 @@ def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], 
     for s in slices:
         if s.region == target.region:
             reader, entry = files.entry(s)
-            reader.read_blocks(entry, memoryview(dst.reshape(-1)).cast("B"), 0, [(0, len(s.crcs))], block, list(s.crcs))
+            view = memoryview(dst.reshape(-1)).cast("B")
+            reader.read_blocks(entry, view, 0, [(0, len(s.crcs))], block, list(s.crcs), files.pool)
             copied += want
             continue
         starts, lengths = needed_runs(s.region, target.region, target.global_shape)
@@ -338,6 +342,7 @@ def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], 
             _needed_blocks(starts, lengths, it, block, first_block),
             block,
             list(s.crcs),
+            files.pool,
         )
         src = buffer[lo * it - byte0 : hi * it - byte0].view(dt.bits_dtype)
         copied += copy_between(s.region, src, lo, target.region, dst, target.global_shape)

@@ -13,7 +13,7 @@ import math
 import os
 import struct
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +25,8 @@ from .fsutil import open_regular
 
 HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own cap
 DEFAULT_BLOCK = 1 << 20  # checksum granularity: partial reads verify whole blocks
-_IO_CHUNK = 64 << 20
+_IO_CHUNK = 64 << 20  # largest single write
+_READ_CHUNK = 4 << 20  # unit of parallel read + verify
 
 
 @dataclass(frozen=True)
@@ -156,25 +157,34 @@ class SafetensorsReader:
         blocks: list[tuple[int, int]],
         block: int,
         crcs: list[int],
+        pool: Executor,
     ) -> None:
-        """Read block ranges [b0, b1) of ``entry`` into ``out`` (which holds entry bytes from ``out_byte0``)
-        and verify each block's crc32; checksumming overlaps the next read on a helper thread."""
-        with ThreadPoolExecutor(1) as pool:
-            pending = []
-            for b0, b1 in blocks:
-                for c0 in range(b0, b1, max(1, _IO_CHUNK // block)):
-                    c1 = min(b1, c0 + max(1, _IO_CHUNK // block))
-                    lo, hi = c0 * block, min(c1 * block, entry.nbytes)
-                    target = out[lo - out_byte0 : hi - out_byte0]
-                    got = os.preadv(self.fd, [target], entry.offset + lo)
-                    if got != hi - lo:
-                        raise CorruptCheckpoint(f"short read of {entry.key!r} ({got} of {hi - lo} bytes)", self.path)
-                    pending.append((c0, pool.submit(block_crcs, target, block)))
-            for c0, fut in pending:
-                for i, crc in enumerate(fut.result()):
-                    if crc != crcs[c0 + i]:
-                        raise ChecksumMismatch(
-                            f"checksum mismatch in {entry.key!r}, block {c0 + i} (bytes "
-                            f"{(c0 + i) * block}..{min((c0 + i + 1) * block, entry.nbytes)})",
-                            self.path,
-                        )
+        """Read block ranges [b0, b1) of ``entry`` into ``out`` (which holds entry bytes from ``out_byte0``) and
+        verify every block's crc32 before returning.
+
+        Work is cut into chunks of a few MiB, each read and checksummed by one pool worker while its bytes are
+        still in cache; with two workers reading and checksumming overlap across chunks."""
+        per_chunk = max(1, _READ_CHUNK // block)
+        jobs = []
+        for b0, b1 in blocks:
+            for c0 in range(b0, b1, per_chunk):
+                c1 = min(b1, c0 + per_chunk)
+                jobs.append(pool.submit(self._read_chunk, entry, out, out_byte0, c0, c1, block, crcs))
+        for job in jobs:
+            job.result()  # re-raises the first short read or checksum mismatch
+
+    def _read_chunk(
+        self, entry: Entry, out: memoryview, out_byte0: int, c0: int, c1: int, block: int, crcs: list[int]
+    ) -> None:
+        lo, hi = c0 * block, min(c1 * block, entry.nbytes)
+        target = out[lo - out_byte0 : hi - out_byte0]
+        got = os.preadv(self.fd, [target], entry.offset + lo)
+        if got != hi - lo:
+            raise CorruptCheckpoint(f"short read of {entry.key!r} ({got} of {hi - lo} bytes)", self.path)
+        for i, crc in enumerate(block_crcs(target, block)):
+            if crc != crcs[c0 + i]:
+                raise ChecksumMismatch(
+                    f"checksum mismatch in {entry.key!r}, block {c0 + i} (bytes "
+                    f"{(c0 + i) * block}..{min((c0 + i + 1) * block, entry.nbytes)})",
+                    self.path,
+                )
