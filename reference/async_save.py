@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import errors
-from .engine import CheckpointInfo, LocalTensor, local_tensors, new_save_id, world_size_of
+from .engine import CheckpointInfo, LocalTensor, new_save_id, per_rank
 from .errors import AsyncWriterError
 from .index import check_safe_name
 from .layout import TensorLayout
@@ -276,9 +276,7 @@ class AsyncSaver:
         save_id: str | None = None,
     ) -> AsyncSave:
         """In-process async save of a global state, playing every rank (like ``engine.save``)."""
-        layouts = dict(layouts or {})
-        world = world_size_of(layouts)
-        ranks = {r: local_tensors(state, layouts, r) for r in range(world)}
+        world, ranks = per_rank(state, layouts)
         return self.save_local(
             root,
             name,

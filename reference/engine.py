@@ -261,14 +261,20 @@ def save(
     save_id: str | None = None,
 ) -> CheckpointInfo:
     """Save a global state as every rank of ``layouts`` would, then commit (in-process, any world size)."""
+    world, ranks = per_rank(state, layouts)
+    save_id = save_id or new_save_id()
+    for rank, tensors in ranks.items():
+        save_rank(root, name, save_id, rank, world, tensors, block=block, commit=commit_protocol)
+    return commit(root, name, save_id, world, meta=meta, commit=commit_protocol, keep_last=keep_last)
+
+
+def per_rank(
+    state: Mapping[str, Tensor], layouts: Mapping[str, TensorLayout] | None
+) -> tuple[int, dict[int, dict[str, LocalTensor]]]:
+    """World size and every rank's local tensors, for code that plays all ranks in one process."""
     layouts = dict(layouts or {})
     world = world_size_of(layouts)
-    save_id = save_id or new_save_id()
-    for rank in range(world):
-        save_rank(
-            root, name, save_id, rank, world, local_tensors(state, layouts, rank), block=block, commit=commit_protocol
-        )
-    return commit(root, name, save_id, world, meta=meta, commit=commit_protocol, keep_last=keep_last)
+    return world, {rank: local_tensors(state, layouts, rank) for rank in range(world)}
 
 
 # --- load --------------------------------------------------------------------------------------------------
