@@ -1,5 +1,8 @@
-"""``ckpt-harness``: fuzz, replay and list (DESIGN.md §8, a contract). Exit codes: 0 clean, 1 findings or a
-reproduced failure, 2 harness error (one line on stderr saying what is wrong and what to do)."""
+"""``ckpt-harness``: fuzz, replay and list (DESIGN.md §8, a contract).
+
+Exit codes: 0 clean, 1 findings or a reproduced failure, 2 harness error (one line on stderr saying what is
+wrong and what to do).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +12,13 @@ import sys
 from pathlib import Path
 
 from properties.case import Case, CaseError
-from properties.case_strategies import IN_PROCESS_PROPERTIES
+from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
 
-from .fuzz import Campaign, default_seed, findings_table, fuzz, run_case, write_results
-from .sut import REGISTRY, UnknownSut, framework_available, resolve
+from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
+from .pool import PoolFailure
+from .run import MODES, Runners
+from .sut import REGISTRY, UnknownSut, resolve
 
 
 class HarnessError(Exception):
@@ -26,13 +31,20 @@ def _parser() -> argparse.ArgumentParser:
     f = sub.add_parser("fuzz", help="fuzz a system under test for a fixed time")
     f.add_argument("--sut", required=True, help="SUT name (see `list`) or package.module:ClassName")
     f.add_argument("--ranks", type=int, default=2, help="world size of saves (default 2)")
-    f.add_argument("--time", type=float, required=True, help="seconds to fuzz (shrinking may add a little)")
+    f.add_argument("--time", type=float, required=True, help="seconds to fuzz (shrinking a failure may add some)")
     f.add_argument("--out", type=Path, required=True, help="output directory (findings/, summary.json, report.md)")
     f.add_argument("--property", action="append", dest="properties", metavar="ID", help="restrict to property IDs")
     f.add_argument("--faults", action="store_true", help="turn the fault layer on")
     f.add_argument("--seed", type=int, default=None, help="campaign seed (default: random, recorded in summary)")
+    f.add_argument(
+        "--launch", choices=MODES, default="pool", help="warm rank pool (default), fresh launch per case, or in-process"
+    )
+    f.add_argument("--op-timeout", type=float, default=120.0, help="seconds one operation may take before the "
+                   "ranks are declared hung (default 120)")
     r = sub.add_parser("replay", help="re-run one case or finding file; exit 1 if the failure reproduces")
     r.add_argument("case", type=Path)
+    r.add_argument("--launch", choices=MODES, default="fresh")
+    r.add_argument("--op-timeout", type=float, default=120.0)
     sub.add_parser("list", help="SUTs, properties and faults")
     return parser
 
@@ -44,62 +56,66 @@ def main(argv: list[str] | None = None) -> int:
     except (HarnessError, UnknownSut, CaseError) as exc:
         print(f"ckpt-harness: error: {exc}", file=sys.stderr)
         return 2
-
-
-def _adapter(name: str):
-    cls = resolve(name)
-    caps = getattr(cls, "capabilities", frozenset())
-    if "in_process_world" not in caps:
-        raise HarnessError(
-            f"SUT {name!r} needs real multi-rank launches, which this version of the harness does not provide yet"
-        )
-    return cls()
+    except PoolFailure as exc:  # ranks never came up: the harness cannot run, this is not a finding
+        print(f"ckpt-harness: error: could not start ranks: {exc}", file=sys.stderr)
+        return 2
 
 
 def _fuzz(args: argparse.Namespace) -> int:
-    props = args.properties or list(IN_PROCESS_PROPERTIES)
-    unknown = [p for p in props if p not in PROPERTIES]
+    cls = resolve(args.sut)
+    caps = frozenset(getattr(cls, "capabilities", ()))
+    requested = args.properties or list(CASE_PROPERTIES)
+    unknown = [p for p in requested if p not in PROPERTIES]
     if unknown:
         raise HarnessError(f"unknown property IDs {unknown}; see `ckpt-harness list`")
-    unsupported = [p for p in props if p not in IN_PROCESS_PROPERTIES]
-    if unsupported:
-        raise HarnessError(
-            f"properties {unsupported} are not implemented yet; implemented: {list(IN_PROCESS_PROPERTIES)}"
-        )
+    missing = [p for p in requested if p not in CASE_PROPERTIES]
+    if missing:
+        raise HarnessError(f"properties {missing} are not implemented yet; implemented: {', '.join(CASE_PROPERTIES)}")
     if args.faults:
         raise HarnessError("--faults: the fault layer is not available in this version yet")
     if args.ranks < 1 or args.time <= 0:
         raise HarnessError("--ranks must be at least 1 and --time positive")
-    adapter = _adapter(args.sut)
-    campaign = Campaign(args.sut, args.ranks, props, args.time, args.seed if args.seed is not None else default_seed())
+    props = [p for p in requested if applicable(p, caps)]
+    campaign = Campaign(
+        args.sut, args.ranks, props, args.time, args.seed if args.seed is not None else default_seed(), mode=args.launch
+    )
+    campaign.skipped = {p: f"SUT does not claim {REQUIRES[p]!r}" for p in requested if p not in props}
+    judge_case = Judge(Runners(args.sut, args.launch, args.op_timeout))
     try:
-        fuzz(adapter, campaign, progress=sys.stderr.isatty())
+        fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:
-        adapter.close()
+        judge_case.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    write_results(campaign, args.out)
-    rows = [json.loads(p.read_text()) for p in sorted((args.out / "findings").glob("*.json"))]
+    rows = write_results(campaign, args.out)
     total = sum(campaign.cases_run.values())
-    print(f"{total} cases, {len(rows)} findings, {campaign.wall:.0f} s; results in {args.out}")
+    print(f"{total} cases, {len(rows)} findings, {campaign.wall:.0f} s ({args.launch}); results in {args.out}")
     print("\n".join(findings_table(rows)))
     return 1 if rows else 0
 
 
-def _replay(args: argparse.Namespace) -> int:
+def load_case_file(path: Path) -> tuple[Case, dict]:
+    """A case, from a case file or a finding file (which carries the case under "case")."""
     try:
-        data = json.loads(args.case.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise CaseError(f"{args.case}: no such case file") from None
+        raise CaseError(f"{path}: no such case file") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CaseError(f"{args.case}: not a JSON case file ({exc})") from None
-    raw = data.get("case", data) if isinstance(data, dict) else data
-    case = Case.from_json(raw, str(args.case))
-    adapter = _adapter(case.sut)
+        raise CaseError(f"{path}: not a JSON case file ({exc})") from None
+    if isinstance(data, dict) and "case" in data:
+        return Case.from_json(data["case"], str(path)), data
+    return Case.from_json(data, str(path)), {}
+
+
+def _replay(args: argparse.Namespace) -> int:
+    case, _ = load_case_file(args.case)
+    judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
     try:
-        judgement, _ = run_case(case, adapter)
+        judgement, _, shims = judge_case(case)
     finally:
-        adapter.close()
-    print(f"{case.property} on {case.sut}: {judgement.verdict.value}")
+        judge_case.close()
+    print(
+        f"{case.property} on {case.sut}: {judgement.verdict.value}" + (f" (shims: {', '.join(shims)})" if shims else "")
+    )
     for line in judgement.details:
         print(f"  {line}")
     return 0 if judgement.ok else 1
@@ -108,13 +124,15 @@ def _replay(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     print("SUTs:")
     for name, info in sorted(REGISTRY.items()):
-        cls = resolve(name) if framework_available(info) else None
-        caps = ", ".join(sorted(getattr(cls, "capabilities", ()))) if cls else "-"
-        state = "importable" if cls else f"needs {info.framework}"
-        print(f"  {name:<12} {state:<12} {caps}")
+        try:
+            cls, state = resolve(name), "importable"
+        except UnknownSut as exc:
+            cls, state = None, f"unavailable: {exc}"
+        caps = ", ".join(sorted(getattr(cls, "capabilities", ()))) if cls else ""
+        print(f"  {name:<12} {state}  {caps}")
     print("Properties:")
     for pid, text in PROPERTIES.items():
-        mark = "*" if pid in IN_PROCESS_PROPERTIES else " "
+        mark = "*" if pid in CASE_PROPERTIES else " "
         print(f"  {mark} {pid:<18} {text}")
     print("  (* = implemented in this version)")
     print("Faults: none in this version")

@@ -1,8 +1,9 @@
-"""Time-bounded fuzzing: draw cases per property with Hypothesis, run them, judge them, shrink failures, and
-write findings, a summary and a report (DESIGN.md §8, a contract)."""
+"""Time-bounded fuzzing: draw cases per property with Hypothesis, run them on real ranks, judge them, shrink
+failures, and write findings, a summary and a report (DESIGN.md §8, a contract)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -17,12 +18,12 @@ from hypothesis import seed as hypothesis_seed
 
 from properties.case import Case
 from properties.case_strategies import cases
-from properties.judge import judge
+from properties.judge import judge, judge_diff
 from properties.verdicts import Judgement, Verdict
 
-from .inprocess import execute
+from .run import Runners, run_case
 
-BATCH = 20  # examples per Hypothesis run; properties take turns between batches
+BATCH = 10  # examples per Hypothesis run; properties take turns between batches
 
 
 class _Failed(AssertionError):
@@ -33,6 +34,7 @@ class _Failed(AssertionError):
 class Finding:
     case: Case
     judgement: Judgement
+    shims: tuple[str, ...] = ()
 
     def to_json(self, replay: str) -> dict:
         details = list(self.judgement.details)
@@ -42,6 +44,7 @@ class Finding:
             "verdict": self.judgement.verdict.value,
             "error": details[0] if details else "",
             "details": details,
+            "shims": list(self.shims),
             "case": self.case.to_json(),
             "replay": replay,
         }
@@ -54,40 +57,71 @@ class Campaign:
     properties: list[str]
     seconds: float
     seed: int
+    mode: str = "pool"
     cases_run: Counter = field(default_factory=Counter)
     sut_seconds: float = 0.0
     findings: list[Finding] = field(default_factory=list)
+    shims: set[str] = field(default_factory=set)
+    skipped: dict[str, str] = field(default_factory=dict)
     wall: float = 0.0
+    launches: int = 0
 
 
-def run_case(case: Case, adapter) -> tuple[Judgement, float]:
-    outcome = execute(case, adapter)
-    return judge(case, outcome), outcome.sut_seconds
+class Judge:
+    """Runs a case and judges it; P-DIFF also runs the reference engine on the same case, in-process."""
+
+    def __init__(self, runners: Runners) -> None:
+        self.runners = runners
+        self._reference: Runners | None = None
+
+    def __call__(self, case: Case) -> tuple[Judgement, float, tuple[str, ...]]:
+        outcome = run_case(case, self.runners)
+        if case.property != "P-DIFF":
+            return judge(case, outcome), outcome.sut_seconds, outcome.shims
+        if self._reference is None:
+            self._reference = Runners("reference", mode="in-process")
+        ref = run_case(dataclasses.replace(case, sut="reference"), self._reference)
+        return judge_diff(case, outcome, ref), outcome.sut_seconds, outcome.shims
+
+    def close(self) -> None:
+        self.runners.close()
+        if self._reference is not None:
+            self._reference.close()
 
 
-def fuzz(adapter, campaign: Campaign, progress: bool = False) -> Campaign:
+def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], progress: bool = False) -> Campaign:
     start = time.monotonic()
     deadline = start + campaign.seconds
-    hard_deadline = deadline + max(30.0, campaign.seconds * 0.25)  # room to finish shrinking a failure
+    hard_deadline = deadline + max(60.0, campaign.seconds * 0.5)  # room to finish shrinking a failure
     pending = list(campaign.properties)
     batch = 0
     while pending and time.monotonic() < deadline:
         for prop in list(pending):
             if time.monotonic() >= deadline:
                 break
-            finding = _batch(adapter, campaign, prop, campaign.seed + batch, hard_deadline, progress, start)
+            finding = _batch(
+                judge_case, campaign, capabilities, prop, campaign.seed + batch, hard_deadline, progress, start
+            )
             if finding is not None:
                 campaign.findings.append(finding)
                 pending.remove(prop)  # one shrunk finding per property and campaign
         batch += 1
     campaign.wall = time.monotonic() - start
+    campaign.launches = judge_case.runners.launches
     if progress:
         sys.stderr.write("\n")
     return campaign
 
 
 def _batch(
-    adapter, campaign: Campaign, prop: str, seed: int, hard_deadline: float, progress: bool, start: float
+    judge_case: Judge,
+    campaign: Campaign,
+    capabilities: frozenset[str],
+    prop: str,
+    seed: int,
+    hard_deadline: float,
+    progress: bool,
+    start: float,
 ) -> Finding | None:
     last_failure: list[Finding] = []
 
@@ -99,17 +133,18 @@ def _batch(
         phases=[Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
     )
-    @given(cases(prop, campaign.sut, campaign.ranks))
+    @given(cases(prop, campaign.sut, campaign.ranks, capabilities))
     def body(case: Case) -> None:
         if time.monotonic() > hard_deadline:
             return
-        judgement, sut_seconds = run_case(case, adapter)
+        judgement, sut_seconds, shims = judge_case(case)
         campaign.cases_run[prop] += 1
         campaign.sut_seconds += sut_seconds
+        campaign.shims.update(shims)
         if progress:
             _progress(campaign, prop, start)
         if not judgement.ok:
-            last_failure[:] = [Finding(case, judgement)]  # Hypothesis re-runs the shrunk example last
+            last_failure[:] = [Finding(case, judgement, shims)]  # Hypothesis re-runs the shrunk example last
             raise _Failed("; ".join(judgement.details))
 
     try:
@@ -127,15 +162,14 @@ def _progress(campaign: Campaign, prop: str, start: float) -> None:
     sys.stderr.flush()
 
 
-def write_results(campaign: Campaign, out: Path) -> None:
+def write_results(campaign: Campaign, out: Path) -> list[dict]:
     findings_dir = out / "findings"
     findings_dir.mkdir(parents=True, exist_ok=True)
     rows = []
     for n, finding in enumerate(campaign.findings):
         safe_sut = re.sub(r"[^A-Za-z0-9._-]", "_", campaign.sut)
         path = findings_dir / f"{n:03d}-{finding.judgement.property}-{safe_sut}.json"
-        replay = f"ckpt-harness replay {path}"
-        data = finding.to_json(replay)
+        data = finding.to_json(f"ckpt-harness replay {path}")
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         rows.append(data)
     verdicts = Counter(f.judgement.verdict.value for f in campaign.findings)
@@ -144,26 +178,32 @@ def write_results(campaign: Campaign, out: Path) -> None:
         "ranks": campaign.ranks,
         "seed": campaign.seed,
         "cases_run": dict(sorted(campaign.cases_run.items())),
+        "skipped_properties": campaign.skipped,
         "findings": {v.value: verdicts.get(v.value, 0) for v in Verdict if v is not Verdict.PASS},
         "wall_time_s": round(campaign.wall, 3),
         "sut_share": round(campaign.sut_seconds / campaign.wall, 3) if campaign.wall else 0.0,
-        "launch_mode": "in-process",
-        "shims": [],
+        "launch_mode": campaign.mode,
+        "launches": campaign.launches,
+        "shims": sorted(campaign.shims),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
+    return rows
 
 
 def report(summary: dict, rows: list[dict]) -> str:
+    shims = ", ".join(summary["shims"]) or "none"
     lines = [
         f"# ckpt-harness report: {summary['sut']}",
         "",
         f"{sum(summary['cases_run'].values())} cases in {summary['wall_time_s']} s on {summary['ranks']} rank(s), "
-        f"{summary['launch_mode']}, seed {summary['seed']}.",
+        f"launch mode {summary['launch_mode']} ({summary['launches']} launches), seed {summary['seed']}, "
+        f"shims: {shims}.",
         "",
         "| property | cases |",
         "|---|---|",
         *[f"| {p} | {n} |" for p, n in summary["cases_run"].items()],
+        *[f"| {p} | skipped: {why} |" for p, why in summary["skipped_properties"].items()],
         "",
     ]
     lines += findings_table(rows)

@@ -1,6 +1,13 @@
-"""Strategies that draw whole Cases, one family per property. Seeds, not bytes, so cases stay small."""
+"""Strategies that draw whole Cases, one family per property, within what the SUT claims.
+
+Seeds, not bytes, so cases stay small. A SUT's capabilities narrow the draw: dtypes it supports, whether loads
+may use another layout (reshard) or world size, whether "latest" is meaningful, which options exist. A property
+whose feature the SUT does not claim is not drawn at all (``applicable``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
@@ -8,11 +15,11 @@ from reference.layout import Mesh, TensorLayout, flat_group
 from reference.moe import keyed_layouts, stacked_layout
 
 from .case import SPECIAL_BITS, Case, Op, TensorCase
-from .strategies import DTYPE_NAMES, factorizations, moe_cases, shapes, sharded_layouts, state_layouts
+from .strategies import DTYPE_NAMES, factorizations, shapes, sharded_layouts, state_layouts
 
 NAMES = ("model/w", "model/b", "model/emb", "optimizer/w.m1", "optimizer/w.m2", "master/w", "ema/w", "rng/state")
 
-IN_PROCESS_PROPERTIES = (
+CASE_PROPERTIES = (
     "P-ROUNDTRIP",
     "P-RESHARD",
     "P-EDGE",
@@ -20,24 +27,64 @@ IN_PROCESS_PROPERTIES = (
     "P-MOE",
     "P-FLAT",
     "P-REPEAT",
+    "P-DIFF",
     "P-ASYNC-ISOLATION",
 )
+# What a property needs the SUT to claim.
+REQUIRES = {
+    "P-RESHARD": "reshard",
+    "P-MOE": "moe",
+    "P-FLAT": "flat",
+    "P-REPEAT": "repeat",
+    "P-ASYNC-ISOLATION": "async",
+}
+
+
+def applicable(prop: str, caps: Iterable[str]) -> bool:
+    need = REQUIRES.get(prop)
+    return need is None or need in set(caps)
+
+
+class Caps:
+    """A SUT's capabilities, read for the decisions strategies make."""
+
+    def __init__(self, caps: Iterable[str]) -> None:
+        self.caps = frozenset(caps)
+        dtypes = [d for d in DTYPE_NAMES if f"dtype:{d}" in self.caps]
+        self.dtypes = tuple(dtypes) or DTYPE_NAMES
+        self.reshard = "reshard" in self.caps
+        self.zero_size = "zero_size" in self.caps
+        self.latest = "latest" in self.caps
+        self.formats = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("format:"))
+        self.tensor_kinds = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("tensor_kind:"))
+        self.save_replicas = "save_replicas" in self.caps
 
 
 @st.composite
-def tensor_cases(draw, max_tensors: int = 4, min_tensors: int = 0, edge: bool = False) -> tuple[TensorCase, ...]:
+def options(draw, caps: Caps) -> dict:
+    out: dict = {}
+    if caps.formats:
+        out["format"] = draw(st.sampled_from(caps.formats))
+    if caps.tensor_kinds:
+        out["tensor_kind"] = draw(st.sampled_from(caps.tensor_kinds))
+    if caps.save_replicas and draw(st.booleans()):
+        out["save_replicas"] = True
+    return out
+
+
+@st.composite
+def tensor_cases(draw, caps: Caps, max_tensors: int = 4, min_tensors: int = 0, edge: bool = False):
     names = draw(st.lists(st.sampled_from(NAMES), min_size=min_tensors, max_size=max_tensors, unique=True))
     out = []
     for name in names:
-        dtype = draw(st.sampled_from(DTYPE_NAMES))
-        shape = draw(shapes(max_side=6))
+        dtype = draw(st.sampled_from(caps.dtypes))
+        shape = draw(shapes(max_side=6).filter(lambda s: caps.zero_size or 0 not in s))
         bits = None
         if edge and draw(st.booleans()):
-            pool = SPECIAL_BITS[dtype]
             count = 1
             for s in shape:
                 count *= s
-            bits = tuple(draw(st.lists(st.sampled_from(pool), min_size=count, max_size=count)))
+            bits = tuple(draw(st.lists(st.sampled_from(SPECIAL_BITS[dtype]), min_size=count, max_size=count)))
         out.append(TensorCase(name, dtype, shape, draw(st.integers(0, 2**16)), bits))
     return tuple(out)
 
@@ -47,7 +94,7 @@ def mesh_of(draw, world: int) -> Mesh:
     return Mesh(draw(st.sampled_from(factorizations(world))))
 
 
-def _layout_json(layouts: dict[str, TensorLayout]) -> dict[str, dict]:
+def _json(layouts: dict[str, TensorLayout]) -> dict[str, dict]:
     return {name: lay.to_json() for name, lay in sorted(layouts.items())}
 
 
@@ -55,72 +102,94 @@ def _layout_json(layouts: dict[str, TensorLayout]) -> dict[str, dict]:
 def _layouts_for(draw, tensors: tuple[TensorCase, ...], mesh: Mesh, allow_flat: bool = True) -> dict[str, dict]:
     fake = {t.name: t.build() for t in tensors}
     if allow_flat:
-        return _layout_json(draw(state_layouts(fake, mesh)))
-    return _layout_json({n: draw(sharded_layouts(mesh, len(t.shape))) for n, t in fake.items()})
+        return _json(draw(state_layouts(fake, mesh)))
+    return _json({n: draw(sharded_layouts(mesh, len(t.shape))) for n, t in fake.items()})
 
 
-def _save_load(version: int = 0, name: str = "step-1", use_async: bool = False, mutate: bool = False) -> tuple[Op, ...]:
+def _save_load(version: int = 0, name: str = "step-1", use_async: bool = False, mutate: bool = False):
     return (Op("save", name, version, use_async, mutate), Op("load", name, version))
 
 
 @st.composite
-def cases(draw, prop: str, sut: str, ranks: int) -> Case:
-    """One case for property ``prop``: saves use a mesh of ``ranks`` ranks; loads may use fewer."""
+def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = ()) -> Case:
+    """One case for ``prop``: saves run on ``ranks`` ranks; loads reshard onto 1..ranks ranks if the SUT can."""
+    caps = Caps(capabilities)
     save_mesh = draw(mesh_of(ranks))
-    load_mesh = draw(mesh_of(draw(st.integers(1, ranks))))
+    load_mesh = draw(mesh_of(draw(st.integers(1, ranks)))) if caps.reshard else save_mesh
     seed = draw(st.integers(0, 2**16))
+    opts = draw(options(caps))
+    flat_ok = "flat" in caps.caps
+
+    def same_or_other(tensors, allow_flat=flat_ok):
+        save = draw(_layouts_for(tensors, save_mesh, allow_flat))
+        return save, (draw(_layouts_for(tensors, load_mesh, allow_flat)) if caps.reshard else save)
+
     if prop == "P-MOE":
-        state, layouts, _mesh, experts, encoding = draw(moe_cases())
-        tensors = tuple(
-            TensorCase(n, t.dtype.name, t.shape, seed + i) for i, (n, t) in enumerate(sorted(state.items()))
-        )
-        ep = draw(st.sampled_from([d for d in (1, 2, 4) if experts % d == 0]))
-        target = Mesh((draw(st.sampled_from((1, 2))), ep), ("dp", "ep"))
-        load = (
-            {"model/moe.w1": stacked_layout(target, "ep", experts)}
-            if encoding == "stacked"
-            else dict(keyed_layouts(target, "ep", experts, "model/moe", "w1"))
-        )
-        return Case(
-            prop, sut, tensors, _layout_json(layouts), _layout_json(load), _save_load(), {"experts": experts}, seed
-        )
-    tensors = draw(tensor_cases(edge=prop == "P-EDGE", min_tensors=0 if prop == "P-EDGE" else 1))
+        return draw(_moe_case(sut, ranks, caps, seed, opts))
+    tensors = draw(tensor_cases(caps, edge=prop == "P-EDGE", min_tensors=0 if prop == "P-EDGE" else 1))
     if prop == "P-ROUNDTRIP":
-        layout = draw(_layouts_for(tensors, save_mesh))
-        return Case(prop, sut, tensors, layout, layout, _save_load(), {}, seed)
-    if prop in ("P-RESHARD", "P-COVER", "P-EDGE"):
-        return Case(
-            prop,
-            sut,
-            tensors,
-            draw(_layouts_for(tensors, save_mesh)),
-            draw(_layouts_for(tensors, load_mesh)),
-            _save_load(),
-            {},
-            seed,
-        )
+        layout = draw(_layouts_for(tensors, save_mesh, flat_ok))
+        return Case(prop, sut, tensors, layout, layout, _save_load(), opts, seed)
+    if prop in ("P-RESHARD", "P-COVER", "P-EDGE", "P-DIFF"):
+        save, load = same_or_other(tensors)
+        return Case(prop, sut, tensors, save, load, _save_load(), opts, seed)
     if prop == "P-FLAT":
         group = [(t.name, t.shape) for t in tensors]
         align = draw(st.sampled_from((1, 2, 4)))
+
+        def flat(mesh: Mesh) -> dict[str, dict]:
+            return _json(flat_group(mesh, draw(st.integers(0, len(mesh.shape) - 1)), group, align))
+
         if draw(st.booleans()):  # flattened -> unflattened
-            save = _layout_json(flat_group(save_mesh, draw(st.integers(0, len(save_mesh.shape) - 1)), group, align))
-            load = draw(_layouts_for(tensors, load_mesh, allow_flat=False))
+            save, load = flat(save_mesh), draw(_layouts_for(tensors, load_mesh, allow_flat=False))
         else:  # unflattened -> flattened
-            save = draw(_layouts_for(tensors, save_mesh, allow_flat=False))
-            load = _layout_json(flat_group(load_mesh, draw(st.integers(0, len(load_mesh.shape) - 1)), group, align))
-        return Case(prop, sut, tensors, save, load, _save_load(), {}, seed)
+            save, load = draw(_layouts_for(tensors, save_mesh, allow_flat=False)), flat(load_mesh)
+        return Case(prop, sut, tensors, save, load, _save_load(), opts, seed)
     if prop == "P-REPEAT":
-        layout = draw(_layouts_for(tensors, save_mesh))
+        layout = draw(_layouts_for(tensors, save_mesh, flat_ok))
         versions = draw(st.integers(2, 4))
         ops = [Op("save", f"step-{v}", v) for v in range(versions)]
-        ops += [Op("load", None, versions - 1)]
+        ops.append(Op("load", None if caps.latest else f"step-{versions - 1}", versions - 1))
         ops += [Op("load", f"step-{v}", v) for v in draw(st.permutations(range(versions)))]
-        return Case(prop, sut, tensors, layout, layout, tuple(ops), {}, seed)
+        return Case(prop, sut, tensors, layout, layout, tuple(ops), opts, seed)
     if prop == "P-ASYNC-ISOLATION":
-        layout = draw(_layouts_for(tensors, save_mesh))
-        ops = (*_save_load(use_async=True, mutate=True), Op("save", "step-2", 1, True, True), Op("load", None, 1))
-        return Case(prop, sut, tensors, layout, draw(_layouts_for(tensors, load_mesh)), ops, {}, seed)
+        save, load = same_or_other(tensors)
+        ops = (*_save_load(use_async=True, mutate=True), Op("save", "step-2", 1, True, True), Op("load", "step-2", 1))
+        return Case(prop, sut, tensors, save, load, ops, opts, seed)
     raise ValueError(f"no case strategy for property {prop!r}")
 
 
-__all__ = ["IN_PROCESS_PROPERTIES", "cases", "tensor_cases"]
+@st.composite
+def _moe_case(draw, sut: str, ranks: int, caps: Caps, seed: int, opts: dict) -> Case:
+    """Experts on a (dp, ep) mesh of ``ranks`` ranks, loaded on another EP degree (global ids must hold)."""
+
+    def mesh(world: int) -> Mesh:
+        ep = draw(st.sampled_from([d for d in range(1, world + 1) if world % d == 0]))
+        return Mesh((world // ep, ep), ("dp", "ep"))
+
+    save_mesh = mesh(ranks)
+    load_mesh = mesh(draw(st.integers(1, ranks))) if caps.reshard else save_mesh
+    lcm = save_mesh.shape[1] * load_mesh.shape[1]
+    experts = lcm * draw(st.integers(1, 2))
+    encoding = draw(st.sampled_from(("stacked", "keyed")))
+    dtype = draw(st.sampled_from(caps.dtypes))
+    inner = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple))
+
+    def layouts(m: Mesh) -> dict[str, TensorLayout]:
+        if encoding == "stacked":
+            return {"model/moe.w1": stacked_layout(m, "ep", experts)}
+        return dict(keyed_layouts(m, "ep", experts, "model/moe", "w1"))
+
+    save, load = layouts(save_mesh), layouts(load_mesh)
+    shape = (experts, *inner) if encoding == "stacked" else inner
+    tensors = tuple(TensorCase(n, dtype, shape, seed + i) for i, n in enumerate(sorted(save)))
+    return Case(
+        "P-MOE",
+        sut,
+        tensors,
+        _json(save),
+        _json(load),
+        _save_load(),
+        {**opts, "experts": experts, "encoding": encoding},
+        seed,
+    )

@@ -14,6 +14,7 @@ class OpRecord:
     kind: str
     name: str | None
     ok: bool = True
+    failure: str | None = None  # "hang" or "crash" when a rank stopped answering or died
     error_type: str | None = None
     error: str | None = None
     loaded: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # rank -> tensors (loads)
@@ -27,4 +28,7 @@ class Outcome:
     records: list[OpRecord] = field(default_factory=list)
     shims: tuple[str, ...] = ()
     launch_mode: str = "in-process"
-    sut_seconds: float = 0.0
+
+    @property
+    def sut_seconds(self) -> float:
+        return sum(r.seconds for r in self.records)

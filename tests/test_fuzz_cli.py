@@ -1,5 +1,5 @@
-"""The fuzz/replay/list CLI end to end: the reference yields no findings; broken SUTs are caught, shrunk, and
-replayed; bad input to the harness gets one clear line and exit status 2."""
+"""The fuzz/replay/list CLI end to end on real multi-process ranks: the reference yields no findings; broken SUTs
+are caught, shrunk and replayed; dead and hung ranks become verdicts; bad input gets one clear line."""
 
 from __future__ import annotations
 
@@ -15,46 +15,68 @@ def _findings(out: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((out / "findings").glob("*.json"))]
 
 
-def test_reference_fuzz_finds_nothing(tmp_path: Path, capsys) -> None:
-    code = main(["fuzz", "--sut", "reference", "--ranks", "2", "--time", "4", "--out", str(tmp_path), "--seed", "1"])
+@pytest.mark.multirank
+@pytest.mark.parametrize("launch", ["pool", "in-process"])
+def test_reference_fuzz_finds_nothing(tmp_path: Path, capsys, launch: str) -> None:
+    code = main(["fuzz", "--sut", "reference", "--ranks", "2", "--time", "6", "--out", str(tmp_path), "--seed", "1",
+                 "--launch", launch])
     assert code == 0, capsys.readouterr()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert sum(summary["cases_run"].values()) > 0
+    assert sum(summary["cases_run"].values()) >= 9  # at least one case of each property
     assert all(v == 0 for v in summary["findings"].values())
-    assert summary["launch_mode"] == "in-process" and summary["shims"] == []
+    assert summary["launch_mode"] == launch and summary["shims"] == []
+    if launch == "pool":
+        assert 1 <= summary["launches"] <= 2  # warm: one pool for 2 ranks, maybe one for 1-rank loads
     assert "No findings." in (tmp_path / "report.md").read_text()
 
 
 @pytest.mark.parametrize(
-    ("sut", "prop", "verdict"),
+    ("sut", "prop", "verdict", "launch"),
     [
-        ("tests.suts.buggy:FlipsLastElementSut", "P-ROUNDTRIP", "silent-corruption"),
-        ("tests.suts.buggy:LoadsLatestAlwaysSut", "P-REPEAT", "silent-corruption"),
-        ("tests.suts.buggy:NoSnapshotAsyncSut", "P-ASYNC-ISOLATION", "silent-corruption"),
+        ("tests.suts.buggy:FlipsLastElementSut", "P-ROUNDTRIP", "silent-corruption", "in-process"),
+        ("tests.suts.buggy:FlipsLastElementSut", "P-DIFF", "silent-corruption", "in-process"),
+        ("tests.suts.buggy:LoadsLatestAlwaysSut", "P-REPEAT", "silent-corruption", "in-process"),
+        ("tests.suts.buggy:NoSnapshotAsyncSut", "P-ASYNC-ISOLATION", "silent-corruption", "in-process"),
+        pytest.param("tests.suts.buggy:FlipsLastElementSut", "P-RESHARD", "silent-corruption", "pool",
+                     marks=pytest.mark.multirank),
     ],
 )
-def test_broken_sut_is_caught_shrunk_and_replayed(tmp_path: Path, capsys, sut: str, prop: str, verdict: str) -> None:
+def test_broken_sut_is_caught_shrunk_and_replayed(tmp_path: Path, capsys, sut, prop, verdict, launch) -> None:
     out = tmp_path / "out"
     code = main(["fuzz", "--sut", sut, "--ranks", "2", "--time", "20", "--out", str(out), "--property", prop,
-                 "--seed", "7"])
+                 "--seed", "7", "--launch", launch])
     assert code == 1
     (finding,) = _findings(out)
     assert finding["property"] == prop and finding["verdict"] == verdict and finding["sut"] == sut
     case = finding["case"]
-    # shrunk: one small tensor (special-value or seeded), few elements
-    assert len(case["tensors"]) == 1
+    assert len(case["tensors"]) == 1  # shrunk: one small tensor
     assert all(len(t["shape"]) <= 1 and all(s <= 2 for s in t["shape"]) for t in case["tensors"])
     report = (out / "report.md").read_text()
     assert verdict in report and "ckpt-harness replay" in report
     finding_file = next((out / "findings").glob("*.json"))
     capsys.readouterr()
-    assert main(["replay", str(finding_file)]) == 1
+    assert main(["replay", str(finding_file), "--launch", launch]) == 1
     assert verdict in capsys.readouterr().out
-    # the bare case replays too, and passes on the reference
-    case["sut"] = "reference"
+    case["sut"] = "reference"  # the same case passes on the reference
     fixed = tmp_path / "fixed.json"
     fixed.write_text(json.dumps(case))
-    assert main(["replay", str(fixed)]) == 0
+    assert main(["replay", str(fixed), "--launch", launch]) == 0
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize(
+    ("sut", "verdict"),
+    [("tests.suts.buggy:DiesOnLoadSut", "crash"), ("tests.suts.buggy:HangsOnLoadSut", "hang")],
+)
+def test_dead_or_hung_rank_is_a_verdict_and_the_pool_recovers(tmp_path: Path, capsys, sut, verdict) -> None:
+    out = tmp_path / "out"
+    code = main(["fuzz", "--sut", sut, "--ranks", "2", "--time", "5", "--out", str(out), "--property", "P-ROUNDTRIP",
+                 "--seed", "3", "--op-timeout", "4"])
+    assert code == 1, capsys.readouterr()
+    (finding,) = _findings(out)
+    assert finding["verdict"] == verdict
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["launches"] >= 2  # the pool was relaunched after each dead or hung case
 
 
 @pytest.mark.parametrize(
@@ -63,6 +85,7 @@ def test_broken_sut_is_caught_shrunk_and_replayed(tmp_path: Path, capsys, sut: s
         (["fuzz", "--sut", "no-such-sut", "--time", "1", "--out", "{tmp}"], "unknown SUT 'no-such-sut'"),
         (["fuzz", "--sut", "nosuchpkg.mod:Cls", "--time", "1", "--out", "{tmp}"], "cannot import SUT adapter"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--property", "P-NOPE"], "unknown property"),
+        (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--property", "P-RESUME"], "not implemented"),
         (["replay", "{tmp}/missing.json"], "no such case file"),
         (["replay", "{tmp}/garbage.json"], "not a JSON case file"),
         (["replay", "{tmp}/bad_version.json"], "case version"),
@@ -84,4 +107,4 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, capsys, argv: list[str], me
 def test_list_names_suts_and_properties(capsys) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    assert "reference" in out and "P-RESHARD" in out and "P-ATOMIC" in out
+    assert "reference" in out and "paddle-dcp" in out and "P-RESHARD" in out and "P-ATOMIC" in out

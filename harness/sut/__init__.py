@@ -22,6 +22,8 @@ class SutInfo:
 
 REGISTRY: dict[str, SutInfo] = {
     "reference": SutInfo("reference", "harness.sut.reference:ReferenceSut", None),
+    "paddle-dcp": SutInfo("paddle-dcp", "harness.sut.paddle_dcp:PaddleDcpSut", "paddle"),
+    "paddle-save": SutInfo("paddle-save", "harness.sut.paddle_save:PaddleSaveSut", "paddle"),
 }
 
 
@@ -39,7 +41,10 @@ def resolve(name: str) -> type:
             "package.module:ClassName"
         )
     if info is not None and not framework_available(info):
-        raise UnknownSut(f"SUT {name!r} needs the Python package {info.framework!r}, which is not installed")
+        raise UnknownSut(
+            f"SUT {name!r} needs the Python package {info.framework!r}, which is not installed: "
+            f"pip install -e '.[{info.framework}]' (or paddlepaddle-gpu on a GPU runner)"
+        )
     module_name, _, class_name = target.partition(":")
     if info is None and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # external adapters may live in the user's working tree

@@ -1,44 +1,79 @@
-"""The reference engine as a system under test: must pass everything (it is the oracle, run as a SUT)."""
+"""The reference engine as a system under test (it must pass everything: it is the oracle, run as a SUT).
+
+Multi-rank without collectives: every rank stages its own file, and rank 0 commits once every rank's manifest
+is on disk (the reference's file-based rendezvous), synchronously or from its async writer.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
 from pathlib import Path
 
-from reference import AsyncSaver, load_rank, save
-from reference.layout import TensorLayout
-from reference.tensor import Tensor
+import numpy as np
+
+from reference import AsyncSaver, Target, commit, load, save_rank
+from reference.dtypes import DTYPES
+from reference.index import read_index
+
+from .base import RankTensor, SutAdapter
+
+COMMIT_TIMEOUT = 60.0
 
 
-class ReferenceSut:
+class ReferenceSut(SutAdapter):
     name = "reference"
+    launcher = "plain"
     capabilities = frozenset(
-        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "in_process_world"}
-        | {
-            f"dtype:{d}"
-            for d in ("F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2", "I64", "I32", "I16", "I8", "U8", "BOOL")
-        }
+        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "in_process_world", "empty_state"}
+        | {f"dtype:{d}" for d in DTYPES}
     )
 
-    def __init__(self) -> None:
-        self._saver = AsyncSaver()
+    def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
+        self.rank, self.world = rank, world_size
+        self.saver = AsyncSaver()
+        return []
 
-    def save_world(
-        self,
-        root: Path,
-        name: str,
-        state: Mapping[str, Tensor],
-        layouts: Mapping[str, TensorLayout],
-        *,
-        use_async: bool,
-    ):
-        """Save as every rank of ``layouts`` would (in one process); returns a handle with ``wait()`` if async."""
+    def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict):
+        local = {n: rt.local for n, rt in tensors.items()}
+        # Every rank must agree on the save id without talking: derive it from where the checkpoint goes.
+        save_id = hashlib.sha1(f"{root}/{name}".encode()).hexdigest()[:16]
         if use_async:
-            return self._saver.save(root, state, layouts, name=name)
-        return save(root, state, layouts, name=name)
+            handle = self.saver.save_local(
+                root,
+                name,
+                save_id,
+                self.world,
+                {self.rank: local},
+                commit=self.rank == 0,
+                commit_timeout=COMMIT_TIMEOUT,
+            )
+            return handle, tensors
+        save_rank(root, name, save_id, self.rank, self.world, local)
+        if self.rank == 0:
+            commit(root, name, save_id, self.world, timeout=COMMIT_TIMEOUT)
+        return None, tensors
 
-    def load_rank(self, root: Path, name: str | None, specs, layouts: Mapping[str, TensorLayout], rank: int):
-        return load_rank(root, specs, layouts, rank, name=name)
+    def wait(self, handle) -> None:
+        if handle[0] is not None:
+            handle[0].wait()
+
+    def mutate(self, handle) -> None:
+        for rt in handle[1].values():
+            np.bitwise_not(rt.local.tensor.bits, out=rt.local.tensor.bits)
+
+    def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict):
+        wanted = {n: Target(rt.local.tensor.dtype, rt.local.global_shape, rt.region) for n, rt in targets.items()}
+        return load(root, wanted, name=name)
+
+    def end_case(self) -> None:
+        self.saver.close()  # waits for any writer still running; the next save makes a fresh buffer
 
     def close(self) -> None:
-        self._saver.close()
+        self.saver.close()
+
+    @classmethod
+    def written(cls, root: Path, name: str):
+        if not (root / name / "index.json").is_file():
+            return None
+        index = read_index(root / name, check_cover=False)
+        return {n: (meta.shape, [s.region for s in index.slices_of(n)]) for n, meta in index.tensors.items()}

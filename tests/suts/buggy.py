@@ -1,6 +1,6 @@
 """Deliberately broken SUTs: the harness must catch each bug, shrink it small, and replay it.
 
-They wrap the reference and break one thing, the way real checkpoint bugs do.
+They wrap the reference adapter and break one thing, the way real checkpoint bugs do.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ class FlipsLastElementSut(ReferenceSut):
 
     name = "flips-last-element"
 
-    def load_rank(self, root, name, specs, layouts, rank):
-        out = super().load_rank(root, name, specs, layouts, rank)
+    def load(self, root, name, targets, *, options):
+        out = super().load(root, name, targets, options=options)
         for tensor in out.values():
             if tensor.bits.size:
                 flat = tensor.bits.reshape(-1)
@@ -29,22 +29,49 @@ class LoadsLatestAlwaysSut(ReferenceSut):
 
     name = "loads-latest-always"
 
-    def load_rank(self, root, name, specs, layouts, rank):
-        return super().load_rank(root, None, specs, layouts, rank)
+    def load(self, root, name, targets, *, options):
+        return super().load(root, None, targets, options=options)
 
 
 class NoSnapshotAsyncSut(ReferenceSut):
-    """Async save that does not snapshot: it waits until the caller's mutation lands, then writes."""
+    """Async save that does not snapshot: the write happens only at wait(), after the caller's mutation."""
 
     name = "no-snapshot-async"
 
-    def save_world(self, root, name, state, layouts, *, use_async):
+    def save(self, root, name, tensors, *, use_async, options):
         if not use_async:
-            return super().save_world(root, name, state, layouts, use_async=False)
-        sut = self
+            return super().save(root, name, tensors, use_async=False, options=options)
+        return ("deferred", root, name, options), tensors
 
-        class Deferred:
-            def wait(self):
-                return ReferenceSut.save_world(sut, root, name, state, layouts, use_async=False)
+    def wait(self, handle):
+        if isinstance(handle[0], tuple) and handle[0][0] == "deferred":
+            _, root, name, options = handle[0]
+            handle = super().save(root, name, handle[1], use_async=False, options=options)
+        return super().wait(handle)
 
-        return Deferred()
+
+class DiesOnLoadSut(ReferenceSut):
+    """Rank 1 dies (SIGKILL) when asked to load: a crash the harness must report, not hang on."""
+
+    name = "dies-on-load"
+
+    def load(self, root, name, targets, *, options):
+        import os
+        import signal
+
+        if self.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().load(root, name, targets, options=options)
+
+
+class HangsOnLoadSut(ReferenceSut):
+    """Rank 1 never returns from load: a hang the harness must bound and report."""
+
+    name = "hangs-on-load"
+
+    def load(self, root, name, targets, *, options):
+        import time
+
+        if self.rank == 1:
+            time.sleep(3600)
+        return super().load(root, name, targets, options=options)

@@ -1,0 +1,186 @@
+"""Runners execute one op of a case on every rank of a world and return the per-rank records.
+
+``RankPool`` launches real ranks once and feeds them many cases over Unix sockets (fresh directory per case; the
+adapter's ``end_case`` drops per-case state), relaunching after a crash or a hang. ``InProcessRunner`` plays the
+ranks inside the controller: world size 1 for any SUT, any world size for SUTs that need no collectives.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import socket
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+from .launch import kill_tree, launch_commands, start
+from .rankops import RankExecutor
+from .sut import resolve
+
+
+class PoolFailure(Exception):
+    """The ranks could not be started or stopped answering; ``kind`` is "crash", "hang" or "setup"."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class InProcessRunner:
+    mode = "in-process"
+
+    def __init__(self, sut: str, world: int, options: dict) -> None:
+        cls = resolve(sut)
+        self.executors = []
+        self.shims: list[str] = []
+        for rank in range(world):
+            adapter = cls()
+            self.shims = adapter.setup(rank, world, options)
+            self.executors.append(RankExecutor(adapter, rank, world))
+        # Play the coordinator (rank 0) last, so file-based rendezvous (the reference) finds the others done.
+        self.order = list(reversed(self.executors))
+
+    def begin(self, case_json: dict, root: str) -> None:
+        for ex in self.executors:
+            ex.begin(case_json, root)
+
+    def op(self, index: int, timeout: float) -> list[dict]:
+        return sorted((ex.op(index) for ex in self.order), key=lambda r: r["rank"])
+
+    def end(self) -> None:
+        for ex in self.executors:
+            ex.end()
+
+    def close(self) -> None:
+        for ex in self.executors:
+            ex.adapter.close()
+
+
+class RankPool:
+    """A warm pool of ``world`` real ranks running ``sut``."""
+
+    mode = "warm-pool"
+
+    def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0) -> None:
+        self.sut, self.world, self.options = sut, world, options
+        self.start_timeout = start_timeout
+        self.launcher = resolve(sut).launcher
+        self.procs: list = []
+        self.conns: dict[int, Connection] = {}
+        self.shims: list[str] = []
+        self.launches = 0
+        self._dir: Path | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.conns) and all(p.poll() is None for p in self.procs)
+
+    def ensure(self) -> None:
+        if not self.alive:
+            self.close()
+            self._launch()
+
+    def _launch(self) -> None:
+        self._dir = Path(tempfile.mkdtemp(prefix="ckh-pool-"))  # short path: Unix socket names are limited
+        control = str(self._dir / "ctl")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(control)
+        listener.listen(self.world)
+        listener.settimeout(1.0)
+        log_dir = self._dir / "logs"
+        log_dir.mkdir()
+        self.launches += 1
+        try:
+            for n, (cmd, env) in enumerate(
+                launch_commands(self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir)
+            ):
+                self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
+            deadline = time.monotonic() + self.start_timeout
+            pending: list[Connection] = []
+            while len(pending) < self.world:
+                if time.monotonic() > deadline:
+                    raise PoolFailure(
+                        "setup",
+                        f"{len(pending)} of {self.world} ranks connected within "
+                        f"{self.start_timeout:.0f} s; logs: {self._logs()}",
+                    )
+                if any(p.poll() is not None for p in self.procs) and self.launcher == "plain":
+                    raise PoolFailure("setup", f"a rank exited during start-up; logs: {self._logs()}")
+                try:
+                    sock, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                sock.setblocking(True)
+                pending.append(Connection(sock.detach()))
+            for conn in pending:
+                if not conn.poll(max(1.0, deadline - time.monotonic())):
+                    raise PoolFailure("setup", f"a rank connected but never finished setup; logs: {self._logs()}")
+                hello = conn.recv()
+                if hello["type"] != "hello":
+                    raise PoolFailure("setup", f"rank {hello.get('rank')} failed to set up: {hello.get('error')}")
+                self.conns[hello["rank"]] = conn
+                self.shims = hello["shims"]
+        except BaseException:
+            self.close()
+            raise
+        finally:
+            listener.close()
+
+    def _logs(self) -> str:
+        if self._dir is None:
+            return "-"
+        tails = []
+        for log in sorted((self._dir / "logs").rglob("*")):
+            if log.is_file():
+                text = log.read_text(errors="replace").strip().splitlines()[-3:]
+                tails.append(f"{log.name}: {' / '.join(text)}")
+        return "; ".join(tails)[-2000:] or "-"
+
+    def close(self) -> None:
+        for conn in self.conns.values():
+            with contextlib.suppress(OSError):
+                conn.send({"type": "stop"})
+        deadline = time.monotonic() + 5
+        for proc in self.procs:
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        kill_tree(self.procs)
+        for conn in self.conns.values():
+            conn.close()
+        self.procs, self.conns = [], {}
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    # -- cases ----------------------------------------------------------------------------------------------
+
+    def _broadcast(self, msg: dict, timeout: float, what: str) -> list[dict]:
+        for conn in self.conns.values():
+            conn.send(msg)
+        replies = []
+        deadline = time.monotonic() + timeout
+        for rank, conn in sorted(self.conns.items()):
+            try:
+                ready = conn.poll(max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    raise PoolFailure("hang", f"rank {rank} did not finish {what} within {timeout:.0f} s")
+                replies.append(conn.recv())
+            except (EOFError, OSError):
+                raise PoolFailure("crash", f"rank {rank} died during {what}; logs: {self._logs()}") from None
+        return replies
+
+    def begin(self, case_json: dict, root: str) -> None:
+        self.ensure()
+        self._broadcast({"type": "begin", "case": case_json, "root": root}, 60, "case set-up")
+
+    def op(self, index: int, timeout: float) -> list[dict]:
+        return self._broadcast({"type": "op", "index": index}, timeout, f"op {index}")
+
+    def end(self) -> None:
+        if self.alive:
+            self._broadcast({"type": "end"}, 60, "case tear-down")

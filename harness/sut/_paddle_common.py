@@ -1,0 +1,130 @@
+"""Pieces both Paddle adapters share: runtime setup, CPU shims, and bit-exact numpy <-> paddle conversion.
+
+Paddle is imported lazily inside functions so the controller can import the adapters without Paddle installed.
+Conversions never go through float values: each dtype travels in a numpy "carrier" Paddle accepts bit for bit
+(Paddle reads numpy uint16 as bfloat16), and fp8/bool are reinterpreted with ``Tensor.view(dtype)``, so NaN
+payloads, -0.0 and odd bool bytes survive. See docs/paddle-notes.md for the evidence.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import Any
+
+import numpy as np
+
+from reference.dtypes import DType
+from reference.tensor import Tensor
+
+# dtype code -> (paddle dtype name, numpy carrier Paddle ingests bitwise, paddle dtype to view the carrier as).
+# U16 is absent: paddle.uint16 *is* bfloat16. U32/U64: Paddle 3.3.1 cannot build tensors from them.
+_CARRIERS: dict[str, tuple[str, str, str | None]] = {
+    "F64": ("float64", "<f8", None),
+    "F32": ("float32", "<f4", None),
+    "F16": ("float16", "<f2", None),
+    "BF16": ("bfloat16", "<u2", None),
+    "F8_E4M3": ("float8_e4m3fn", "u1", "float8_e4m3fn"),
+    "F8_E5M2": ("float8_e5m2", "u1", "float8_e5m2"),
+    "I64": ("int64", "<i8", None),
+    "I32": ("int32", "<i4", None),
+    "I16": ("int16", "<i2", None),
+    "I8": ("int8", "i1", None),
+    "U8": ("uint8", "u1", None),
+    "BOOL": ("bool", "u1", "bool"),
+}
+SUPPORTED_DTYPES: tuple[str, ...] = tuple(_CARRIERS)
+# Same-width integer dtypes used to scribble over a tensor's bits in place.
+_SCRIBBLE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+_shims: list[str] | None = None
+_shim_lock = threading.Lock()
+
+
+def paddle_dtype_name(dt: DType) -> str:
+    if dt.name not in _CARRIERS:
+        raise NotImplementedError(f"Paddle 3.3.1 has no tensor dtype for {dt.name}")
+    return _CARRIERS[dt.name][0]
+
+
+def to_paddle(t: Tensor) -> Any:
+    """A fresh paddle tensor on the current device holding exactly ``t``'s bits."""
+    import paddle
+
+    paddle_dtype_name(t.dtype)  # raises for dtypes Paddle lacks
+    _, carrier, view = _CARRIERS[t.dtype.name]
+    out = paddle.to_tensor(np.ascontiguousarray(t.bits).view(carrier), place=paddle.get_device())
+    return out.view(getattr(paddle, view)) if view else out
+
+
+def zeros(dt: DType, shape: tuple[int, ...]) -> Any:
+    """A zero-filled paddle tensor (load target); built from numpy so fp8 works where full_like does not."""
+    return to_paddle(Tensor(dt, np.zeros(shape, dt.bits_dtype)))
+
+
+def from_paddle(x: Any, dt: DType, shape: tuple[int, ...] | None = None) -> Tensor:
+    """The bits of a paddle tensor (dense or the local value of a dist tensor) as a reference Tensor."""
+    if getattr(x, "is_dist", lambda: False)():
+        x = x._local_value()
+    array = np.ascontiguousarray(x.numpy())
+    bits = array.view(dt.bits_dtype).copy()  # fp8 comes back as int8, bool as bool, bf16 as uint16
+    return Tensor(dt, bits.reshape(shape) if shape is not None else bits)
+
+
+def scribble(x: Any) -> None:
+    """Invert every bit of ``x`` in place (through a same-width integer view sharing its storage)."""
+    import paddle
+
+    if int(np.prod(x.shape)) == 0:
+        return
+    x.view(getattr(paddle, _SCRIBBLE[x.element_size()])).bitwise_not_()
+
+
+def apply_cpu_shims(options: dict) -> list[str]:
+    """DESIGN.md §9: on a CPU-only Paddle, ``Tensor.cuda`` -> a CPU copy and ``device.synchronize`` -> no-op, so
+    flex checkpoint's reshard and async paths run. Process-wide, applied once; never when CUDA is compiled in."""
+    global _shims
+    import paddle
+
+    with _shim_lock:
+        if _shims is not None:
+            return list(_shims)
+        if paddle.is_compiled_with_cuda() or not options.get("shims", True):
+            _shims = []
+            return []
+
+        def cuda(self: Any, device_id: Any = None, blocking: bool = True) -> Any:
+            return self.clone()
+
+        def synchronize(device: Any = None) -> None:
+            return None
+
+        paddle.Tensor.cuda = cuda
+        paddle.device.synchronize = synchronize
+        _shims = ["Tensor.cuda->copy", "device.synchronize->noop"]
+        return list(_shims)
+
+
+def init_runtime(rank: int, world_size: int, options: dict) -> list[str]:
+    """Pick the device (gpu:<local rank> when Paddle has CUDA and GPUs, else cpu), init the process group once,
+    and apply CPU shims. Returns the active shims."""
+    import paddle
+    import paddle.distributed as dist
+
+    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+        local = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("LOCAL_RANK", rank)))
+        paddle.set_device(f"gpu:{local}")
+    else:
+        paddle.set_device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_parallel_env()
+    return apply_cpu_shims(options)
+
+
+def trailing_int(name: str) -> int:
+    """The version number a checkpoint name ends with ("step-12" -> 12); Paddle versions are integers."""
+    match = re.search(r"(\d+)$", name)
+    if match is None:
+        raise ValueError(f"checkpoint name {name!r} does not end with an integer version")
+    return int(match.group(1))

@@ -1,0 +1,80 @@
+"""The adapter contract: what a system under test implements on each rank (documented in docs/sut.md).
+
+The harness hands an adapter plain data — numpy bits, regions, layouts — and gets plain data back, so the same
+worker drives Paddle, torch or the reference. The adapter owns every framework call: building distributed tensors
+from local pieces, saving, waiting for async saves, loading into a target layout, and converting back to bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from reference.engine import LocalTensor
+from reference.layout import Region, TensorLayout
+from reference.tensor import Tensor
+
+
+@dataclass(frozen=True)
+class RankTensor:
+    """One tensor as this rank sees it: its global layout, and this rank's piece (bits for saves, zeros shaped
+    like the piece for loads). ``layout`` is None for a tensor that lives whole on rank 0 only."""
+
+    name: str
+    layout: TensorLayout | None
+    local: LocalTensor
+
+    @property
+    def region(self) -> Region:
+        return self.local.region
+
+
+class SutAdapter:
+    """Base class of rank-side adapters. Subclasses set the class attributes and override the methods.
+
+    Lifecycle on each rank: ``setup`` once per process (warm pools reuse the process for many cases), then per
+    case ``save`` / ``wait`` / ``mutate`` / ``load`` in the order of the case's operations, then ``end_case``
+    (drop anything per case: pending async handles, caches), and ``close`` when the process ends.
+    """
+
+    name: ClassVar[str] = "abstract"
+    #: What the SUT claims: "reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "dtype:BF16", ...
+    capabilities: ClassVar[frozenset[str]] = frozenset()
+    #: How ranks are started: "plain" (the harness starts N processes with RANK/WORLD_SIZE set) or "paddle"
+    #: (python -m paddle.distributed.launch).
+    launcher: ClassVar[str] = "plain"
+    #: A module the adapter needs; `ckpt-harness list` reports whether it is importable.
+    framework: ClassVar[str | None] = None
+
+    def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
+        """Initialise the framework's distributed runtime for this rank; return the names of active shims."""
+        return []
+
+    def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
+        """Save this rank's tensors as checkpoint ``name`` under ``root`` (collectively with the other ranks).
+        Returns a handle for ``wait`` when ``use_async``."""
+        raise NotImplementedError
+
+    def wait(self, handle: Any) -> None:
+        """Block until an async save is durable; raise its error."""
+
+    def mutate(self, handle: Any) -> None:
+        """Scribble over the caller-side tensors that were passed to an async ``save`` (which has returned)."""
+        raise NotImplementedError
+
+    def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
+        """Load checkpoint ``name`` (None: the latest) into this rank's target pieces; return their bits."""
+        raise NotImplementedError
+
+    def end_case(self) -> None:
+        """Forget per-case state; the next case starts from a clean slate."""
+
+    def close(self) -> None:
+        """Release everything before the process exits."""
+
+    @classmethod
+    def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:
+        """Controller side: per tensor, the global shape and the regions that landed on disk (for P-COVER);
+        None when the format cannot be inspected."""
+        return None

@@ -1,0 +1,68 @@
+"""A launched rank: set the SUT up once, then serve cases from the controller until told to stop.
+
+Started by the harness's own launcher (RANK / WORLD_SIZE) or by a framework launcher (Paddle sets
+PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM). Talks to the controller over a Unix socket in a private directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from multiprocessing.connection import Client
+from pathlib import Path
+
+if __package__ in (None, ""):  # started as a script by a framework launcher
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from harness.rankops import RankExecutor
+from harness.sut import resolve
+
+
+def rank_and_world() -> tuple[int, int]:
+    for rank_var, world_var in (("PADDLE_TRAINER_ID", "PADDLE_TRAINERS_NUM"), ("RANK", "WORLD_SIZE")):
+        if rank_var in os.environ and world_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[world_var])
+    return 0, 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--sut", required=True)
+    parser.add_argument("--options", default="{}")
+    args = parser.parse_args(argv)
+    import json
+
+    rank, world = rank_and_world()
+    conn = Client(args.control, family="AF_UNIX")
+    adapter = resolve(args.sut)()
+    try:
+        shims = adapter.setup(rank, world, json.loads(args.options))
+    except Exception as exc:
+        conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims})
+    executor = RankExecutor(adapter, rank, world)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:  # the controller went away: nothing left to do
+            break
+        kind = msg["type"]
+        if kind == "stop":
+            break
+        if kind == "begin":
+            executor.begin(msg["case"], msg["root"])
+            conn.send({"type": "ok", "rank": rank})
+        elif kind == "op":
+            conn.send({"type": "record", **executor.op(msg["index"])})
+        elif kind == "end":
+            executor.end()
+            conn.send({"type": "ok", "rank": rank})
+    adapter.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
