@@ -123,7 +123,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _list(args: argparse.Namespace) -> int:
     print("SUTs:")
-    for name, info in sorted(REGISTRY.items()):
+    for name in sorted(REGISTRY):
         try:
             cls, state = resolve(name), "importable"
         except UnknownSut as exc:

@@ -1,0 +1,96 @@
+"""Warm rank pool vs a fresh launch per case, on real ranks, measured side by side in one run.
+
+Prints ``pool_vs_fresh: R`` (cases per second through a warm pool ÷ through a fresh launch per case; target ≥ 20)
+and ``sut_share: S`` (share of the warm pool's wall time spent inside SUT calls on the ranks; target ≥ 0.8),
+then informative lines. The cases are small, fixed and drawn once, so both modes run identical work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import seed as hypothesis_seed
+
+from harness.run import Runners, run_case
+from harness.sut import resolve
+from properties.case import Case
+from properties.case_strategies import cases
+from properties.judge import judge
+
+
+def draw_cases(sut: str, ranks: int, count: int, seed: int) -> list[Case]:
+    """Small round-trip and reshard cases, drawn reproducibly (no Hypothesis in the timed loop)."""
+    caps = resolve(sut).capabilities
+    out: list[Case] = []
+
+    @settings(max_examples=count, database=None, suppress_health_check=list(HealthCheck), deadline=None)
+    @given(cases("P-ROUNDTRIP", sut, ranks, caps))
+    def collect(case: Case) -> None:
+        if len(out) < count:
+            out.append(case)
+
+    hypothesis_seed(seed)(collect)()
+    return out
+
+
+def run(sut: str, mode: str, batch: list[Case]) -> tuple[float, float, int]:
+    """Wall seconds, seconds inside SUT calls (slowest rank per op), launches — for one pass over ``batch``."""
+    runners = Runners(sut, mode=mode)
+    inside = 0.0
+    try:
+        if mode == "pool":  # warm up: the pool is launched once, before timing, as a fuzz campaign would
+            judge(batch[0], run_case(batch[0], runners))
+        start = time.perf_counter()
+        for case in batch:
+            outcome = run_case(case, runners)
+            verdict = judge(case, outcome)
+            if not verdict.ok and mode == "pool" and sut == "reference":
+                raise SystemExit(f"reference failed a benchmark case: {verdict.details}")
+            inside += outcome.sut_seconds
+        wall = time.perf_counter() - start
+    finally:
+        launches = runners.launches
+        runners.close()
+    return wall, inside, launches
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sut", default="paddle-dcp", help="default paddle-dcp (falls back to reference if Paddle "
+                        "is not installed)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--pool-cases", type=int, default=40)
+    parser.add_argument("--fresh-cases", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    sut = args.sut
+    try:
+        resolve(sut)
+    except LookupError as exc:
+        print(f"# {exc}; benchmarking the reference instead")
+        sut = "reference"
+    batch = draw_cases(sut, args.ranks, max(args.pool_cases, args.fresh_cases), args.seed)
+    fresh_wall, _, fresh_launches = run(sut, "fresh", batch[: args.fresh_cases])
+    pool_wall, pool_inside, pool_launches = run(sut, "pool", batch[: args.pool_cases])
+    fresh_rate = args.fresh_cases / fresh_wall
+    pool_rate = args.pool_cases / pool_wall
+    print(f"pool_vs_fresh: {pool_rate / fresh_rate:.2f}")
+    print(f"sut_share: {pool_inside / pool_wall:.3f}")
+    print(f"pool_cases_per_s: {pool_rate:.2f}")
+    print(f"fresh_cases_per_s: {fresh_rate:.3f}")
+    print(f"# sut {sut}, {args.ranks} ranks; fresh: {args.fresh_cases} cases, {fresh_launches} launches; pool: "
+          f"{args.pool_cases} cases, {pool_launches} launch(es) (warm-up case untimed)")
+    sizes = [sum(t.build().nbytes for t in c.tensors) for c in batch]
+    print(f"# case state size: median {statistics.median(sizes):.0f} bytes, max {max(sizes)} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
