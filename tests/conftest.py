@@ -12,10 +12,13 @@ PROFILE = register()
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-nightly", action="store_true", help="run tests marked nightly (long fuzzing)")
+    parser.addoption("--sut", default="reference", help="system under test for the property suite: a registered "
+                     "name (reference, paddle-dcp, paddle-save) or package.module:ClassName")
+    parser.addoption("--ranks", type=int, default=2, help="world size of saves in the property suite")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"ckpt-harness: hypothesis profile {PROFILE!r}"
+    return f"ckpt-harness: hypothesis profile {PROFILE!r}, SUT {config.getoption('--sut')!r}"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -27,10 +30,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session")
+def sut_judge(request: pytest.FixtureRequest):
+    """A warm rank pool (per xdist worker) running the SUT chosen with --sut, closed at the end of the session."""
+    from harness.fuzz import Judge
+    from harness.run import Runners
+    from harness.sut import UnknownSut
+
+    name = request.config.getoption("--sut")
+    try:
+        judge = Judge(Runners(name, mode="pool"))
+    except UnknownSut as exc:
+        pytest.fail(f"--sut {name}: {exc}")
+    yield judge
+    judge.close()
+
+
 @pytest.fixture(autouse=True)
-def no_leaked_processes():
-    """Every test must reap what it starts (async writers included)."""
+def no_leaked_processes(request: pytest.FixtureRequest):
+    """Every test must reap what it starts (async writers included); session pools are accounted for."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    if "sut_judge" in request.fixturenames:
+        yield
+        return
     yield
     leaked = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
     for proc in leaked:

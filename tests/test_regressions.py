@@ -1,0 +1,43 @@
+"""Every finding under tests/regressions/ replays and still shows today's verdict.
+
+A finding is a bug in a system under test, not in the harness: these tests assert the bug is still there, so
+the day upstream fixes it this test fails and the finding is retired (moved out of FINDINGS.md's open list).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import load_case_file
+from harness.fuzz import Judge
+from harness.run import Runners
+from harness.sut import REGISTRY, framework_available
+
+CASES = sorted((Path(__file__).parent / "regressions").glob("*.json"))
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
+def test_finding_still_reproduces(path: Path) -> None:
+    case, finding = load_case_file(path)
+    info = REGISTRY.get(case.sut)
+    if info is not None and not framework_available(info):
+        pytest.skip(f"{case.sut} needs {info.framework}: pip install -e '.[{info.framework}]'")
+    judge_case = Judge(Runners(case.sut, mode="fresh"))
+    try:
+        judgement, _, _ = judge_case(case)
+    finally:
+        judge_case.close()
+    assert judgement.verdict.value == finding["verdict"], "\n".join(judgement.details)
+    assert judgement.details and finding["expect"] in "\n".join(judgement.details)
+
+
+def test_every_finding_is_listed_in_findings_md() -> None:
+    listed = (Path(__file__).parent.parent / "FINDINGS.md").read_text()
+    for path in CASES:
+        data = json.loads(path.read_text())
+        assert path.name in listed, f"{path.name} is not in FINDINGS.md"
+        assert {"property", "sut", "verdict", "case", "expect"} <= data.keys(), path.name

@@ -1,0 +1,31 @@
+"""The property suite against the SUT chosen with ``--sut`` (default: the reference), on real ranks in a warm
+pool. Against the reference every property must hold; against a real SUT a failure here is a finding: run
+``ckpt-harness fuzz`` to shrink it into a case file."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from harness.sut import resolve
+from properties.case import Case
+from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable, cases
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("prop", CASE_PROPERTIES)
+def test_property_holds(prop: str, sut_judge, request: pytest.FixtureRequest) -> None:
+    name = request.config.getoption("--sut")
+    ranks = request.config.getoption("--ranks")
+    caps = frozenset(resolve(name).capabilities)
+    if not applicable(prop, caps):
+        pytest.skip(f"{name} does not claim {REQUIRES[prop]!r}")
+
+    # A quarter of the profile's examples: every example here is a real multi-rank save and load.
+    @settings(max_examples=max(5, settings.default.max_examples // 4))
+    @given(cases(prop, name, ranks, caps))
+    def check(case: Case) -> None:
+        judgement, _, shims = sut_judge(case)
+        assert judgement.ok, f"{judgement.verdict.value} (shims: {list(shims)}):\n" + "\n".join(judgement.details)
+
+    check()
