@@ -110,7 +110,8 @@ def _replay(args: argparse.Namespace) -> int:
     case, _ = load_case_file(args.case)
     judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
     try:
-        judgement, _, shims = judge_case(case)
+        judgement, outcome = judge_case(case)
+        shims = outcome.shims
     finally:
         judge_case.close()
     print(

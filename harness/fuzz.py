@@ -19,6 +19,7 @@ from hypothesis import seed as hypothesis_seed
 from properties.case import Case
 from properties.case_strategies import cases
 from properties.judge import judge, judge_diff
+from properties.outcome import Outcome
 from properties.verdicts import Judgement, Verdict
 
 from .run import Runners, run_case
@@ -35,6 +36,7 @@ class Finding:
     case: Case
     judgement: Judgement
     shims: tuple[str, ...] = ()
+    traceback: str | None = None
 
     def to_json(self, replay: str) -> dict:
         details = list(self.judgement.details)
@@ -45,6 +47,7 @@ class Finding:
             "error": details[0] if details else "",
             "details": details,
             "shims": list(self.shims),
+            "traceback": self.traceback,
             "case": self.case.to_json(),
             "replay": replay,
         }
@@ -74,14 +77,14 @@ class Judge:
         self.runners = runners
         self._reference: Runners | None = None
 
-    def __call__(self, case: Case) -> tuple[Judgement, float, tuple[str, ...]]:
+    def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
         outcome = run_case(case, self.runners)
         if case.property != "P-DIFF":
-            return judge(case, outcome), outcome.sut_seconds, outcome.shims
+            return judge(case, outcome), outcome
         if self._reference is None:
             self._reference = Runners("reference", mode="in-process")
         ref = run_case(dataclasses.replace(case, sut="reference"), self._reference)
-        return judge_diff(case, outcome, ref), outcome.sut_seconds, outcome.shims
+        return judge_diff(case, outcome, ref), outcome
 
     def close(self) -> None:
         self.runners.close()
@@ -137,14 +140,14 @@ def _batch(
     def body(case: Case) -> None:
         if time.monotonic() > hard_deadline:
             return
-        judgement, sut_seconds, shims = judge_case(case)
+        judgement, outcome = judge_case(case)
         campaign.cases_run[prop] += 1
-        campaign.sut_seconds += sut_seconds
-        campaign.shims.update(shims)
+        campaign.sut_seconds += outcome.sut_seconds
+        campaign.shims.update(outcome.shims)
         if progress:
             _progress(campaign, prop, start)
         if not judgement.ok:
-            last_failure[:] = [Finding(case, judgement, shims)]  # Hypothesis re-runs the shrunk example last
+            last_failure[:] = [Finding(case, judgement, outcome.shims, outcome.traceback)]  # Hypothesis re-runs the shrunk example last
             raise _Failed("; ".join(judgement.details))
 
     try:

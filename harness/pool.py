@@ -184,3 +184,10 @@ class RankPool:
     def end(self) -> None:
         if self.alive:
             self._broadcast({"type": "end"}, 60, "case tear-down")
+
+    def healthy(self, timeout: float = 15.0) -> bool:
+        """Every rank answers, and the SUT's own collective check passes, within ``timeout``."""
+        try:
+            return all(r.get("ok") for r in self._broadcast({"type": "health"}, timeout, "health check"))
+        except PoolFailure:
+            return False

@@ -89,9 +89,16 @@ def run_case(case: Case, runners: Runners) -> Outcome:
                 break
             outcome.records.append(rec)
     finally:
+        # After a failed op the ranks may disagree about where they are in a collective (one raised, another
+        # still waits): such a pool is poisoned for the next case. It stays warm only if every rank failed the
+        # same way and a collective health check passes; otherwise it is relaunched.
+        failed = any(not r.ok for r in outcome.records)
+        suspect = any(not r.symmetric or r.failure for r in outcome.records)
         for runner in active:
             try:
                 runner.end()
+                if failed and isinstance(runner, RankPool) and (suspect or not runner.healthy()):
+                    runners.discard(runner)
             except PoolFailure:
                 runners.discard(runner)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -103,6 +110,7 @@ def _merge(rec: OpRecord, replies: list[dict]) -> None:
     rec.seconds = max((r["seconds"] for r in replies), default=0.0)
     for r in replies:
         if not r["ok"] and rec.ok:
-            rec.ok, rec.error_type = False, r["error_type"]
+            rec.ok, rec.error_type, rec.traceback = False, r["error_type"], r.get("traceback")
             rec.error = f"rank {r['rank']}: {r['error']}"
         rec.loaded[r["rank"]] = {name: unpack(p) for name, p in r["loaded"].items()}
+    rec.symmetric = len({(r["ok"], r.get("error_type")) for r in replies}) <= 1

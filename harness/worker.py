@@ -57,6 +57,12 @@ def main(argv: list[str] | None = None) -> int:
             conn.send({"type": "ok", "rank": rank})
         elif kind == "op":
             conn.send({"type": "record", **executor.op(msg["index"])})
+        elif kind == "health":
+            try:
+                ok = adapter.healthy()
+            except Exception:
+                ok = False
+            conn.send({"type": "health", "rank": rank, "ok": ok})
         elif kind == "end":
             executor.end()
             conn.send({"type": "ok", "rank": rank})

@@ -17,6 +17,8 @@ class OpRecord:
     failure: str | None = None  # "hang" or "crash" when a rank stopped answering or died
     error_type: str | None = None
     error: str | None = None
+    traceback: str | None = None  # the first failing rank's, for triage (never judged)
+    symmetric: bool = True  # every rank failed the same way (or none did): collectives are still in step
     loaded: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # rank -> tensors (loads)
     written: dict[str, tuple[tuple[int, ...], list[Region]]] = field(default_factory=dict)  # saves: what hit disk
     seconds: float = 0.0  # for reports only, never for verdicts
@@ -28,6 +30,10 @@ class Outcome:
     records: list[OpRecord] = field(default_factory=list)
     shims: tuple[str, ...] = ()
     launch_mode: str = "in-process"
+
+    @property
+    def traceback(self) -> str | None:
+        return next((r.traceback for r in self.records if r.traceback), None)
 
     @property
     def sut_seconds(self) -> float:

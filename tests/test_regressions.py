@@ -28,7 +28,7 @@ def test_finding_still_reproduces(path: Path) -> None:
         pytest.skip(f"{case.sut} needs {info.framework}: pip install -e '.[{info.framework}]'")
     judge_case = Judge(Runners(case.sut, mode="fresh"))
     try:
-        judgement, _, _ = judge_case(case)
+        judgement, _ = judge_case(case)
     finally:
         judge_case.close()
     assert judgement.verdict.value == finding["verdict"], "\n".join(judgement.details)

@@ -25,7 +25,8 @@ def test_property_holds(prop: str, sut_judge, request: pytest.FixtureRequest) ->
     @settings(max_examples=max(5, settings.default.max_examples // 4))
     @given(cases(prop, name, ranks, caps))
     def check(case: Case) -> None:
-        judgement, _, shims = sut_judge(case)
+        judgement, outcome = sut_judge(case)
+        shims = outcome.shims
         assert judgement.ok, f"{judgement.verdict.value} (shims: {list(shims)}):\n" + "\n".join(judgement.details)
 
     check()

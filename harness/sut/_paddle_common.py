@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from reference.dtypes import DType
+from reference.dtypes import DType, dtype
 from reference.tensor import Tensor
 
 # dtype code -> (paddle dtype name, numpy carrier Paddle ingests bitwise, paddle dtype to view the carrier as).
@@ -35,6 +35,7 @@ _CARRIERS: dict[str, tuple[str, str, str | None]] = {
     "BOOL": ("bool", "u1", "bool"),
 }
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(_CARRIERS)
+_CODES = {name: code for code, (name, _, _) in _CARRIERS.items()}
 # Same-width integer dtypes used to scribble over a tensor's bits in place.
 _SCRIBBLE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
@@ -54,7 +55,7 @@ def to_paddle(t: Tensor) -> Any:
 
     paddle_dtype_name(t.dtype)  # raises for dtypes Paddle lacks
     _, carrier, view = _CARRIERS[t.dtype.name]
-    out = paddle.to_tensor(np.ascontiguousarray(t.bits).view(carrier), place=paddle.get_device())
+    out = paddle.to_tensor(np.require(t.bits, requirements="C").view(carrier), place=paddle.get_device())
     return out.view(getattr(paddle, view)) if view else out
 
 
@@ -63,11 +64,16 @@ def zeros(dt: DType, shape: tuple[int, ...]) -> Any:
     return to_paddle(Tensor(dt, np.zeros(shape, dt.bits_dtype)))
 
 
-def from_paddle(x: Any, dt: DType, shape: tuple[int, ...] | None = None) -> Tensor:
-    """The bits of a paddle tensor (dense or the local value of a dist tensor) as a reference Tensor."""
+def from_paddle(x: Any, shape: tuple[int, ...] | None = None) -> Tensor:
+    """The bits of a paddle tensor (dense, or a dist tensor's local value) as a reference Tensor, with the dtype
+    Paddle reports: a load that silently turned float8 into int8 shows up as a dtype mismatch, not a pass."""
     if getattr(x, "is_dist", lambda: False)():
         x = x._local_value()
-    array = np.ascontiguousarray(x.numpy())
+    code = _CODES.get(str(x.dtype).split(".")[-1])
+    if code is None:
+        raise TypeError(f"Paddle returned a tensor of dtype {x.dtype}, which the harness has no code for")
+    dt = dtype(code)
+    array = np.require(x.numpy(), requirements="C")  # not ascontiguousarray: it makes 0-d 1-d
     bits = array.view(dt.bits_dtype).copy()  # fp8 comes back as int8, bool as bool, bf16 as uint16
     return Tensor(dt, bits.reshape(shape) if shape is not None else bits)
 

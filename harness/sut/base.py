@@ -67,6 +67,11 @@ class SutAdapter:
         """Load checkpoint ``name`` (None: the latest) into this rank's target pieces; return their bits."""
         raise NotImplementedError
 
+    def healthy(self) -> bool:
+        """After a failed case: is the distributed runtime still in step (e.g. a barrier completes)? A pool
+        whose ranks are not healthy is relaunched."""
+        return True
+
     def end_case(self) -> None:
         """Forget per-case state; the next case starts from a clean slate."""
 

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from reference.layout import Box, FlatRange, Region, Sharded, Shard
+from reference.layout import Box, FlatRange, Region, Shard, Sharded
 from reference.tensor import Tensor
 
 from ._paddle_common import SUPPORTED_DTYPES, from_paddle, init_runtime, scribble, to_paddle, trailing_int, zeros
@@ -122,7 +122,7 @@ class PaddleDcpSut(SutAdapter):
         )
         for tname, local in read_back.items():
             lt = targets[tname].local
-            out[tname] = from_paddle(local, lt.tensor.dtype, lt.tensor.shape)
+            out[tname] = from_paddle(local, lt.tensor.shape)
         return out
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -248,18 +248,18 @@ def _flat_to_boxes(offset: tuple[int, ...], shape: tuple[int, ...], start: int, 
         return [Box((), ())]
     row = math.prod(shape[1:])
     if start % row == 0 and stop % row == 0:
-        return [Box(offset, (stop // row - start // row, *shape[1:]))]
-    first, last = start // row, (stop - 1) // row
-    sub = lambda r, a, b: [  # noqa: E731
-        Box((offset[0] + r, *b.offsets), (1, *b.shape)) for b in _flat_to_boxes(tuple(offset[1:]), shape[1:], a, b)
-    ]
-    if first == last:
-        return sub(first, start - first * row, stop - first * row)
-    head = sub(first, start - first * row, row)
-    mid_start, mid_stop = first + 1, last if stop % row else last + 1
-    mid = [Box((offset[0] + mid_start, *offset[1:]), (mid_stop - mid_start, *shape[1:]))] if mid_stop > mid_start else []
-    tail = sub(last, 0, stop - last * row) if stop % row else []
-    return head + mid + tail
+        return [Box((offset[0] + start // row, *offset[1:]), (stop // row - start // row, *shape[1:]))]
+    if start % row:  # a partial first row, then the rest
+        r = start // row
+        end = min(stop, (r + 1) * row)
+        return _in_row(offset, shape, r, start - r * row, end - r * row) + _flat_to_boxes(offset, shape, end, stop)
+    r = stop // row  # whole rows, then a partial last row
+    return _flat_to_boxes(offset, shape, start, r * row) + _in_row(offset, shape, r, 0, stop - r * row)
+
+
+def _in_row(offset: tuple[int, ...], shape: tuple[int, ...], r: int, start: int, stop: int) -> list[Box]:
+    inner = _flat_to_boxes(tuple(offset[1:]), tuple(shape[1:]), start, stop)
+    return [Box((offset[0] + r, *b.offsets), (1, *b.shape)) for b in inner]
 
 
 class _Record:

@@ -1,0 +1,126 @@
+"""``paddle.save`` / ``paddle.load`` of each rank's local pieces as a system under test.
+
+The plain, non-distributed baseline: every rank writes its own pieces (replicas included, no dedup) to
+``root/name/rank-KKKKK.pdparams`` (pickle) or ``.safetensors`` and reads the same file back, so it never reshards.
+``use_async`` goes through ``paddle.async_save``, which writes from a thread and takes no snapshot first; it cannot
+write safetensors. Quirks and evidence: docs/paddle-notes.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from reference.tensor import Tensor
+
+from ._paddle_common import SUPPORTED_DTYPES, from_paddle, init_runtime, scribble, to_paddle
+from .base import RankTensor, SutAdapter
+
+_thread_errors: dict[threading.Thread, BaseException] = {}
+_hook_installed = False
+
+
+def _watch_thread_errors() -> None:
+    """``paddle.async_save`` threads die silently (threading.excepthook prints and forgets); remember the error
+    per thread so ``wait`` can raise it. Chains to the previous hook; installed once per process."""
+    global _hook_installed
+    if _hook_installed:
+        return
+    previous = threading.excepthook
+
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if args.thread is not None and args.exc_value is not None:
+            _thread_errors[args.thread] = args.exc_value
+        previous(args)
+
+    threading.excepthook = hook
+    _hook_installed = True
+
+
+@dataclass
+class SaveHandle:
+    tensors: list[Any]
+    thread: threading.Thread | None = None
+
+
+class PaddleSaveSut(SutAdapter):
+    name = "paddle-save"
+    launcher = "paddle"
+    framework = "paddle"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"async", "zero_size", "flat", "moe", "repeat", "format:pickle", "format:safetensors"}
+        | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
+    )
+
+    def __init__(self) -> None:
+        self._rank = 0
+        self._pending: list[SaveHandle] = []
+
+    def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
+        self._rank = rank
+        _watch_thread_errors()
+        return init_runtime(rank, world_size, options)
+
+    def _file(self, root: Path, name: str, options: dict) -> Path:
+        suffix = "safetensors" if options.get("format") == "safetensors" else "pdparams"
+        return Path(root) / name / f"rank-{self._rank:05d}.{suffix}"
+
+    def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
+        import paddle
+        from paddle.framework import io
+
+        if use_async and options.get("format") == "safetensors":
+            raise NotImplementedError("paddle.async_save ignores safetensors=True and always pickles")
+        state = {tname: to_paddle(rt.local.tensor) for tname, rt in tensors.items()}
+        path = self._file(root, name, options)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = SaveHandle(list(state.values()))
+        if not use_async:
+            paddle.save(state, str(path), safetensors=options.get("format") == "safetensors")
+            return handle
+        paddle.async_save(state, str(path))
+        handle.thread = io.async_save_queue[-1]
+        self._pending.append(handle)
+        return handle
+
+    def wait(self, handle: SaveHandle) -> None:
+        if handle.thread is None:
+            return
+        handle.thread.join()
+        error = _thread_errors.pop(handle.thread, None)
+        if error is not None:
+            raise RuntimeError(f"paddle.async_save thread failed: {error!r}") from error
+
+    def mutate(self, handle: SaveHandle) -> None:
+        for local in handle.tensors:
+            scribble(local)
+
+    def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
+        import paddle
+
+        if name is None:
+            raise ValueError("paddle-save has no notion of a latest checkpoint")
+        path = self._file(root, name, options)
+        if not targets:
+            return {}  # nothing to read on this rank (it may hold no piece of any tensor)
+        loaded = paddle.load(str(path), safetensors=options.get("format") == "safetensors")
+        out = {}
+        for tname, rt in targets.items():
+            if tname not in loaded:
+                raise KeyError(f"{tname!r} is not in {path}")
+            out[tname] = from_paddle(loaded[tname])
+            if out[tname].shape != rt.local.tensor.shape:
+                raise ValueError(f"{tname!r}: {path} holds shape {out[tname].shape}, target is {rt.local.tensor.shape}")
+        return out
+
+    def end_case(self) -> None:
+        for handle in self._pending:
+            if handle.thread is not None:
+                handle.thread.join()
+                _thread_errors.pop(handle.thread, None)
+        self._pending.clear()
+
+    def close(self) -> None:
+        self.end_case()
