@@ -147,7 +147,8 @@ def _batch(
         if progress:
             _progress(campaign, prop, start)
         if not judgement.ok:
-            last_failure[:] = [Finding(case, judgement, outcome.shims, outcome.traceback)]  # Hypothesis re-runs the shrunk example last
+            # Hypothesis re-runs the shrunk example last, so the last failure kept is the smallest.
+            last_failure[:] = [Finding(case, judgement, outcome.shims, outcome.traceback)]
             raise _Failed("; ".join(judgement.details))
 
     try:
