@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from properties.case import Case, CaseError
@@ -49,8 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)  # unwinds through every finally: ranks killed, temp directories removed
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return {"fuzz": _fuzz, "replay": _replay, "list": _list}[args.command](args)
     except (HarnessError, UnknownSut, CaseError) as exc:
@@ -59,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     except PoolFailure as exc:  # ranks never came up: the harness cannot run, this is not a finding
         print(f"ckpt-harness: error: could not start ranks: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def _fuzz(args: argparse.Namespace) -> int:
