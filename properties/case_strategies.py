@@ -146,6 +146,8 @@ def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (
             save, load = draw(_layouts_for(tensors, save_mesh, allow_flat=False)), flat(load_mesh)
         return Case(prop, sut, tensors, save, load, _save_load(), opts, seed)
     if prop == "P-REPEAT":
+        if "same_dir" in caps.caps:  # versions of one directory: the SUT's own notion of "latest"
+            opts = {**opts, "same_dir": True}
         layout = draw(_layouts_for(tensors, save_mesh, flat_ok))
         versions = draw(st.integers(2, 4))
         ops = [Op("save", f"step-{v}", v) for v in range(versions)]

@@ -8,6 +8,7 @@ payloads, -0.0 and odd bool bytes survive. See docs/paddle-notes.md for the evid
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
@@ -75,7 +76,11 @@ def from_paddle(x: Any, shape: tuple[int, ...] | None = None) -> Tensor:
     dt = dtype(code)
     array = np.require(x.numpy(), requirements="C")  # not ascontiguousarray: it makes 0-d 1-d
     bits = array.view(dt.bits_dtype).copy()  # fp8 comes back as int8, bool as bool, bf16 as uint16
-    return Tensor(dt, bits.reshape(shape) if shape is not None else bits)
+    if shape is None:
+        return Tensor(dt, bits)
+    if bits.size != math.prod(shape):
+        raise ValueError(f"Paddle left a tensor of shape {list(x.shape)} where shape {list(shape)} was loaded into")
+    return Tensor(dt, bits.reshape(shape))
 
 
 def scribble(x: Any) -> None:
@@ -126,6 +131,28 @@ def init_runtime(rank: int, world_size: int, options: dict) -> list[str]:
     if world_size > 1 and not dist.is_initialized():
         dist.init_parallel_env()
     return apply_cpu_shims(options)
+
+
+_health_round = 0
+
+
+def collective_healthy() -> bool:
+    """True when every rank answers a small all-reduce with the same round number (a gloo group that timed out
+    raises at once; ranks out of step give a wrong sum). World size 1 is always healthy."""
+    global _health_round
+    import paddle
+    import paddle.distributed as dist
+
+    world = dist.get_world_size()
+    if world <= 1:
+        return True
+    _health_round += 1
+    probe = paddle.to_tensor(np.array([1, _health_round], np.int64))
+    try:
+        dist.all_reduce(probe)
+    except Exception:
+        return False
+    return probe.numpy().tolist() == [world, world * _health_round]
 
 
 def trailing_int(name: str) -> int:

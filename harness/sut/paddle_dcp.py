@@ -3,7 +3,9 @@
 Each rank hands Paddle its local pieces, either as ``ShardedWeight`` (explicit offsets; the default, and the only
 form that expresses flattened stage-1 v2 slices) or as a dist tensor built from the local piece with the global
 shape given explicitly (``tensor_kind="dist_from_local"``). ``dist.shard_tensor`` is not offered: it needs the whole
-global tensor on every rank, which the worker never has. Quirks and evidence: docs/paddle-notes.md.
+global tensor on every rank, which the worker never has. Each checkpoint name is its own directory; with
+``options["same_dir"]`` (capability "same_dir", used by P-REPEAT) names are versions (``unique_id``) of one
+directory instead, Paddle's own notion of versions and "latest". Quirks and evidence: docs/paddle-notes.md.
 """
 
 from __future__ import annotations
@@ -17,13 +19,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from reference.layout import Box, FlatRange, Region, Shard, Sharded
+from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
 from reference.tensor import Tensor
 
-from ._paddle_common import SUPPORTED_DTYPES, from_paddle, init_runtime, scribble, to_paddle, trailing_int, zeros
+from ._paddle_common import (
+    SUPPORTED_DTYPES,
+    collective_healthy,
+    from_paddle,
+    init_runtime,
+    scribble,
+    to_paddle,
+    trailing_int,
+    zeros,
+)
 from .base import RankTensor, SutAdapter
 
-_SAME_DIR = "dcp"  # options["same_dir"]: every version lives in root/dcp, told apart by Paddle's unique_id
+_SAME_DIR = "dcp"  # options["same_dir"]: every version lives in root/dcp, told apart by unique_id
 _SAVE_MODULE = "paddle.distributed.flex_checkpoint.dcp.save_state_dict"
 _LOAD_MODULE = "paddle.distributed.flex_checkpoint.dcp.load_state_dict"
 
@@ -42,17 +53,15 @@ class PaddleDcpSut(SutAdapter):
     launcher = "paddle"
     framework = "paddle"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "save_replicas"}
-        | {"format:pickle", "format:safetensors"}
+        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state"}
+        | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
 
     def __init__(self) -> None:
         self._pending: list[DcpHandle] = []
-        self._rank = 0
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
-        self._rank = rank
         return init_runtime(rank, world_size, options)
 
     # --- save ------------------------------------------------------------------------------------------------
@@ -61,13 +70,13 @@ class PaddleDcpSut(SutAdapter):
         import paddle.distributed as dist
 
         state, locals_ = {}, []
+        kind = _kind(tensors, options)
         for tname, rt in tensors.items():
-            value, local = _wrap(tname, rt, to_paddle(rt.local.tensor), options)
+            value, local = _wrap(tname, rt, to_paddle(rt.local.tensor), kind)
             if value is not None:
                 state[tname] = value
                 locals_.append(local)
         path, unique_id = _location(root, name, options)
-        path.mkdir(parents=True, exist_ok=True)
         dist.save_state_dict(
             state,
             str(path),
@@ -90,7 +99,10 @@ class PaddleDcpSut(SutAdapter):
             return
         handle.process.join()
         if handle.process.exitcode != 0:
-            raise RuntimeError(f"paddle async save writer (pid {handle.process.pid}) exited {handle.process.exitcode}")
+            raise RuntimeError(
+                f"paddle async save writer (pid {handle.process.pid}) exited {handle.process.exitcode}; its traceback "
+                "is in this rank's log"
+            )
 
     def mutate(self, handle: DcpHandle) -> None:
         for local in handle.tensors:
@@ -101,18 +113,19 @@ class PaddleDcpSut(SutAdapter):
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
         import paddle.distributed as dist
 
+        if name is None and not options.get("same_dir", False):
+            raise ValueError("paddle-dcp keeps versions apart only inside one directory: load latest needs same_dir")
+        path, unique_id = (Path(root) / _SAME_DIR, None) if name is None else _location(root, name, options)
         state, read_back, out = {}, {}, {}
+        kind = _kind(targets, options)
         for tname, rt in targets.items():
             lt = rt.local
-            value, local = _wrap(tname, rt, zeros(lt.tensor.dtype, lt.tensor.shape), options)
+            value, local = _wrap(tname, rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind)
             if value is None:  # a zero-length flat slice: nothing to ask Paddle for
                 out[tname] = Tensor(lt.tensor.dtype, np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype))
                 continue
             state[tname] = value
             read_back[tname] = local
-        if name is None and not options.get("same_dir"):
-            raise ValueError("paddle-dcp keeps versions apart only inside one directory: load latest needs same_dir")
-        path, unique_id = _location(root, name, options) if name is not None else (Path(root) / _SAME_DIR, None)
         dist.load_state_dict(
             state,
             str(path),
@@ -126,6 +139,9 @@ class PaddleDcpSut(SutAdapter):
         return out
 
     # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        return collective_healthy()
 
     def end_case(self) -> None:
         """Join writers left running and drop Paddle's per-process caches, as a fresh process would have them:
@@ -178,7 +194,21 @@ class PaddleDcpSut(SutAdapter):
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
-def _wrap(name: str, rt: RankTensor, local: Any, options: dict) -> tuple[Any, Any]:
+def _kind(tensors: dict[str, RankTensor], options: dict) -> str:
+    """The tensor kind for one save/load. Paddle rejects dicts mixing ShardedWeight with tensors, and only
+    ShardedWeight expresses flat slices, so a state with any flat layout is all ShardedWeight (every rank sees
+    the same layouts, so all ranks decide alike)."""
+    kind = options.get("tensor_kind", "sharded_weight")
+    if kind not in ("sharded_weight", "dist_from_local"):
+        raise NotImplementedError(
+            f"tensor_kind {kind!r}: only sharded_weight and dist_from_local (shard_tensor needs the global tensor)"
+        )
+    if any(isinstance(rt.layout, Flat) for rt in tensors.values()):
+        return "sharded_weight"
+    return kind
+
+
+def _wrap(name: str, rt: RankTensor, local: Any, kind: str) -> tuple[Any, Any]:
     """(what goes in Paddle's state dict, the dense local tensor holding the bits) for one rank's piece."""
     import paddle.distributed as dist
 
@@ -197,17 +227,10 @@ def _wrap(name: str, rt: RankTensor, local: Any, options: dict) -> tuple[Any, An
             flattened_range=slice(lt.region.start, lt.region.stop),
         )
         return sw, local
-    kind = options.get("tensor_kind", "sharded_weight")
     if kind == "dist_from_local":
         if rt.layout is None:
             return local, local  # a plain tensor on rank 0 only
-        if not isinstance(rt.layout, Sharded):
-            raise NotImplementedError(f"tensor_kind dist_from_local cannot express layout {rt.layout}")
         return _dist_tensor(rt.layout, local, gshape), local
-    if kind != "sharded_weight":
-        raise NotImplementedError(
-            f"tensor_kind {kind!r}: only sharded_weight and dist_from_local (shard_tensor needs the global tensor)"
-        )
     return dist.ShardedWeight(name, local, tuple(lt.region.shape), gshape, tuple(lt.region.offsets)), local
 
 
@@ -226,7 +249,9 @@ def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...]) -> Any:
 
 
 def _location(root: Path, name: str, options: dict) -> tuple[Path, int | None]:
-    if options.get("same_dir"):
+    """Default: root/<name>, unique_id from options. same_dir: every checkpoint is a version of root/dcp with
+    unique_id = the name's trailing integer — Paddle's own notion of versions and of "latest" (P-REPEAT)."""
+    if options.get("same_dir", False):
         return Path(root) / _SAME_DIR, trailing_int(name)
     return Path(root) / name, options.get("unique_id")
 
@@ -236,7 +261,10 @@ def _metadata_file(root: Path, name: str) -> Path | None:
     if own.is_dir():
         files = sorted(own.glob("*.metadata"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
         return files[-1] if files else None
-    shared = root / _SAME_DIR / f"{trailing_int(name)}.metadata"
+    try:
+        shared = root / _SAME_DIR / f"{trailing_int(name)}.metadata"
+    except ValueError:
+        return None
     return shared if shared.is_file() else None
 
 

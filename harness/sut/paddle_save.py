@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from reference.tensor import Tensor
 
-from ._paddle_common import SUPPORTED_DTYPES, from_paddle, init_runtime, scribble, to_paddle
+from ._paddle_common import SUPPORTED_DTYPES, collective_healthy, from_paddle, init_runtime, scribble, to_paddle
 from .base import RankTensor, SutAdapter
 
 _thread_errors: dict[threading.Thread, BaseException] = {}
@@ -50,7 +50,7 @@ class PaddleSaveSut(SutAdapter):
     launcher = "paddle"
     framework = "paddle"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"async", "zero_size", "flat", "moe", "repeat", "format:pickle", "format:safetensors"}
+        {"async", "zero_size", "flat", "moe", "repeat", "empty_state", "format:pickle", "format:safetensors"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
 
@@ -114,6 +114,9 @@ class PaddleSaveSut(SutAdapter):
             if out[tname].shape != rt.local.tensor.shape:
                 raise ValueError(f"{tname!r}: {path} holds shape {out[tname].shape}, target is {rt.local.tensor.shape}")
         return out
+
+    def healthy(self) -> bool:
+        return collective_healthy()
 
     def end_case(self) -> None:
         for handle in self._pending:
