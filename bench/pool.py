@@ -24,10 +24,14 @@ from properties.case import Case
 from properties.case_strategies import cases
 from properties.judge import judge
 
+# The healthy path: features every SUT here handles, so the figures measure the pool, not the relaunches that
+# follow a finding (zero-size tensors, fp8/int16 and flat layouts fail on Paddle 3.3.1: see FINDINGS.md).
+HEALTHY = frozenset({"dtype:F32", "dtype:BF16", "dtype:I32", "format:pickle"})
+
 
 def draw_cases(sut: str, ranks: int, count: int, seed: int) -> list[Case]:
-    """Small round-trip and reshard cases, drawn reproducibly (no Hypothesis in the timed loop)."""
-    caps = resolve(sut).capabilities
+    """Small round-trip cases, drawn reproducibly (no Hypothesis in the timed loop)."""
+    caps = HEALTHY & resolve(sut).capabilities
     out: list[Case] = []
 
     @settings(max_examples=count, database=None, suppress_health_check=list(HealthCheck), deadline=None)
@@ -51,8 +55,9 @@ def run(sut: str, mode: str, batch: list[Case]) -> tuple[float, float, int]:
         for case in batch:
             outcome = run_case(case, runners)
             verdict = judge(case, outcome)
-            if not verdict.ok and mode == "pool" and sut == "reference":
-                raise SystemExit(f"reference failed a benchmark case: {verdict.details}")
+            if not verdict.ok:
+                raise SystemExit(f"{sut} failed a benchmark case, so the figures would measure relaunches: "
+                                 f"{verdict.details}")
             inside += outcome.sut_seconds
         wall = time.perf_counter() - start
     finally:
