@@ -27,6 +27,16 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def paddle_gpus(world: int) -> int:
+    """GPUs to give a Paddle launch: one per rank when Paddle has CUDA and enough devices, else 0 (CPU, gloo)."""
+    import paddle  # only the controller of a paddle-launched SUT pays for this import
+
+    if not paddle.is_compiled_with_cuda():
+        return 0
+    count = paddle.device.cuda.device_count()
+    return world if count >= world else 0
+
+
 def launch_commands(
     launcher: str, world: int, control: str, sut: str, options_json: str, log_dir: Path, gpus: int = 0
 ) -> list[tuple[list[str], dict[str, str]]]:

@@ -16,7 +16,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from .launch import kill_tree, launch_commands, start
+from .launch import kill_tree, launch_commands, paddle_gpus, start
 from .rankops import RankExecutor
 from .sut import resolve
 
@@ -96,9 +96,11 @@ class RankPool:
         log_dir.mkdir()
         self.launches += 1
         try:
-            for n, (cmd, env) in enumerate(
-                launch_commands(self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir)
-            ):
+            gpus = paddle_gpus(self.world) if self.launcher == "paddle" else 0
+            commands = launch_commands(
+                self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus
+            )
+            for n, (cmd, env) in enumerate(commands):
                 self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
             deadline = time.monotonic() + self.start_timeout
             pending: list[Connection] = []

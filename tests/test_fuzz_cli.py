@@ -108,3 +108,13 @@ def test_list_names_suts_and_properties(capsys) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert "reference" in out and "paddle-dcp" in out and "P-RESHARD" in out and "P-ATOMIC" in out
+
+
+def test_missing_framework_is_one_clear_line(tmp_path: Path, capsys, monkeypatch) -> None:
+    from harness import sut
+
+    monkeypatch.setitem(sut.REGISTRY, "needs-missing", sut.SutInfo("needs-missing", "x.y:Z", "no_such_framework_xyz"))
+    code = main(["fuzz", "--sut", "needs-missing", "--time", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "needs the Python package 'no_such_framework_xyz'" in err and "pip install" in err
+    assert err.count("\n") == 1
