@@ -7,13 +7,12 @@ wrong and what to do).
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import threading
 from pathlib import Path
 
-from properties.case import Case, CaseError
+from properties.case import CaseError, read_case_file
 from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
 
@@ -104,21 +103,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1 if rows else 0
 
 
-def load_case_file(path: Path) -> tuple[Case, dict]:
-    """A case, from a case file or a finding file (which carries the case under "case")."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CaseError(f"{path}: no such case file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CaseError(f"{path}: not a JSON case file ({exc})") from None
-    if isinstance(data, dict) and "case" in data:
-        return Case.from_json(data["case"], str(path)), data
-    return Case.from_json(data, str(path)), {}
-
-
 def _replay(args: argparse.Namespace) -> int:
-    case, _ = load_case_file(args.case)
+    case, _ = read_case_file(args.case)
     judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
     try:
         judgement, outcome = judge_case(case)

@@ -172,14 +172,21 @@ class Case:
 
     @classmethod
     def load(cls, path: str | Path) -> Case:
-        path = Path(path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise CaseError(f"{path}: no such case file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CaseError(f"{path}: not a JSON case file ({exc})") from None
-        return cls.from_json(data, str(path))
+        return read_case_file(path)[0]
+
+
+def read_case_file(path: str | Path) -> tuple[Case, dict]:
+    """A case from a case file, or from a finding file (which carries it under "case") with the finding."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CaseError(f"{path}: no such case file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CaseError(f"{path}: not a JSON case file ({exc})") from None
+    if isinstance(data, dict) and "case" in data:
+        return Case.from_json(data["case"], str(path)), data
+    return Case.from_json(data, str(path)), {}
 
 
 def _dtype(name: object) -> str:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import load_case_file
 from harness.fuzz import Judge
 from harness.run import Runners
 from harness.sut import REGISTRY, framework_available
+from properties.case import read_case_file
 
 CASES = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 
@@ -22,7 +22,7 @@ CASES = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 @pytest.mark.multirank
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_finding_still_reproduces(path: Path) -> None:
-    case, finding = load_case_file(path)
+    case, finding = read_case_file(path)
     info = REGISTRY.get(case.sut)
     if info is not None and not framework_available(info):
         pytest.skip(f"{case.sut} needs {info.framework}: pip install -e '.[{info.framework}]'")
