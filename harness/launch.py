@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import psutil
@@ -29,7 +30,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def paddle_gpus(world: int) -> int:
     """GPUs to give a Paddle launch: one per rank when Paddle has CUDA and enough devices, else 0 (CPU, gloo)."""
-    import paddle  # only the controller of a paddle-launched SUT pays for this import
+    with warnings.catch_warnings():  # Paddle warns about ccache on import; noise in a findings table
+        warnings.simplefilter("ignore")
+        import paddle  # only the controller of a paddle-launched SUT pays for this import
 
     if not paddle.is_compiled_with_cuda():
         return 0
