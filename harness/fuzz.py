@@ -25,6 +25,7 @@ from properties.verdicts import Judgement, Verdict
 from .run import Runners, run_case
 
 BATCH = 10  # examples per Hypothesis run; properties take turns between batches
+SHRINK_BUDGET = 60.0  # seconds of shrinking per finding (at least): a failing Paddle case can cost a relaunch
 
 
 class _Failed(AssertionError):
@@ -127,6 +128,7 @@ def _batch(
     start: float,
 ) -> Finding | None:
     last_failure: list[Finding] = []
+    shrink_until: list[float] = []  # set when the first failure appears: shrinking gets a bounded budget
 
     @settings(
         max_examples=BATCH,
@@ -138,8 +140,9 @@ def _batch(
     )
     @given(cases(prop, campaign.sut, campaign.ranks, capabilities))
     def body(case: Case) -> None:
-        if time.monotonic() > hard_deadline:
-            return
+        now = time.monotonic()
+        if now > hard_deadline or (shrink_until and now > shrink_until[0]):
+            return  # out of time: remaining attempts count as passes, the smallest failure so far is kept
         judgement, outcome = judge_case(case)
         campaign.cases_run[prop] += 1
         campaign.sut_seconds += outcome.sut_seconds
@@ -149,6 +152,8 @@ def _batch(
         if not judgement.ok:
             # Hypothesis re-runs the shrunk example last, so the last failure kept is the smallest.
             last_failure[:] = [Finding(case, judgement, outcome.shims, outcome.traceback)]
+            if not shrink_until:
+                shrink_until.append(time.monotonic() + max(SHRINK_BUDGET, campaign.seconds * 0.1))
             raise _Failed("; ".join(judgement.details))
 
     try:
