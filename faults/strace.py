@@ -1,0 +1,279 @@
+"""Record and fault-inject file-IO syscalls of a process tree with strace (DESIGN §6, §9).
+
+This module knows processes, syscalls and paths; it knows nothing about checkpoint formats.
+
+Facts measured here (strace 6.1, Debian, x86_64, Python 3.11):
+
+* ``when=k`` under ``-f`` counts **per process**, not across the tree: every traced process has its own
+  counter per syscall, and a child starts at zero (it does not inherit the parent's count). With
+  ``inject=write:signal=KILL:when=2`` a parent that spawns two children loses *each* child at that child's 2nd
+  write and is itself killed at its own 2nd write. So ``when=k`` means "the k-th call in whichever process
+  gets there first", and every other process that reaches its own k-th call is hit too.
+* ``-P path`` narrows the counting, not just the printing: with ``-P /d/f1 -e inject=write:...:when=1`` the
+  first write *to /d/f1* is hit. ``-P`` is an exact match against the path argument as written (a relative
+  ``"f1"`` is not matched by ``-P /d/f1``) or against the path behind an fd argument. So crash points carry the
+  exact path and a k counted per process over calls touching that path; that also keeps a parent that merely
+  writes to stdout from being hit. Substring filters exist only for :func:`record`.
+* ``signal=KILL`` injection is silently dropped under ``--seccomp-bpf`` (the call runs, nobody dies), while
+  ``error=ENOSPC`` works under it. So :func:`inject_kill` runs without ``--seccomp-bpf`` (slower: every syscall
+  stops) and :func:`record` / :func:`inject_error` use it.
+* The kill is delivered at syscall entry: the killed call does not take effect (a killed ``write`` leaves
+  nothing; a killed ``rename`` leaves the old name).
+* Cost of a tiny Python writer (13 IO calls): untraced ≈ 0.08 s, ``record`` ≈ 0.12 s, one ``inject_kill`` ≈
+  0.14 s (see tests/test_faults_crashpoints.py, which prints them).
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import psutil
+
+DEFAULT_SYSCALLS: tuple[str, ...] = (
+    "openat", "write", "pwrite64", "rename", "renameat", "renameat2", "fsync", "fdatasync", "unlink", "unlinkat",
+    "ftruncate", "mkdir",
+)
+ERRNO_NAMES = ("ENOSPC", "EIO", "EDQUOT")
+
+# Syscalls whose first argument is an fd (-y prints its path); the rest name paths as quoted strings.
+_FD_CALLS = frozenset({"write", "pwrite64", "fsync", "fdatasync", "ftruncate", "read", "pread64", "close"})
+_TAIL = 4000
+
+_LINE = re.compile(r"^(\d+)\s+(.*)$")
+_CALL = re.compile(r"^(\w+)\((.*)\)\s+=\s+(.*)$", re.S)
+_RESUMED = re.compile(r"^<\.\.\. (\w+) resumed>(.*)$", re.S)
+_QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
+_FD_PATH = re.compile(r"^-?\d+<(.*?)>(?:, |$)", re.S)
+
+
+@dataclass(frozen=True)
+class Syscall:
+    """One completed (or killed) syscall; ``paths`` are the strings strace's ``-P`` would match."""
+
+    pid: int
+    name: str
+    path: str | None
+    args_summary: str
+    result: str
+    paths: tuple[str, ...] = ()
+
+    @property
+    def killed(self) -> bool:
+        return self.result.strip() == "?"
+
+
+@dataclass
+class Recording:
+    """A traced run: ``calls`` pass the path filter, ``all_calls`` is everything (needed to count ``when=k``)."""
+
+    cmd: list[str]
+    returncode: int | None
+    calls: list[Syscall]
+    all_calls: list[Syscall]
+    stdout_tail: str
+    stderr_tail: str
+    timed_out: bool
+    duration_s: float
+
+
+@dataclass
+class InjectionResult:
+    """Outcome of one injected run; ``injected_call`` is the call strace tampered with (first one seen)."""
+
+    cmd: list[str]
+    returncode: int | None
+    killed: bool
+    killed_pid: int | None
+    injected: bool
+    injected_call: Syscall | None
+    stdout_tail: str
+    stderr_tail: str
+    timed_out: bool
+    duration_s: float
+    killed_pids: list[int] = field(default_factory=list)
+
+
+def available() -> bool:
+    """True when strace is on PATH and ptrace is permitted (containers often forbid it)."""
+    exe = shutil.which("strace")
+    if exe is None:
+        return False
+    try:
+        proc = subprocess.run([exe, "-f", "-qq", "-e", "trace=none", "true"], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0
+
+
+def _unescape(s: str) -> str:
+    try:
+        return codecs.escape_decode(s.encode("utf-8", "surrogateescape"))[0].decode("utf-8", "surrogateescape")
+    except ValueError:
+        return s
+
+
+def _paths_of(name: str, args: str) -> tuple[str, ...]:
+    if name in _FD_CALLS:
+        m = _FD_PATH.match(args)
+        return (m.group(1),) if m else ()
+    quoted = [_unescape(q) for q in _QUOTED.findall(args)]
+    if name.startswith("rename"):
+        return tuple(quoted[:2])
+    return tuple(quoted[:1])
+
+
+def parse_trace(text: str) -> tuple[list[Syscall], list[int]]:
+    """Parse ``strace -f -o`` output into ordered calls and the pids reported ``killed by SIGKILL``.
+
+    Interleaved ``<unfinished ...>`` / ``<... X resumed>`` halves are joined per pid; the call is placed where it
+    completes (its effect is visible from then on).
+    """
+    calls: list[Syscall] = []
+    killed: list[int] = []
+    pending: dict[int, str] = {}
+    for raw in text.splitlines():
+        m = _LINE.match(raw)
+        if not m:
+            continue
+        pid, rest = int(m.group(1)), m.group(2)
+        if rest.startswith("+++"):
+            if "killed by SIGKILL" in rest:
+                killed.append(pid)
+            continue
+        if rest.startswith("---"):
+            continue
+        if rest.endswith("<unfinished ...>"):
+            pending[pid] = rest[: -len("<unfinished ...>")].rstrip()
+            continue
+        r = _RESUMED.match(rest)
+        if r:
+            rest = pending.pop(pid, r.group(1) + "(") + r.group(2)
+        c = _CALL.match(rest)
+        if not c:
+            continue
+        name, args, result = c.group(1), c.group(2), c.group(3).strip()
+        paths = _paths_of(name, args)
+        calls.append(Syscall(pid, name, paths[0] if paths else None, args[:160], result, paths))
+    return calls, killed
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL strace, everything under it, and anything left in its session (orphans re-parent to init)."""
+    kids: list[psutil.Process] = []
+    if proc.poll() is None:  # only walk children of a live strace: a reaped pid may belong to someone else
+        with contextlib.suppress(psutil.Error):
+            kids = psutil.Process(proc.pid).children(recursive=True)
+        for p in kids:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    psutil.wait_procs(kids, timeout=5)
+
+
+def _tail(path: str) -> str:
+    with open(path, "rb") as f:
+        data = f.read()
+    return data[-_TAIL:].decode("utf-8", "replace")
+
+
+def _read(path: str) -> str:
+    if not os.path.exists(path):
+        return ""
+    with open(path, encoding="utf-8", errors="surrogateescape") as f:
+        return f.read()
+
+
+def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None, cwd: str | None,
+         tmp: str) -> tuple[int | None, str, str, bool, float]:
+    out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+    t0 = time.monotonic()
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            rc: int | None = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out, rc = True, None
+        _kill_tree(proc)  # also reaps stragglers after a normal exit
+    return rc, _tail(out), _tail(err), timed_out, time.monotonic() - t0
+
+
+def _check_syscall(name: str) -> str:
+    if not re.fullmatch(r"\w+", name):
+        raise ValueError(f"bad syscall name {name!r}")
+    return name
+
+
+def record(cmd: Sequence[str], *, syscalls: Sequence[str] = DEFAULT_SYSCALLS, path_filter: str | None = None,
+           timeout: float = 60.0, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Recording:
+    """Run ``cmd`` under ``strace -f --seccomp-bpf -y`` and return its IO syscalls in completion order.
+
+    ``path_filter`` (substring) only narrows ``calls``; ``all_calls`` keeps every traced call so per-process
+    ``when=k`` counts can be derived exactly.
+    """
+    names = ",".join(_check_syscall(s) for s in syscalls)
+    with tempfile.TemporaryDirectory(prefix="ckpt-strace-") as tmp:
+        trace = os.path.join(tmp, "trace")
+        argv = ["strace", "-f", "--seccomp-bpf", "-y", "-qq", "-e", f"trace={names}", "-o", trace, "--", *cmd]
+        rc, so, se, to, dt = _run(argv, timeout, env, cwd, tmp)
+        text = _read(trace)
+    all_calls, _ = parse_trace(text)
+    calls = [c for c in all_calls if path_filter is None or any(path_filter in p for p in c.paths)]
+    return Recording(list(cmd), rc, calls, all_calls, so, se, to, dt)
+
+
+def _inject(cmd: Sequence[str], syscall: str, k: int, action: str, path: str | None, timeout: float,
+            env: Mapping[str, str] | None, cwd: str | None, seccomp: bool) -> InjectionResult:
+    _check_syscall(syscall)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    with tempfile.TemporaryDirectory(prefix="ckpt-strace-") as tmp:
+        trace = os.path.join(tmp, "trace")
+        argv = ["strace", "-f", *(["--seccomp-bpf"] if seccomp else []), "-y", "-q",
+                *(["-P", path] if path is not None else []),
+                "-e", f"trace={syscall}", "-e", f"inject={syscall}:{action}:when={k}", "-o", trace, "--", *cmd]
+        rc, so, se, to, dt = _run(argv, timeout, env, cwd, tmp)
+        text = _read(trace)
+    calls, killed_pids = parse_trace(text)
+    if action.startswith("signal="):
+        hit = next((c for c in calls if c.killed and c.pid in killed_pids and c.name == syscall), None)
+    else:
+        hit = next((c for c in calls if c.result.endswith("(INJECTED)")), None)
+    return InjectionResult(
+        cmd=list(cmd), returncode=rc, killed=bool(killed_pids) and action.startswith("signal=") and hit is not None,
+        killed_pid=hit.pid if hit is not None and action.startswith("signal=") else None, injected=hit is not None,
+        injected_call=hit, stdout_tail=so, stderr_tail=se, timed_out=to, duration_s=dt, killed_pids=killed_pids,
+    )
+
+
+def inject_kill(cmd: Sequence[str], *, syscall: str, k: int, path_filter: str | None = None, timeout: float = 60.0,
+                env: Mapping[str, str] | None = None, cwd: str | None = None) -> InjectionResult:
+    """SIGKILL the process making its k-th ``syscall`` (per-process count; exact ``path_filter`` via ``-P``).
+
+    Runs without ``--seccomp-bpf`` because strace 6.1 drops signal injection under it (module docstring).
+    """
+    return _inject(cmd, syscall, k, "signal=KILL", path_filter, timeout, env, cwd, seccomp=False)
+
+
+def inject_error(cmd: Sequence[str], syscall: str, k: int, errno_name: str, *, path_filter: str | None = None,
+                 timeout: float = 60.0, env: Mapping[str, str] | None = None,
+                 cwd: str | None = None) -> InjectionResult:
+    """Make the k-th ``syscall`` (per process; exact ``path_filter`` via ``-P``) fail with ``errno_name``."""
+    if errno_name not in ERRNO_NAMES:
+        raise ValueError(f"errno_name must be one of {ERRNO_NAMES}, got {errno_name!r}")
+    return _inject(cmd, syscall, k, f"error={errno_name}", path_filter, timeout, env, cwd, seccomp=True)
