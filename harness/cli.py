@@ -133,7 +133,12 @@ def _list(args: argparse.Namespace) -> int:
         mark = "*" if pid in CASE_PROPERTIES else " "
         print(f"  {mark} {pid:<18} {text}")
     print("  (* = implemented in this version)")
-    print("Faults: none in this version")
+    from faults import strace
+
+    print("Faults (injector library; `fuzz --faults` is not wired up yet):")
+    print("  corrupt       bit flip, truncate, append garbage, delete, stale marker, zero range (seeded, replayable)")
+    print(f"  crashpoints   SIGKILL / ENOSPC / EIO at the k-th syscall via strace "
+          f"({'available' if strace.available() else 'unavailable: no strace or no ptrace'})")
     return 0
 
 
