@@ -135,7 +135,7 @@ class PaddleDcpSut(SutAdapter):
         )
         for tname, local in read_back.items():
             lt = targets[tname].local
-            out[tname] = from_paddle(local, lt.tensor.shape)
+            out[tname] = from_paddle(_loaded_local(state[tname], local), lt.tensor.shape)
         return out
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -206,6 +206,16 @@ def _kind(tensors: dict[str, RankTensor], options: dict) -> str:
     if any(isinstance(rt.layout, Flat) for rt in tensors.values()):
         return "sharded_weight"
     return kind
+
+
+def _loaded_local(value: Any, fallback: Any) -> Any:
+    """The dense tensor Paddle loaded into: a load may replace a dist tensor's local value rather than write
+    into the buffer it was built from, so read it back from the object Paddle was given."""
+    if hasattr(value, "local_tensor"):  # ShardedWeight
+        return value.local_tensor
+    if hasattr(value, "is_dist") and value.is_dist():
+        return value._local_value()
+    return value if value is not None else fallback
 
 
 def _wrap(name: str, rt: RankTensor, local: Any, kind: str) -> tuple[Any, Any]:
