@@ -40,12 +40,19 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument(
         "--launch", choices=MODES, default="pool", help="warm rank pool (default), fresh launch per case, or in-process"
     )
-    f.add_argument("--op-timeout", type=float, default=120.0, help="seconds one operation may take before the "
-                   "ranks are declared hung (default 120)")
+    f.add_argument(
+        "--op-timeout",
+        type=float,
+        default=120.0,
+        help="seconds one operation may take before the ranks are declared hung (default 120)",
+    )
     r = sub.add_parser("replay", help="re-run one case or finding file; exit 1 if the failure reproduces")
     r.add_argument("case", type=Path)
     r.add_argument("--launch", choices=MODES, default="fresh")
     r.add_argument("--op-timeout", type=float, default=120.0)
+    c = sub.add_parser("crashpoints", help="kill a save at every syscall it makes and judge each crash")
+    c.add_argument("case", type=Path)
+    c.add_argument("--async", dest="use_async", action="store_true", help="crash an async save (and its writer)")
     sub.add_parser("list", help="SUTs, properties and faults")
     return parser
 
@@ -59,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
-        return {"fuzz": _fuzz, "replay": _replay, "list": _list}[args.command](args)
+        return {"fuzz": _fuzz, "replay": _replay, "list": _list, "crashpoints": _crashpoints}[args.command](args)
     except (HarnessError, UnknownSut, CaseError) as exc:
         print(f"ckpt-harness: error: {exc}", file=sys.stderr)
         return 2
@@ -119,6 +126,33 @@ def _replay(args: argparse.Namespace) -> int:
     return 0 if judgement.ok else 1
 
 
+def _crashpoints(args: argparse.Namespace) -> int:
+    from faults import strace
+
+    from .crash import crashpoints
+
+    case, _ = read_case_file(args.case)
+    if case.sut != "reference":
+        raise HarnessError(f"crashpoints: only the reference SUT is supported in this version, not {case.sut!r}")
+    if not strace.available():
+        raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace)")
+    results = crashpoints(case, use_async=args.use_async)
+    print("| point | syscall | k | path | killed | verdict | next save recovers |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        path = (r.point.path or "-").split("/root/", 1)[-1]
+        print(
+            f"| {r.point.index} | {r.point.syscall} | {r.point.k} | {path} | {'yes' if r.killed else 'no'} | "
+            f"{r.judgement.verdict.value} | {'yes' if r.recovered else 'NO'} |"
+        )
+    bad = [r for r in results if not r.judgement.ok or not r.recovered]
+    for r in bad:
+        details = "; ".join(r.judgement.details) or "the next save did not recover"
+        print(f"point {r.point.index}: {r.judgement.property} {r.judgement.verdict.value}: {details}")
+    print(f"{len(results)} crash points, {len(bad)} failing")
+    return 1 if bad else 0
+
+
 def _list(args: argparse.Namespace) -> int:
     print("SUTs:")
     for name in sorted(REGISTRY):
@@ -137,8 +171,10 @@ def _list(args: argparse.Namespace) -> int:
 
     print("Faults (injector library; `fuzz --faults` is not wired up yet):")
     print("  corrupt       bit flip, truncate, append garbage, delete, stale marker, zero range (seeded, replayable)")
-    print(f"  crashpoints   SIGKILL / ENOSPC / EIO at the k-th syscall via strace "
-          f"({'available' if strace.available() else 'unavailable: no strace or no ptrace'})")
+    print(
+        f"  crashpoints   SIGKILL / ENOSPC / EIO at the k-th syscall via strace "
+        f"({'available' if strace.available() else 'unavailable: no strace or no ptrace'})"
+    )
     return 0
 
 
