@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path, PurePosixPath
 
+from .errors import FaultSpecError
+
 KINDS = ("bitflip", "truncate", "append", "delete", "stale_marker", "zero_range")
 REGIONS = ("any", "head", "tail")
 HEAD_BYTES = 4096  # headers of most formats live in the first few KiB
@@ -28,10 +30,6 @@ MAX_GARBAGE = 64  # appended / zeroed run lengths stay small: a fault, not a rew
 # Names crashed saves of common engines leave behind; none is special to this module.
 MARKER_NAMES = (".lock", "LOCK", "done", ".done", "COMMITTED", "_SUCCESS", ".complete", ".metadata.tmp")
 _NEEDS_BYTES = frozenset({"bitflip", "truncate", "zero_range"})  # kinds that need a non-empty target file
-
-
-class FaultSpecError(ValueError):
-    """A corruption spec is malformed, or cannot be planned/applied to the given directory."""
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from faults.errors import FaultSpecError
 from faults.strace import InjectionResult, Recording, Syscall, inject_kill
-
-
-class FaultSpecError(ValueError):
-    """A crash point (or its JSON) is malformed."""
 
 
 @dataclass(frozen=True)

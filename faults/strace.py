@@ -26,18 +26,16 @@ Facts measured here (strace 6.1, Debian, x86_64, Python 3.11):
 from __future__ import annotations
 
 import codecs
-import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import psutil
+from .procs import kill_tree
 
 DEFAULT_SYSCALLS: tuple[str, ...] = (
     "openat", "write", "pwrite64", "rename", "renameat", "renameat2", "fsync", "fdatasync", "unlink", "unlinkat",
@@ -167,23 +165,6 @@ def parse_trace(text: str) -> tuple[list[Syscall], list[int]]:
     return calls, killed
 
 
-def _kill_tree(proc: subprocess.Popen) -> None:
-    """SIGKILL strace, everything under it, and anything left in its session (orphans re-parent to init)."""
-    kids: list[psutil.Process] = []
-    if proc.poll() is None:  # only walk children of a live strace: a reaped pid may belong to someone else
-        with contextlib.suppress(psutil.Error):
-            kids = psutil.Process(proc.pid).children(recursive=True)
-        for p in kids:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    psutil.wait_procs(kids, timeout=5)
-
-
 def _tail(path: str) -> str:
     with open(path, "rb") as f:
         data = f.read()
@@ -209,7 +190,7 @@ def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None, cwd: st
             rc: int | None = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out, rc = True, None
-        _kill_tree(proc)  # also reaps stragglers after a normal exit
+        kill_tree(proc)  # also reaps stragglers after a normal exit
     return rc, _tail(out), _tail(err), timed_out, time.monotonic() - t0
 
 

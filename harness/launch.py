@@ -6,14 +6,13 @@ can be found and killed with psutil, whatever state it is in.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
 import warnings
 from pathlib import Path
 
-import psutil
+from faults.procs import kill_tree
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -82,21 +81,7 @@ def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
         )
 
 
-def kill_tree(procs: list[subprocess.Popen], grace: float = 0.0) -> None:
-    """Kill every process started by ``procs`` (their whole trees) and reap them."""
-    victims: list[psutil.Process] = []
+def kill_trees(procs: list[subprocess.Popen]) -> None:
+    """Kill every process started by ``procs`` (their whole trees and sessions) and reap them."""
     for proc in procs:
-        try:
-            parent = psutil.Process(proc.pid)
-            victims += [parent, *parent.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, 9)  # anything in the session that escaped the tree walk
-    for v in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            v.kill()
-    psutil.wait_procs(victims, timeout=10)
-    for proc in procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
+        kill_tree(proc)

@@ -16,7 +16,7 @@ import time
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from .launch import kill_tree, launch_commands, paddle_gpus, start
+from .launch import kill_trees, launch_commands, paddle_gpus, start
 from .rankops import RankExecutor
 from .sut import resolve
 
@@ -151,7 +151,7 @@ class RankPool:
         for proc in self.procs:
             with contextlib.suppress(Exception):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        kill_tree(self.procs)
+        kill_trees(self.procs)
         for conn in self.conns.values():
             conn.close()
         self.procs, self.conns = [], {}

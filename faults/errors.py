@@ -1,0 +1,7 @@
+"""The one error type of the fault layer: a fault spec that is malformed or cannot be applied."""
+
+from __future__ import annotations
+
+
+class FaultSpecError(ValueError):
+    """A fault (corruption spec, crash point, or its JSON) is malformed, or cannot be planned or applied."""
