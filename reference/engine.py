@@ -383,9 +383,6 @@ def load(root: str | Path, targets: Mapping[str, Target], *, name: str | None = 
     """Load each target's region (any layout) from checkpoint ``name`` or the latest, reading only the blocks
     that overlap what is asked for and verifying their checksums."""
     ckpt, index = open_checkpoint(root, name)
-    by_tensor: dict[str, list[SliceRecord]] = {}
-    for s in index.slices:
-        by_tensor.setdefault(s.tensor, []).append(s)
     files = _Files(ckpt, index)
     try:
         out = {}
@@ -399,7 +396,7 @@ def load(root: str | Path, targets: Mapping[str, Target], *, name: str | None = 
                     f"{target.dtype.name}{list(target.global_shape)}",
                     ckpt,
                 )
-            out[tname] = _fill(files, tname, target, by_tensor.get(tname, []), index.block)
+            out[tname] = _fill(files, tname, target, index.by_tensor.get(tname, []), index.block)
         return out
     finally:
         files.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .dtypes import DTYPES, DType
@@ -66,8 +67,16 @@ class Index:
     files: dict[str, FileRecord]
     slices: tuple[SliceRecord, ...]
 
+    @cached_property
+    def by_tensor(self) -> dict[str, list[SliceRecord]]:
+        """Slices grouped by tensor, built once: callers look up every tensor, so a scan each is quadratic."""
+        grouped: dict[str, list[SliceRecord]] = {}
+        for s in self.slices:
+            grouped.setdefault(s.tensor, []).append(s)
+        return grouped
+
     def slices_of(self, tensor: str) -> list[SliceRecord]:
-        return [s for s in self.slices if s.tensor == tensor]
+        return list(self.by_tensor.get(tensor, ()))
 
 
 def read_index(ckpt_dir: Path, check_cover: bool = True) -> Index:
