@@ -1,4 +1,5 @@
-"""Pieces both Paddle adapters share: runtime setup, CPU shims, and bit-exact numpy <-> paddle conversion.
+"""Pieces both Paddle adapters share: a base class, runtime setup, CPU shims, and bit-exact numpy <-> paddle
+conversion.
 
 Paddle is imported lazily inside functions so the controller can import the adapters without Paddle installed.
 Conversions never go through float values: each dtype travels in a numpy "carrier" Paddle accepts bit for bit
@@ -18,6 +19,8 @@ import numpy as np
 
 from reference.dtypes import DType, dtype
 from reference.tensor import Tensor
+
+from .base import SutAdapter
 
 # dtype code -> (paddle dtype name, numpy carrier Paddle ingests bitwise, paddle dtype to view the carrier as).
 # U16 is absent: paddle.uint16 *is* bfloat16. U32/U64: Paddle 3.3.1 cannot build tensors from them.
@@ -153,6 +156,27 @@ def collective_healthy() -> bool:
     except Exception:
         return False
     return probe.numpy().tolist() == [world, world * _health_round]
+
+
+class PaddleAdapter(SutAdapter):
+    """What both Paddle adapters share: the launcher, the runtime set-up, the collective health check, and
+    scribbling over the tensors an async save was handed (each handle keeps them in ``handle.tensors``)."""
+
+    launcher = "paddle"
+    framework = "paddle"
+
+    def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
+        return init_runtime(rank, world_size, options)
+
+    def mutate(self, handle: Any) -> None:
+        for local in handle.tensors:
+            scribble(local)
+
+    def healthy(self) -> bool:
+        return collective_healthy()
+
+    def close(self) -> None:
+        self.end_case()
 
 
 def trailing_int(name: str) -> int:

@@ -24,15 +24,13 @@ from reference.tensor import Tensor
 
 from ._paddle_common import (
     SUPPORTED_DTYPES,
-    collective_healthy,
+    PaddleAdapter,
     from_paddle,
-    init_runtime,
-    scribble,
     to_paddle,
     trailing_int,
     zeros,
 )
-from .base import RankTensor, SutAdapter
+from .base import RankTensor
 
 _SAME_DIR = "dcp"  # options["same_dir"]: every version lives in root/dcp, told apart by unique_id
 _SAVE_MODULE = "paddle.distributed.flex_checkpoint.dcp.save_state_dict"
@@ -48,10 +46,8 @@ class DcpHandle:
     waited: bool = field(default=False)
 
 
-class PaddleDcpSut(SutAdapter):
+class PaddleDcpSut(PaddleAdapter):
     name = "paddle-dcp"
-    launcher = "paddle"
-    framework = "paddle"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
@@ -60,9 +56,6 @@ class PaddleDcpSut(SutAdapter):
 
     def __init__(self) -> None:
         self._pending: list[DcpHandle] = []
-
-    def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
-        return init_runtime(rank, world_size, options)
 
     # --- save ------------------------------------------------------------------------------------------------
 
@@ -104,10 +97,6 @@ class PaddleDcpSut(SutAdapter):
                 "is in this rank's log"
             )
 
-    def mutate(self, handle: DcpHandle) -> None:
-        for local in handle.tensors:
-            scribble(local)
-
     # --- load ------------------------------------------------------------------------------------------------
 
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
@@ -140,9 +129,6 @@ class PaddleDcpSut(SutAdapter):
 
     # --- lifecycle -------------------------------------------------------------------------------------------
 
-    def healthy(self) -> bool:
-        return collective_healthy()
-
     def end_case(self) -> None:
         """Join writers left running and drop Paddle's per-process caches, as a fresh process would have them:
         ``PATH_TO_CHECKPOINT_FILES`` (file lists cached per path) and the global metadata manager (left filled
@@ -155,9 +141,6 @@ class PaddleDcpSut(SutAdapter):
         if module is not None:
             module.PATH_TO_CHECKPOINT_FILES.clear()
             module._metadata_manager.clear()
-
-    def close(self) -> None:
-        self.end_case()
 
     # --- controller side -------------------------------------------------------------------------------------
 

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 
 from reference.tensor import Tensor
 
-from ._paddle_common import SUPPORTED_DTYPES, collective_healthy, from_paddle, init_runtime, scribble, to_paddle
-from .base import RankTensor, SutAdapter
+from ._paddle_common import SUPPORTED_DTYPES, PaddleAdapter, from_paddle, to_paddle
+from .base import RankTensor
 
 _thread_errors: dict[threading.Thread, BaseException] = {}
 _hook_installed = False
@@ -45,10 +45,8 @@ class SaveHandle:
     thread: threading.Thread | None = None
 
 
-class PaddleSaveSut(SutAdapter):
+class PaddleSaveSut(PaddleAdapter):
     name = "paddle-save"
-    launcher = "paddle"
-    framework = "paddle"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"async", "zero_size", "flat", "moe", "repeat", "empty_state", "format:pickle", "format:safetensors"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
@@ -61,7 +59,7 @@ class PaddleSaveSut(SutAdapter):
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         self._rank = rank
         _watch_thread_errors()
-        return init_runtime(rank, world_size, options)
+        return super().setup(rank, world_size, options)
 
     def _file(self, root: Path, name: str, options: dict) -> Path:
         suffix = "safetensors" if options.get("format") == "safetensors" else "pdparams"
@@ -92,10 +90,6 @@ class PaddleSaveSut(SutAdapter):
         if error is not None:
             raise RuntimeError(f"paddle.async_save thread failed: {error!r}") from error
 
-    def mutate(self, handle: SaveHandle) -> None:
-        for local in handle.tensors:
-            scribble(local)
-
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
         import paddle
 
@@ -114,15 +108,9 @@ class PaddleSaveSut(SutAdapter):
                 raise ValueError(f"{tname!r}: {path} holds shape {out[tname].shape}, target is {rt.local.tensor.shape}")
         return out
 
-    def healthy(self) -> bool:
-        return collective_healthy()
-
     def end_case(self) -> None:
         for handle in self._pending:
             if handle.thread is not None:
                 handle.thread.join()
                 _thread_errors.pop(handle.thread, None)
         self._pending.clear()
-
-    def close(self) -> None:
-        self.end_case()
