@@ -15,18 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from faults import strace
-from harness.crash import crashpoints
-from properties.case import Case, Op, TensorCase
-from reference.layout import Mesh, Replicate, Shard, Sharded
-
-
-def case() -> Case:
-    mesh = Mesh((2,))
-    shard, rep = Sharded(mesh, (Shard(0),)).to_json(), Sharded(mesh, (Replicate(),)).to_json()
-    tensors = (TensorCase("model/w", "BF16", (64, 32), 1), TensorCase("model/b", "F32", (32,), 2),
-               TensorCase("ema/w", "F32", (64, 32), 3), TensorCase("rng/state", "U8", (16,), 4))
-    layout = {"model/w": shard, "model/b": rep, "ema/w": shard, "rng/state": rep}
-    return Case("P-ATOMIC", "reference", tensors, layout, layout, (Op("save", "step-1", 1),), {}, 0)
+from harness.crash import crashpoints, standard_case
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         print("# strace is missing or ptrace is not permitted: nothing to measure")
         return 2
     start = time.perf_counter()
-    results = crashpoints(case(), use_async=args.use_async)
+    results = crashpoints(standard_case(64), use_async=args.use_async)
     wall = time.perf_counter() - start
     failing = sum(1 for r in results if not r.judgement.ok or not r.recovered)
     print(f"crash_points: {len(results)}")

@@ -18,12 +18,25 @@ from pathlib import Path
 from faults.crashpoints import CrashPoint, enumerate_points, hit, run_at
 from faults.strace import record
 from properties.atomic import judge_after_crash
-from properties.case import Case
+from properties.case import Case, Op, TensorCase
 from properties.verdicts import Judgement
 from reference import CheckpointError, load_global, save
+from reference.layout import Mesh, Replicate, Shard, Sharded
 
-SYSCALLS = ("openat", "write", "pwrite64", "fsync", "fdatasync", "rename", "renameat", "renameat2", "unlink",
-            "unlinkat", "mkdir", "ftruncate")
+
+def standard_case(rows: int = 4) -> Case:
+    """The crash-point case of the issue and the benchmark: a 2-rank save of 4 tensors (sharded bf16 weights and
+    fp32 EMA, a replicated bias, replicated RNG bytes); ``rows`` scales the sharded tensors."""
+    mesh = Mesh((2,))
+    shard, rep = Sharded(mesh, (Shard(0),)).to_json(), Sharded(mesh, (Replicate(),)).to_json()
+    tensors = (
+        TensorCase("model/w", "BF16", (rows, rows // 2), 1),
+        TensorCase("model/b", "F32", (rows // 2 + 1,), 2),
+        TensorCase("ema/w", "F32", (rows, rows // 2), 3),
+        TensorCase("rng/state", "U8", (8,), 4),
+    )
+    layout = {"model/w": shard, "model/b": rep, "ema/w": shard, "rng/state": rep}
+    return Case("P-ATOMIC", "reference", tensors, layout, layout, (Op("save", "step-1", 1),), {}, 0)
 
 
 @dataclass
@@ -46,10 +59,21 @@ def crashpoints(case: Case, *, use_async: bool = False, timeout: float = 60.0) -
         save(base, v0, layouts, name="step-0")  # the acknowledged checkpoint
         case_file = tmp_path / "case.json"
         case_file.write_text(case.dumps())
-        cmd = [sys.executable, "-m", "harness.crash_save", "--case", str(case_file), "--root", str(root),
-               "--name", "step-1", "--version", "1"] + (["--async"] if use_async else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.crash_save",
+            "--case",
+            str(case_file),
+            "--root",
+            str(root),
+            "--name",
+            "step-1",
+            "--version",
+            "1",
+        ] + (["--async"] if use_async else [])
         _reset(base, root)
-        recording = record(cmd, syscalls=SYSCALLS, path_filter=str(root), timeout=timeout, cwd=_repo())
+        recording = record(cmd, path_filter=str(root), timeout=timeout, cwd=_repo())
         if recording.returncode != 0:
             raise RuntimeError(f"the uninterrupted save failed (exit {recording.returncode}): {recording.stderr}")
         results = []
@@ -83,8 +107,9 @@ def _recovers(root: Path, state, layouts) -> bool:
         loaded = load_global(root)
     except Exception:
         return False
-    return all(loaded[k] == v for k, v in state.items()) and not any(p.name.startswith(".staging-")
-                                                                     for p in root.iterdir())
+    return all(loaded[k] == v for k, v in state.items()) and not any(
+        p.name.startswith(".staging-") for p in root.iterdir()
+    )
 
 
 def _repo() -> str:

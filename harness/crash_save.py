@@ -7,9 +7,9 @@ derived from the destination, so every replay issues the same syscalls on the sa
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 
+from harness.sut.reference import agreed_save_id
 from properties.case import read_case_file
 from reference import AsyncSaver, save
 
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     case, _ = read_case_file(args.case)
     state, layouts = case.state(args.version), case.layouts("save")
-    save_id = hashlib.sha1(f"{args.root}/{args.name}".encode()).hexdigest()[:16]
+    save_id = agreed_save_id(args.root, args.name)
     if args.use_async:
         with AsyncSaver() as saver:
             saver.save(args.root, state, layouts, name=args.name, save_id=save_id).wait()

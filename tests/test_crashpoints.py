@@ -8,32 +8,17 @@ import numpy as np
 import pytest
 
 from faults import strace
-from harness.crash import crashpoints
+from harness.crash import crashpoints, standard_case
 from properties.atomic import judge_after_crash
-from properties.case import Case, Op, TensorCase
 from reference import CheckpointIncomplete, Tensor
-from reference.layout import Mesh, Replicate, Shard, Sharded
 
 pytestmark = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
-
-
-def _case() -> Case:
-    mesh = Mesh((2,))
-    shard, rep = Sharded(mesh, (Shard(0),)).to_json(), Sharded(mesh, (Replicate(),)).to_json()
-    tensors = (
-        TensorCase("model/w", "BF16", (4, 2), 1),
-        TensorCase("model/b", "F32", (3,), 2),
-        TensorCase("ema/w", "F32", (4, 2), 3),
-        TensorCase("rng/state", "U8", (8,), 4),
-    )
-    layout = {"model/w": shard, "model/b": rep, "ema/w": shard, "rng/state": rep}
-    return Case("P-ATOMIC", "reference", tensors, layout, layout, (Op("save", "step-1", 1),), {}, 0)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
 def test_reference_is_atomic_at_every_crash_point(use_async: bool) -> None:
-    results = crashpoints(_case(), use_async=use_async)
+    results = crashpoints(standard_case(), use_async=use_async)
     assert len(results) >= 30  # files, manifests, index, renames, latest pointer: every one of them
     assert all(r.killed for r in results), [r.point for r in results if not r.killed]
     failing = [(r.point.index, r.where, r.judgement.details) for r in results if not r.judgement.ok or not r.recovered]

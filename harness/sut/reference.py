@@ -20,6 +20,12 @@ from .base import RankTensor, SutAdapter
 COMMIT_TIMEOUT = 60.0
 
 
+def agreed_save_id(root: Path | str, name: str) -> str:
+    """A save id every rank (and every replay of a crash point) derives alike, without talking: from where the
+    checkpoint goes."""
+    return hashlib.sha1(f"{root}/{name}".encode()).hexdigest()[:16]
+
+
 class ReferenceSut(SutAdapter):
     name = "reference"
     launcher = "plain"
@@ -35,8 +41,7 @@ class ReferenceSut(SutAdapter):
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict):
         local = {n: rt.local for n, rt in tensors.items()}
-        # Every rank must agree on the save id without talking: derive it from where the checkpoint goes.
-        save_id = hashlib.sha1(f"{root}/{name}".encode()).hexdigest()[:16]
+        save_id = agreed_save_id(root, name)
         if use_async:
             handle = self.saver.save_local(
                 root,
