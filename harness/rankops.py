@@ -13,12 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from properties.case import Case
+from reference.dtypes import dtype
 from reference.engine import LocalTensor, local_tensors
 from reference.tensor import Tensor
 
 from .sut.base import RankTensor, SutAdapter
-
-SMALL = 1 << 16  # loaded tensors up to this many bytes travel whole (for diffs); larger ones too, on demand
 
 
 class RankExecutor:
@@ -79,8 +78,6 @@ def _pack(t: Tensor) -> tuple[str, tuple[int, ...], bytes]:
 
 
 def unpack(packed: tuple[str, tuple[int, ...], bytes]) -> Tensor:
-    from reference.dtypes import dtype
-
     name, shape, raw = packed
     dt = dtype(name)
     return Tensor(dt, np.frombuffer(raw, dt.bits_dtype).reshape(shape).copy())

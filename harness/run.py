@@ -81,7 +81,8 @@ def run_case(case: Case, runners: Runners) -> Outcome:
                     rec.written = runners.cls.written(root, op.name) or {}
             except PoolFailure as failure:
                 rec.ok, rec.failure, rec.error_type, rec.error = False, failure.kind, failure.kind, str(failure)
-                active.remove(runner) if runner in active else None
+                if runner in active:
+                    active.remove(runner)
                 runners.discard(runner)
                 outcome.records.append(rec)
                 if failure.kind == "setup":

@@ -7,6 +7,7 @@ PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM). Talks to the controller over a Unix so
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from multiprocessing.connection import Client
@@ -32,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sut", required=True)
     parser.add_argument("--options", default="{}")
     args = parser.parse_args(argv)
-    import json
-
     rank, world = rank_and_world()
     conn = Client(args.control, family="AF_UNIX")
     adapter = resolve(args.sut)()

@@ -7,6 +7,7 @@ whose feature the SUT does not claim is not drawn at all (``applicable``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from hypothesis import strategies as st
@@ -81,9 +82,7 @@ def tensor_cases(draw, caps: Caps, max_tensors: int = 4, min_tensors: int = 0, e
         shape = draw(shapes(max_side=6).filter(lambda s: caps.zero_size or 0 not in s))
         bits = None
         if edge and draw(st.booleans()):
-            count = 1
-            for s in shape:
-                count *= s
+            count = math.prod(shape)
             bits = tuple(draw(st.lists(st.sampled_from(SPECIAL_BITS[dtype]), min_size=count, max_size=count)))
         out.append(TensorCase(name, dtype, shape, draw(st.integers(0, 2**16)), bits))
     return tuple(out)
