@@ -29,6 +29,7 @@ import codecs
 import os
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -41,10 +42,20 @@ DEFAULT_SYSCALLS: tuple[str, ...] = (
     "openat", "write", "pwrite64", "rename", "renameat", "renameat2", "fsync", "fdatasync", "unlink", "unlinkat",
     "ftruncate", "mkdir",
 )
+#: What a crash-state model needs on top of :data:`DEFAULT_SYSCALLS`: every way bytes or names change on disk.
+STATE_SYSCALLS: tuple[str, ...] = (
+    *DEFAULT_SYSCALLS, "creat", "open", "writev", "pwritev", "pwritev2", "lseek", "truncate", "rmdir", "link",
+    "linkat", "symlink", "symlinkat", "sync", "syncfs", "sync_file_range", "close", "dup", "dup2", "dup3", "fcntl",
+)
 ERRNO_NAMES = ("ENOSPC", "EIO", "EDQUOT")
+#: ``-s`` for data capture: strace prints written buffers up to this many bytes (longer ones end in ``...``).
+CAPTURE_LIMIT = 1 << 26
 
 # Syscalls whose first argument is an fd (-y prints its path); the rest name paths as quoted strings.
-_FD_CALLS = frozenset({"write", "pwrite64", "fsync", "fdatasync", "ftruncate", "read", "pread64", "close"})
+_FD_CALLS = frozenset({
+    "write", "pwrite64", "writev", "pwritev", "pwritev2", "fsync", "fdatasync", "ftruncate", "read", "pread64", "close",
+    "lseek", "dup", "dup2", "dup3", "fcntl", "syncfs", "sync_file_range",
+})
 _TAIL = 4000
 
 _LINE = re.compile(r"^(\d+)\s+(.*)$")
@@ -64,6 +75,8 @@ class Syscall:
     args_summary: str
     result: str
     paths: tuple[str, ...] = ()
+    #: The full argument text as strace printed it (written data included when recorded with ``capture_data``).
+    args: str = field(default="", repr=False, compare=False)
 
     @property
     def killed(self) -> bool:
@@ -123,7 +136,7 @@ def _unescape(s: str) -> str:
 def _paths_of(name: str, args: str) -> tuple[str, ...]:
     if name in _FD_CALLS:
         m = _FD_PATH.match(args)
-        return (m.group(1),) if m else ()
+        return (_unescape(m.group(1)),) if m else ()
     quoted = [_unescape(q) for q in _QUOTED.findall(args)]
     if name.startswith("rename"):
         return tuple(quoted[:2])
@@ -161,7 +174,7 @@ def parse_trace(text: str) -> tuple[list[Syscall], list[int]]:
             continue
         name, args, result = c.group(1), c.group(2), c.group(3).strip()
         paths = _paths_of(name, args)
-        calls.append(Syscall(pid, name, paths[0] if paths else None, args[:160], result, paths))
+        calls.append(Syscall(pid, name, paths[0] if paths else None, args[:160], result, paths, args))
     return calls, killed
 
 
@@ -200,22 +213,114 @@ def _check_syscall(name: str) -> str:
     return name
 
 
-def record(cmd: Sequence[str], *, syscalls: Sequence[str] = DEFAULT_SYSCALLS, path_filter: str | None = None,
-           timeout: float = 60.0, env: Mapping[str, str] | None = None, cwd: str | None = None) -> Recording:
-    """Run ``cmd`` under ``strace -f --seccomp-bpf -y`` and return its IO syscalls in completion order.
+def _trace_options(syscalls: Sequence[str], capture_data: bool) -> list[str]:
+    names = ",".join(_check_syscall(s) for s in (*syscalls, *(STATE_SYSCALLS if capture_data else ())))
+    names = ",".join(dict.fromkeys(names.split(",")))
+    return ["-y", "-e", f"trace={names}", *(["-s", str(CAPTURE_LIMIT), "-xx"] if capture_data else [])]
 
-    ``path_filter`` (substring) only narrows ``calls``; ``all_calls`` keeps every traced call so per-process
-    ``when=k`` counts can be derived exactly.
-    """
-    names = ",".join(_check_syscall(s) for s in syscalls)
-    with tempfile.TemporaryDirectory(prefix="ckpt-strace-") as tmp:
-        trace = os.path.join(tmp, "trace")
-        argv = ["strace", "-f", "--seccomp-bpf", "-y", "-qq", "-e", f"trace={names}", "-o", trace, "--", *cmd]
-        rc, so, se, to, dt = _run(argv, timeout, env, cwd, tmp)
-        text = _read(trace)
+
+def _recording(cmd: Sequence[str], text: str, path_filter: str | None, rc: int | None, so: str, se: str, to: bool,
+               dt: float) -> Recording:
     all_calls, _ = parse_trace(text)
     calls = [c for c in all_calls if path_filter is None or any(path_filter in p for p in c.paths)]
     return Recording(list(cmd), rc, calls, all_calls, so, se, to, dt)
+
+
+def record(cmd: Sequence[str], *, syscalls: Sequence[str] = DEFAULT_SYSCALLS, path_filter: str | None = None,
+           timeout: float = 60.0, env: Mapping[str, str] | None = None, cwd: str | None = None,
+           capture_data: bool = False) -> Recording:
+    """Run ``cmd`` under ``strace -f --seccomp-bpf -y`` and return its IO syscalls in completion order.
+
+    ``path_filter`` (substring) only narrows ``calls``; ``all_calls`` keeps every traced call so per-process
+    ``when=k`` counts can be derived exactly. ``capture_data`` also traces :data:`STATE_SYSCALLS` and keeps the
+    bytes every write carried (in ``Syscall.args``), which a crash-state model replays.
+    """
+    with tempfile.TemporaryDirectory(prefix="ckpt-strace-") as tmp:
+        trace = os.path.join(tmp, "trace")
+        argv = ["strace", "-f", "--seccomp-bpf", "-qq", *_trace_options(syscalls, capture_data), "-o", trace,
+                "--", *cmd]
+        rc, so, se, to, dt = _run(argv, timeout, env, cwd, tmp)
+        text = _read(trace)
+    return _recording(cmd, text, path_filter, rc, so, se, to, dt)
+
+
+class Attached:
+    """strace attached to already-running processes (and every thread and child they have or start) for the
+    length of a ``with`` block: record their IO, or inject one fault, without paying for tracing their start-up.
+
+    Counting for ``when=k`` starts at the attach, so a warm rank's k-th write is the k-th write of the operation
+    run inside the block. On exit strace detaches (the tracees run on) and :attr:`recording` holds the calls;
+    :attr:`injected_call` / :attr:`killed_pids` say whether an injection fired.
+    """
+
+    def __init__(self, pids: Sequence[int], *, syscalls: Sequence[str] = DEFAULT_SYSCALLS,
+                 path_filter: str | None = None, inject: tuple[str, int, str, str | None] | None = None,
+                 capture_data: bool = False, attach_timeout: float = 30.0) -> None:
+        if not pids:
+            raise ValueError("nothing to attach to")
+        self.pids = [int(p) for p in pids]
+        self.syscalls, self.path_filter, self.capture_data = tuple(syscalls), path_filter, capture_data
+        self.inject = inject  # (syscall, k, "signal=KILL" | "error=ENOSPC", exact path or None)
+        self.attach_timeout = attach_timeout
+        self.recording: Recording | None = None
+        self.injected_call: Syscall | None = None
+        self.killed_pids: list[int] = []
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._proc: subprocess.Popen | None = None
+        self._t0 = 0.0
+
+    def __enter__(self) -> Attached:
+        self._tmp = tempfile.TemporaryDirectory(prefix="ckpt-strace-")
+        trace, err = os.path.join(self._tmp.name, "trace"), os.path.join(self._tmp.name, "stderr")
+        argv = ["strace", "-f", *_trace_options(self.syscalls, self.capture_data), "-o", trace]
+        if self.inject is not None:
+            syscall, k, action, path = self.inject
+            _check_syscall(syscall)
+            if k < 1:
+                raise ValueError(f"k must be >= 1, got {k}")
+            argv += [*(["-P", path] if path is not None else []), "-e", f"inject={syscall}:{action}:when={k}"]
+        for pid in self.pids:
+            argv += ["-p", str(pid)]
+        self._t0 = time.monotonic()
+        with open(err, "wb") as fe:
+            self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=fe, stdin=subprocess.DEVNULL,
+                                          start_new_session=True)
+        deadline = time.monotonic() + self.attach_timeout
+        while True:  # strace reports "Process N attached" once each tracee is stopped and traced
+            attached = {int(m) for m in re.findall(r"Process (\d+) attached", _read(err))}
+            if set(self.pids) <= attached:
+                return self
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self._stop()
+                raise RuntimeError(f"strace could not attach to {self.pids}: {_read(err)[-_TAIL:]}")
+            time.sleep(0.01)
+
+    def _stop(self) -> str:
+        assert self._proc is not None and self._tmp is not None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGINT)  # detach: the tracees carry on untraced
+            try:
+                self._proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                kill_tree(self._proc)
+        kill_tree(self._proc)
+        text = _read(os.path.join(self._tmp.name, "trace"))
+        self._tmp.cleanup()
+        return text
+
+    def __exit__(self, *exc: object) -> None:
+        text = self._stop()
+        rec = _recording([f"pid {p}" for p in self.pids], text, self.path_filter, None, "", "", False,
+                         time.monotonic() - self._t0)
+        self.recording = rec
+        _, self.killed_pids = parse_trace(text)
+        if self.inject is not None:
+            syscall, _, action, _ = self.inject
+            if action.startswith("signal="):
+                self.injected_call = next((c for c in rec.all_calls if c.killed and c.pid in self.killed_pids
+                                           and c.name == syscall), None)
+            else:
+                self.injected_call = next((c for c in rec.all_calls if c.result.endswith("(INJECTED)")), None)
 
 
 def _inject(cmd: Sequence[str], syscall: str, k: int, action: str, path: str | None, timeout: float,
