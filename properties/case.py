@@ -108,6 +108,8 @@ class Case:
     options: dict = field(default_factory=dict)
     seed: int = 0
     version: int = CASE_VERSION
+    #: The fault injected into one of the ops (harness.faultspec parses it); None for a fault-free case.
+    fault: dict | None = None
 
     def state(self, version: int = 0) -> dict[str, Tensor]:
         return {t.name: t.build(version) for t in self.tensors}
@@ -125,6 +127,8 @@ class Case:
 
     def to_json(self) -> dict:
         data = asdict(self)
+        if self.fault is None:
+            del data["fault"]
         data["tensors"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in self.tensors]
         return data
 
@@ -158,6 +162,7 @@ class Case:
                 ops,
                 dict(data.get("options", {})),
                 int(data.get("seed", 0)),
+                fault=_fault(data.get("fault")),
             )
             for t in tensors:
                 if any(s < 0 for s in t.shape) or (t.bits is not None and len(t.bits) != math.prod(t.shape)):
@@ -193,3 +198,9 @@ def _dtype(name: object) -> str:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}")
     return str(name)
+
+
+def _fault(raw: object) -> dict | None:
+    if raw is not None and not isinstance(raw, dict):
+        raise ValueError(f"fault must be a JSON object, got {type(raw).__name__}")
+    return raw
