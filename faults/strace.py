@@ -36,6 +36,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import psutil
+
 from .procs import kill_tree
 
 DEFAULT_SYSCALLS: tuple[str, ...] = (
@@ -45,7 +47,8 @@ DEFAULT_SYSCALLS: tuple[str, ...] = (
 #: What a crash-state model needs on top of :data:`DEFAULT_SYSCALLS`: every way bytes or names change on disk.
 STATE_SYSCALLS: tuple[str, ...] = (
     *DEFAULT_SYSCALLS, "creat", "open", "writev", "pwritev", "pwritev2", "lseek", "truncate", "rmdir", "link",
-    "linkat", "symlink", "symlinkat", "sync", "syncfs", "sync_file_range", "close", "dup", "dup2", "dup3", "fcntl",
+    "linkat", "symlink", "symlinkat", "chdir", "fchdir", "mkdirat",
+    "sync", "syncfs", "sync_file_range", "close", "dup", "dup2", "dup3", "fcntl",
 )
 ERRNO_NAMES = ("ENOSPC", "EIO", "EDQUOT")
 #: ``-s`` for data capture: strace prints written buffers up to this many bytes (longer ones end in ``...``).
@@ -207,6 +210,13 @@ def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None, cwd: st
     return rc, _tail(out), _tail(err), timed_out, time.monotonic() - t0
 
 
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _check_syscall(name: str) -> str:
     if not re.fullmatch(r"\w+", name):
         raise ValueError(f"bad syscall name {name!r}")
@@ -295,8 +305,22 @@ class Attached:
                 raise RuntimeError(f"strace could not attach to {self.pids}: {_read(err)[-_TAIL:]}")
             time.sleep(0.01)
 
+    def _settle(self, trace: str, timeout: float = 2.0) -> None:
+        """Before detaching, let strace log a kill it caused: a tracee's death reaches the harness (a closed socket)
+        before strace has reaped it and written ``= ?`` / ``killed by SIGKILL``, and a detach would drop both."""
+        if self.inject is None or not self.inject[2].startswith("signal="):
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = _read(trace)
+            gone = [p for p in self.pids if not _running(p)]
+            if ("killed by SIG" in text and " = ?" in text) or (not gone and " = ?" not in text):
+                return
+            time.sleep(0.01)
+
     def _stop(self) -> str:
         assert self._proc is not None and self._tmp is not None
+        self._settle(os.path.join(self._tmp.name, "trace"))
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGINT)  # detach: the tracees carry on untraced
             try:
@@ -317,8 +341,9 @@ class Attached:
         if self.inject is not None:
             syscall, _, action, _ = self.inject
             if action.startswith("signal="):
-                self.injected_call = next((c for c in rec.all_calls if c.killed and c.pid in self.killed_pids
-                                           and c.name == syscall), None)
+                # The call's own thread may be logged as killed after the detach; any death in the group will do.
+                self.injected_call = next((c for c in rec.all_calls if c.killed and c.name == syscall), None) \
+                    if self.killed_pids else None
             else:
                 self.injected_call = next((c for c in rec.all_calls if c.result.endswith("(INJECTED)")), None)
 

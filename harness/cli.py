@@ -7,6 +7,7 @@ wrong and what to do).
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import threading
@@ -50,9 +51,14 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("case", type=Path)
     r.add_argument("--launch", choices=MODES, default="fresh")
     r.add_argument("--op-timeout", type=float, default=120.0)
-    c = sub.add_parser("crashpoints", help="kill a save at every syscall it makes and judge each crash")
-    c.add_argument("case", type=Path)
+    c = sub.add_parser("crashpoints", help="kill a save at every syscall it makes (or, with --states, lose power in "
+                       "every state its IO may leave) and judge each crash")
+    c.add_argument("case", type=Path, help="a case or finding file; its tensors and layouts, or its own fault op")
     c.add_argument("--async", dest="use_async", action="store_true", help="crash an async save (and its writer)")
+    c.add_argument("--states", action="store_true", help="power-loss crash states instead of process kills")
+    c.add_argument("--limit", type=int, default=None, help="at most this many crash states (a deterministic spread)")
+    c.add_argument("--launch", choices=MODES, default="pool")
+    c.add_argument("--op-timeout", type=float, default=120.0)
     sub.add_parser("list", help="SUTs, properties and faults")
     return parser
 
@@ -129,27 +135,50 @@ def _replay(args: argparse.Namespace) -> int:
 def _crashpoints(args: argparse.Namespace) -> int:
     from faults import strace
 
-    from .crash import crashpoints
+    from .faultrun import as_fault_case, crashpoints, crashstates
 
     case, _ = read_case_file(args.case)
-    if case.sut != "reference":
-        raise HarnessError(f"crashpoints: only the reference SUT is supported in this version, not {case.sut!r}")
+    cls = resolve(case.sut)
     if not strace.available():
-        raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace)")
-    results = crashpoints(case, use_async=args.use_async)
-    print("| point | syscall | k | path | killed | verdict | next save recovers |")
-    print("|---|---|---|---|---|---|---|")
+        raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace); "
+                           "use `fuzz --faults`, whose kill-when faults need only psutil")
+    if args.use_async and "async" not in cls.capabilities:
+        raise HarnessError(f"crashpoints --async: {case.sut} does not claim async saves")
+    case = as_fault_case(case, latest="latest" in cls.capabilities, use_async=args.use_async)
+    judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
+    try:
+        if args.states:
+            return _print_states(*crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case))
+        return _print_points(crashpoints(case, judge_case))
+    finally:
+        judge_case.close()
+
+
+def _print_points(results: list) -> int:
+    print("| point | syscall | k | path | fired | verdict |")
+    print("|---|---|---|---|---|---|")
+    for n, r in enumerate(results):
+        f = r.fault
+        print(f"| {n} | {f['syscall']} | {f['k']} | {f['path']} | {'yes' if r.report.get('fired') else 'no'} | "
+              f"{r.judgement.verdict.value} |")
+    bad = [(n, r) for n, r in enumerate(results) if not r.judgement.ok]
+    for n, r in bad:
+        print(f"point {n}: {r.judgement.property} {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
+        print(f"  fault: {json.dumps(r.fault, sort_keys=True)}")
+    print(f"{len(results)} crash points, {sum(1 for r in results if r.report.get('fired'))} fired, {len(bad)} failing")
+    return 1 if bad else 0
+
+
+def _print_states(results: list, n_ops: int) -> int:
+    print("| state | verdict | confirmed in fresh processes |")
+    print("|---|---|---|")
     for r in results:
-        path = (r.point.path or "-").split("/root/", 1)[-1]
-        print(
-            f"| {r.point.index} | {r.point.syscall} | {r.point.k} | {path} | {'yes' if r.killed else 'no'} | "
-            f"{r.judgement.verdict.value} | {'yes' if r.recovered else 'NO'} |"
-        )
-    bad = [r for r in results if not r.judgement.ok or not r.recovered]
+        confirmed = "-" if r.confirmed is None else ("yes" if r.confirmed else "NO (flaky)")
+        print(f"| {r.description} | {r.judgement.verdict.value} | {confirmed} |")
+    bad = [r for r in results if not r.judgement.ok and r.confirmed is not False]
     for r in bad:
-        details = "; ".join(r.judgement.details) or "the next save did not recover"
-        print(f"point {r.point.index}: {r.judgement.property} {r.judgement.verdict.value}: {details}")
-    print(f"{len(results)} crash points, {len(bad)} failing")
+        print(f"{r.description}: {r.judgement.property} {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
+    print(f"{len(results)} crash states from {n_ops} IO ops, {len(bad)} failing")
     return 1 if bad else 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from properties.atomic import judge_history
 from properties.case import Case
 from properties.case_strategies import cases
 from properties.judge import judge, judge_diff
@@ -38,6 +39,7 @@ class Finding:
     judgement: Judgement
     shims: tuple[str, ...] = ()
     traceback: str | None = None
+    fault: dict | None = None  # what the fault did in the failing run (mechanism, whether and where it fired)
 
     def to_json(self, replay: str) -> dict:
         details = list(self.judgement.details)
@@ -49,6 +51,7 @@ class Finding:
             "details": details,
             "shims": list(self.shims),
             "traceback": self.traceback,
+            "fault": self.fault,
             "case": self.case.to_json(),
             "replay": replay,
         }
@@ -79,7 +82,18 @@ class Judge:
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
+        if case.fault is not None and case.fault.get("kind") == "point":
+            from .faultrun import resolve_point
+
+            concrete = resolve_point(case, self)
+            if concrete is None:
+                return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",)), Outcome(case.sut)
+            judgement, outcome = self(concrete)
+            outcome.resolved_fault = concrete.fault
+            return judgement, outcome
         outcome = run_case(case, self.runners)
+        if case.fault is not None:
+            return judge_history(case, outcome, self.runners.cls.clear_errors), outcome
         if case.property != "P-DIFF":
             return judge(case, outcome), outcome
         if self._reference is None:
@@ -151,7 +165,8 @@ def _batch(
             _progress(campaign, prop, start)
         if not judgement.ok:
             # Hypothesis re-runs the shrunk example last, so the last failure kept is the smallest.
-            last_failure[:] = [Finding(case, judgement, outcome.shims, outcome.traceback)]
+            concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
+            last_failure[:] = [Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault)]
             if not shrink_until:
                 shrink_until.append(time.monotonic() + max(SHRINK_BUDGET, campaign.seconds * 0.1))
             raise _Failed("; ".join(judgement.details))

@@ -13,7 +13,7 @@ import shutil
 import socket
 import tempfile
 import time
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from .launch import kill_trees, launch_commands, paddle_gpus, start
@@ -22,11 +22,15 @@ from .sut import resolve
 
 
 class PoolFailure(Exception):
-    """The ranks could not be started or stopped answering; ``kind`` is "crash", "hang" or "setup"."""
+    """The ranks could not be started or stopped answering; ``kind`` is "crash", "hang" or "setup".
 
-    def __init__(self, kind: str, message: str) -> None:
+    ``replies`` holds what the ranks that did answer said (a fault run judges the survivors of a killed rank);
+    ``dead`` and ``silent`` name the ranks that died or never answered."""
+
+    def __init__(self, kind: str, message: str, replies: list[dict] | None = None, dead: tuple[int, ...] = (),
+                 silent: tuple[int, ...] = ()) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind, self.replies, self.dead, self.silent = kind, replies or [], dead, silent
 
 
 class InProcessRunner:
@@ -47,14 +51,14 @@ class InProcessRunner:
         for ex in self.executors:
             ex.begin(case_json, root)
 
-    def op(self, index: int, timeout: float) -> list[dict]:
+    def op(self, index: int, timeout: float, fail_fast: bool = True) -> list[dict]:
         return sorted((ex.op(index) for ex in self.order), key=lambda r: r["rank"])
 
     def end(self) -> None:
         for ex in self.executors:
             ex.end()
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         for ex in self.executors:
             ex.adapter.close()
 
@@ -70,6 +74,7 @@ class RankPool:
         self.launcher = resolve(sut).launcher
         self.procs: list = []
         self.conns: dict[int, Connection] = {}
+        self.pids: dict[int, int] = {}  # rank -> pid of the rank process (a fault attaches to these)
         self.shims: list[str] = []
         self.launches = 0
         self._dir: Path | None = None
@@ -126,6 +131,7 @@ class RankPool:
                 if hello["type"] != "hello":
                     raise PoolFailure("setup", f"rank {hello.get('rank')} failed to set up: {hello.get('error')}")
                 self.conns[hello["rank"]] = conn
+                self.pids[hello["rank"]] = hello["pid"]
                 self.shims = hello["shims"]
         except BaseException:
             self.close()
@@ -143,45 +149,59 @@ class RankPool:
                 tails.append(f"{log.name}: {' / '.join(text)}")
         return "; ".join(tails)[-2000:] or "-"
 
-    def close(self) -> None:
+    def close(self, graceful: bool = True) -> None:
         for conn in self.conns.values():
             with contextlib.suppress(OSError):
                 conn.send({"type": "stop"})
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + (5 if graceful else 0)
         for proc in self.procs:
             with contextlib.suppress(Exception):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         kill_trees(self.procs)
         for conn in self.conns.values():
             conn.close()
-        self.procs, self.conns = [], {}
+        self.procs, self.conns, self.pids = [], {}, {}
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 
     # -- cases ----------------------------------------------------------------------------------------------
 
-    def _broadcast(self, msg: dict, timeout: float, what: str) -> list[dict]:
+    def _broadcast(self, msg: dict, timeout: float, what: str, fail_fast: bool = True) -> list[dict]:
+        """Send ``msg`` to every rank and collect one reply each. A rank that dies raises "crash" at once
+        (``fail_fast``) or once the survivors have answered or ``timeout`` passed (a fault run judges whether the
+        survivors turn the death into an error in time); a rank that stays silent raises "hang"."""
         for conn in self.conns.values():
-            conn.send(msg)
-        replies = []
+            with contextlib.suppress(OSError):
+                conn.send(msg)
+        replies: dict[int, dict] = {}
+        dead: set[int] = set()
+        waiting = {conn: rank for rank, conn in self.conns.items()}
         deadline = time.monotonic() + timeout
-        for rank, conn in sorted(self.conns.items()):
-            try:
-                ready = conn.poll(max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    raise PoolFailure("hang", f"rank {rank} did not finish {what} within {timeout:.0f} s")
-                replies.append(conn.recv())
-            except (EOFError, OSError):
-                raise PoolFailure("crash", f"rank {rank} died during {what}; logs: {self._logs()}") from None
-        return replies
+        while waiting and time.monotonic() < deadline and not (dead and fail_fast):
+            for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
+                rank = waiting.pop(conn)
+                try:
+                    replies[rank] = conn.recv()
+                except (EOFError, OSError):
+                    dead.add(rank)
+        answered = [replies[r] for r in sorted(replies)]
+        silent = tuple(sorted(waiting.values()))
+        if dead:
+            raise PoolFailure("crash", f"rank {min(dead)} died during {what}"
+                              + (f" (ranks {list(silent)} still busy)" if silent else "") + f"; logs: {self._logs()}",
+                              answered, tuple(sorted(dead)), silent)
+        if silent:
+            raise PoolFailure("hang", f"rank {silent[0]} did not finish {what} within {timeout:.0f} s", answered,
+                              (), silent)
+        return answered
 
     def begin(self, case_json: dict, root: str) -> None:
         self.ensure()
         self._broadcast({"type": "begin", "case": case_json, "root": root}, 60, "case set-up")
 
-    def op(self, index: int, timeout: float) -> list[dict]:
-        return self._broadcast({"type": "op", "index": index}, timeout, f"op {index}")
+    def op(self, index: int, timeout: float, fail_fast: bool = True) -> list[dict]:
+        return self._broadcast({"type": "op", "index": index}, timeout, f"op {index}", fail_fast)
 
     def end(self) -> None:
         if self.alive:

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from properties.case import Case
 from properties.outcome import OpRecord, Outcome
 
+from .inject import ArmedFault, FaultSpec
 from .pool import InProcessRunner, PoolFailure, RankPool
 from .rankops import unpack
 from .sut import resolve
@@ -30,18 +32,22 @@ class Runners:
         self._runners: dict[tuple[int, str], InProcessRunner | RankPool] = {}
         self._retired_launches = 0
 
-    def get(self, world: int, options: dict):
+    def get(self, world: int, options: dict, launched: bool = False):
+        """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
         setup = {"shims": options.get("shims", True)}
-        key = (world, json.dumps(setup, sort_keys=True))
+        in_process = (not launched and self.mode == "in-process"
+                      and (world == 1 or "in_process_world" in self.cls.capabilities))
+        key = (world, json.dumps(setup, sort_keys=True), in_process)
         runner = self._runners.get(key)
         if runner is None:
-            in_process = self.mode == "in-process" and (world == 1 or "in_process_world" in self.cls.capabilities)
             runner = InProcessRunner(self.sut, world, setup) if in_process else RankPool(self.sut, world, setup)
             self._runners[key] = runner
         return runner
 
-    def discard(self, runner) -> None:
-        runner.close()
+    def discard(self, runner, graceful: bool = True) -> None:
+        """Close ``runner`` and forget it; ``graceful=False`` kills its ranks at once (after a crash or a fault a
+        surviving rank may sit in a collective or a commit wait and would only answer "stop" after a timeout)."""
+        runner.close(graceful)
         self._retired_launches += getattr(runner, "launches", 0)
         self._runners = {k: r for k, r in self._runners.items() if r is not runner}
 
@@ -59,31 +65,59 @@ class Runners:
 
 
 def run_case(case: Case, runners: Runners) -> Outcome:
-    """Run every op of ``case`` in a fresh directory; failures of the SUT become records, not exceptions."""
+    """Run every op of ``case`` in a fresh directory; failures of the SUT become records, not exceptions.
+
+    A case with a fault arms it around its op on launched ranks (harness.inject); afterwards those ranks are
+    discarded — the job "restarts" — and the remaining ops run in fresh processes on whatever the fault left.
+    """
     outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
-    worlds = {"save": case.world_size("save"), "load": case.world_size("load")}
     tmp = Path(tempfile.mkdtemp(prefix="ckh-case-"))
     root = tmp / "ckpt"
     root.mkdir()
-    active: list = []
     try:
-        for i, op in enumerate(case.ops):
-            runner = runners.get(worlds["save" if op.kind == "save" else "load"], case.options)
+        run_ops(case, runners, root, range(len(case.ops)), outcome)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        runners.after_case()
+    return outcome
+
+
+def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], outcome: Outcome) -> Path:
+    """Run ops ``indices`` of ``case`` on ``root`` (the fault armed on its op), appending their records; returns
+    the root the last op saw. Stops at the first op whose ranks died or hung, unless the fault caused it."""
+    fault = FaultSpec.parse(case.fault, len(case.ops)) if case.fault is not None else None
+    worlds = {"save": case.world_size("save"), "load": case.world_size("load")}
+    active: list = []
+    first = len(outcome.records)
+    try:
+        for i in indices:
+            op = case.ops[i]
+            faulted = fault is not None and fault.op == i
+            runner = runners.get(worlds["save" if op.kind == "save" else "load"], case.options, launched=faulted)
             rec = OpRecord(i, op.kind, op.name)
             try:
                 if runner not in active:
                     runner.begin(case.to_json(), str(root))
                     active.append(runner)
                     outcome.shims = tuple(runner.shims)
+                if faulted:
+                    root = _faulted_op(case, fault, runner, root, rec, runners, outcome)
+                    outcome.records.append(rec)
+                    active.remove(runner)
+                    runners.discard(runner, graceful=False)  # a restart: the next ops see only what is on disk
+                    for other in active:  # ranks of another world size: begin again on the (new) root
+                        other.end()
+                    active.clear()
+                    continue
                 replies = runner.op(i, runners.op_timeout)
                 _merge(rec, replies)
                 if op.kind == "save" and rec.ok:
                     rec.written = runners.cls.written(root, op.name) or {}
             except PoolFailure as failure:
-                rec.ok, rec.failure, rec.error_type, rec.error = False, failure.kind, failure.kind, str(failure)
+                _failed(rec, failure)
                 if runner in active:
                     active.remove(runner)
-                runners.discard(runner)
+                runners.discard(runner, graceful=False)
                 outcome.records.append(rec)
                 if failure.kind == "setup":
                     raise
@@ -93,8 +127,9 @@ def run_case(case: Case, runners: Runners) -> Outcome:
         # After a failed op the ranks may disagree about where they are in a collective (one raised, another
         # still waits): such a pool is poisoned for the next case. It stays warm only if every rank failed the
         # same way and a collective health check passes; otherwise it is relaunched.
-        failed = any(not r.ok for r in outcome.records)
-        suspect = any(not r.symmetric or r.failure for r in outcome.records)
+        mine = outcome.records[first:]
+        failed = any(not r.ok for r in mine)
+        suspect = any(not r.symmetric or r.failure for r in mine)
         for runner in active:
             try:
                 runner.end()
@@ -102,9 +137,32 @@ def run_case(case: Case, runners: Runners) -> Outcome:
                     runners.discard(runner)
             except PoolFailure:
                 runners.discard(runner)
-        shutil.rmtree(tmp, ignore_errors=True)
-        runners.after_case()
-    return outcome
+    return root
+
+
+def _faulted_op(case: Case, fault: FaultSpec, runner, root: Path, rec: OpRecord, runners: Runners,
+                outcome: Outcome) -> Path:
+    """Run op ``fault.op`` with the fault armed; returns the root the following ops use. A rank killed by the fault
+    is recorded, not raised; P-LIVENESS cases wait for the survivors (up to the op timeout) to see whether they
+    turn the death into an error or hang."""
+    armed = ArmedFault(fault, runner.pids, root)
+    try:
+        with armed:
+            try:
+                _merge(rec, runner.op(fault.op, runners.op_timeout, fail_fast=case.property != "P-LIVENESS"))
+            except PoolFailure as failure:
+                _failed(rec, failure)
+        return armed.after()
+    finally:
+        outcome.fault = armed.report
+        outcome.trace = (str(root), armed.recording)
+
+
+def _failed(rec: OpRecord, failure: PoolFailure) -> None:
+    if failure.replies:
+        _merge(rec, failure.replies)
+    rec.ok, rec.failure, rec.error_type, rec.error = False, failure.kind, failure.kind, str(failure)
+    rec.dead, rec.silent = failure.dead, failure.silent
 
 
 def _merge(rec: OpRecord, replies: list[dict]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from reference.layout import Region
 from reference.tensor import Tensor
@@ -22,6 +23,8 @@ class OpRecord:
     loaded: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # rank -> tensors (loads)
     written: dict[str, tuple[tuple[int, ...], list[Region]]] = field(default_factory=dict)  # saves: what hit disk
     seconds: float = 0.0  # for reports only, never for verdicts
+    dead: tuple[int, ...] = ()  # ranks that died during the op
+    silent: tuple[int, ...] = ()  # ranks that neither answered nor died within the op timeout
 
 
 @dataclass
@@ -30,6 +33,9 @@ class Outcome:
     records: list[OpRecord] = field(default_factory=list)
     shims: tuple[str, ...] = ()
     launch_mode: str = "in-process"
+    fault: dict | None = None  # what the case's fault did (kind, mechanism, whether and where it fired)
+    resolved_fault: dict | None = None  # a "point" fault as the concrete kill it resolved to
+    trace: tuple[str, Any] | None = None  # (checkpoint root, strace recording of the faulted op) when traced
 
     @property
     def traceback(self) -> str | None:

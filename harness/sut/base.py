@@ -46,6 +46,10 @@ class SutAdapter:
     launcher: ClassVar[str] = "plain"
     #: A module the adapter needs; `ckpt-harness list` reports whether it is importable.
     framework: ClassVar[str | None] = None
+    #: Names of the exception types that say "this checkpoint is incomplete or damaged" clearly. None: the SUT
+    #: has no typed errors, so after a fault any exception a load raises counts as clear (the finding still
+    #: quotes it).
+    clear_errors: ClassVar[frozenset[str] | None] = None
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         """Initialise the framework's distributed runtime for this rank; return the names of active shims."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reference import AsyncSaver, Target, commit, load, save_rank
+from reference import AsyncSaver, CheckpointError, Target, commit, load, save_rank
 from reference.dtypes import DTYPES
 from reference.index import read_index
 
@@ -20,10 +20,14 @@ from .base import RankTensor, SutAdapter
 COMMIT_TIMEOUT = 60.0
 
 
-def agreed_save_id(root: Path | str, name: str) -> str:
-    """A save id every rank (and every replay of a crash point) derives alike, without talking: from where the
-    checkpoint goes."""
-    return hashlib.sha1(f"{root}/{name}".encode()).hexdigest()[:16]
+def agreed_save_id(name: str) -> str:
+    """A save id every rank derives alike without talking. It depends on the checkpoint's name only, not on the
+    root, so a crash point's path (relative to the root) names the same file in every replay of a case."""
+    return hashlib.sha1(name.encode()).hexdigest()[:16]
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [cls, *(c for sub in cls.__subclasses__() for c in _subclasses(sub))]
 
 
 class ReferenceSut(SutAdapter):
@@ -34,6 +38,8 @@ class ReferenceSut(SutAdapter):
         | {f"dtype:{d}" for d in DTYPES}
     )
 
+    clear_errors = frozenset(c.__name__ for c in _subclasses(CheckpointError))
+
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         self.rank, self.world = rank, world_size
         self.saver = AsyncSaver()
@@ -41,7 +47,7 @@ class ReferenceSut(SutAdapter):
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict):
         local = {n: rt.local for n, rt in tensors.items()}
-        save_id = agreed_save_id(root, name)
+        save_id = agreed_save_id(name)
         if use_async:
             handle = self.saver.save_local(
                 root,

@@ -1,0 +1,186 @@
+"""Fault cases end to end: the standard fault scenario, crash points resolved from a recording, and exhaustive
+enumeration of crash points and power-loss crash states for one case, on any SUT.
+
+The scenario (``fault_ops``): save version 0 and see it acknowledged; save version 1 with the fault armed; then,
+in fresh processes, load the latest (or version 1's name where the SUT has no "latest"), load version 0 by name,
+and save and load version 2 (the job must recover). ``properties.atomic.judge_history`` judges the lot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from faults.crashpoints import CrashPoint, enumerate_points
+from faults.strace import Recording
+from properties.atomic import judge_history
+from properties.case import Case, Op, TensorCase
+from properties.outcome import Outcome
+from properties.verdicts import Judgement
+from reference.layout import Mesh, Replicate, Shard, Sharded
+
+from .run import Runners, run_ops
+
+FAULT_OP = 1  # the faulted save in fault_ops
+Judge = Callable[[Case], tuple[Judgement, Outcome]]
+
+
+def fault_ops(*, latest: bool, use_async: bool = False) -> tuple[Op, ...]:
+    return (
+        Op("save", "step-0", 0),
+        Op("save", "step-1", 1, use_async=use_async),
+        Op("load", None if latest else "step-1", 1),
+        Op("load", "step-0", 0),
+        Op("save", "step-2", 2),
+        Op("load", "step-2", 2),
+    )
+
+
+def as_fault_case(case: Case, prop: str = "P-ATOMIC", *, latest: bool, use_async: bool = False) -> Case:
+    """``case`` as a fault scenario: its tensors and layouts, the standard ops (unless it already has a fault)."""
+    if case.fault is not None:
+        return case
+    return dataclasses.replace(case, property=prop, ops=fault_ops(latest=latest, use_async=use_async))
+
+
+def standard_case(rows: int = 4, sut: str = "reference", *, latest: bool = True, use_async: bool = False) -> Case:
+    """The crash-point case of the benchmark: a 2-rank save of 4 tensors (sharded bf16 weights and fp32 EMA, a
+    replicated bias, replicated RNG bytes); ``rows`` scales the sharded tensors."""
+    mesh = Mesh((2,))
+    shard, rep = Sharded(mesh, (Shard(0),)).to_json(), Sharded(mesh, (Replicate(),)).to_json()
+    tensors = (
+        TensorCase("model/w", "BF16", (rows, rows // 2), 1),
+        TensorCase("model/b", "F32", (rows // 2 + 1,), 2),
+        TensorCase("ema/w", "F32", (rows, rows // 2), 3),
+        TensorCase("rng/state", "U8", (8,), 4),
+    )
+    layout = {"model/w": shard, "model/b": rep, "ema/w": shard, "rng/state": rep}
+    return Case("P-ATOMIC", sut, tensors, layout, layout, fault_ops(latest=latest, use_async=use_async), {}, 0)
+
+
+def fault_op_of(case: Case) -> int:
+    """The case's fault op; without a fault, the save whose result the first load checks (the last save before
+    it, or the last save)."""
+    if case.fault is not None:
+        return int(case.fault["op"])
+    first_load = next((i for i, op in enumerate(case.ops) if op.kind == "load"), len(case.ops))
+    saves = [i for i, op in enumerate(case.ops[:first_load]) if op.kind == "save"] or [
+        i for i, op in enumerate(case.ops) if op.kind == "save"]
+    if not saves:
+        raise ValueError("the case has no save to put a fault in")
+    return saves[-1]
+
+
+def record(case: Case, judge: Judge, *, capture: bool = False) -> tuple[str, Recording, Outcome]:
+    """Run ``case`` with its fault op traced instead of faulted: (root it ran in, the op's syscalls, outcome)."""
+    traced = dataclasses.replace(case, fault={"kind": "record", "op": fault_op_of(case), "capture": capture})
+    _, outcome = judge(traced)
+    if outcome.trace is None or outcome.trace[1] is None:
+        raise RuntimeError(f"the recording run did not reach op {fault_op_of(case)}: {outcome.records[-1:]}")
+    return outcome.trace[0], outcome.trace[1], outcome
+
+
+def kill_faults(root: str, recording: Recording, op: int) -> list[dict]:
+    """Every syscall the op made on a path under ``root``, as a replayable ``kill`` fault (path relative)."""
+    faults = []
+    for point in enumerate_points(recording):
+        rel = _under(root, point.path)
+        if rel is not None:
+            faults.append({"kind": "kill", "op": op, "syscall": point.syscall, "k": point.k, "path": rel})
+    return faults
+
+
+def _under(root: str, path: str | None) -> str | None:
+    if path is None:
+        return None
+    if path == root:
+        return "."
+    return os.path.relpath(path, root) if path.startswith(root + os.sep) else None
+
+
+def resolve_point(case: Case, judge: Judge) -> Case | None:
+    """A ``point`` fault (an index into this case's own crash points) as the concrete ``kill`` it names; None when
+    the op makes no IO under the root at all."""
+    assert case.fault is not None and case.fault["kind"] == "point"
+    root, recording, _ = record(case, judge)
+    faults = kill_faults(root, recording, int(case.fault["op"]))
+    wanted = set(case.fault.get("syscalls") or ())
+    if wanted:
+        faults = [f for f in faults if f["syscall"] in wanted]
+    if not faults:
+        return None
+    return dataclasses.replace(case, fault=faults[case.fault["index"] % len(faults)])
+
+
+@dataclass
+class PointResult:
+    fault: dict
+    judgement: Judgement
+    report: dict
+
+    @property
+    def point(self) -> CrashPoint:
+        f = self.fault
+        return CrashPoint(index=0, syscall=f["syscall"], k=f["k"], path=f["path"])
+
+
+def crashpoints(case: Case, judge: Judge) -> list[PointResult]:
+    """SIGKILL the fault op at every syscall it makes under the root (one fresh run per point) and judge each."""
+    root, recording, _ = record(case, judge)
+    results = []
+    for fault in kill_faults(root, recording, fault_op_of(case)):
+        judgement, outcome = judge(dataclasses.replace(case, fault=fault))
+        results.append(PointResult(fault, judgement, outcome.fault or {}))
+    return results
+
+
+@dataclass
+class StateResult:
+    fault: dict
+    description: str
+    judgement: Judgement
+    confirmed: bool | None = None  # for failures: does a replay in fresh processes reproduce it?
+
+
+def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: Judge | None = None
+                ) -> tuple[list[StateResult], int]:
+    """Record the fault op's IO once, then for every power-loss state of it (faults.crashstates): materialise it in
+    a fresh directory and run the remaining ops there. Returns the results and the number of IO ops modelled.
+
+    Loads of all states share warm ranks that never saw any other state's directory; a failing state is replayed
+    as its own case in fresh processes (``confirm``) before it counts."""
+    from faults.crashstates import enumerate_states, fs_ops, materialize
+
+    f = fault_op_of(case)
+    tmp = Path(tempfile.mkdtemp(prefix="ckh-states-"))
+    try:
+        root = tmp / "ckpt"
+        root.mkdir()
+        outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
+        traced = dataclasses.replace(case, fault={"kind": "record", "op": f, "capture": True, "keep_base": True})
+        run_ops(traced, runners, root, range(f + 1), outcome)
+        if outcome.trace is None or outcome.trace[1] is None or len(outcome.records) <= f:
+            raise RuntimeError(f"the recording run did not reach op {f}")
+        ops = fs_ops(outcome.trace[1], str(root))
+        results = []
+        for n, state in enumerate(enumerate_states(ops, limit=limit)):
+            dest = tmp / f"state-{n}" / "ckpt"
+            materialize(ops, state, dest, base=tmp / "ckpt.before")
+            case_n = dataclasses.replace(case, fault={"kind": "state", "op": f, "state": state.to_json()})
+            run = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(outcome.records[: f + 1]),
+                          fault={"kind": "state", "acknowledged": state.prefix >= len(ops)})
+            run_ops(case_n, runners, dest, range(f + 1, len(case.ops)), run)
+            judgement = judge_history(case_n, run, runners.cls.clear_errors)
+            result = StateResult(case_n.fault, state.describe(), judgement)
+            if not judgement.ok and confirm is not None:
+                result.confirmed = not confirm(case_n)[0].ok
+            results.append(result)
+            shutil.rmtree(dest.parent, ignore_errors=True)
+        return results, len(ops)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
