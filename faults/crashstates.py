@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import FaultSpecError
+from .errors import FaultSpecError, TraceMismatch
 from .fsmodel import OP_KINDS, DataKeys, FsOp, Model
 from .strace import CAPTURE_LIMIT, Recording, Syscall
 
@@ -424,8 +424,9 @@ def fs_ops(recording: Recording | Sequence[Syscall], root: str | os.PathLike[str
 
 
 def ops_shape(ops: Sequence[FsOp]) -> str:
-    """A short digest of the op kinds in order: a state replays only on a trace of the same shape."""
-    return hashlib.sha256(" ".join(op.kind for op in ops).encode()).hexdigest()[:16]
+    """A short digest of the ops' kinds and paths in order: a state replays only on a trace of the same shape (the
+    state's op indices mean the same ops there)."""
+    return hashlib.sha256("\0".join(f"{op.kind} {op.path}" for op in ops).encode()).hexdigest()[:16]
 
 
 # --- crash states ------------------------------------------------------------------------------------------
@@ -543,9 +544,9 @@ class StateList(list):
 
 
 def state_matches(ops: Sequence[FsOp], state: CrashState) -> None:
-    """Raise :class:`FaultSpecError` unless ``state`` was enumerated from a trace of the same shape as ``ops``."""
+    """Raise :class:`TraceMismatch` unless ``state`` was enumerated from a trace of the same shape as ``ops``."""
     if state.n_ops != len(ops) or state.shape != ops_shape(ops):
-        raise FaultSpecError(f"crash state {state.id} is for a trace of {state.n_ops} ops (shape {state.shape}); "
+        raise TraceMismatch(f"crash state {state.id} is for a trace of {state.n_ops} ops (shape {state.shape}); "
                              f"this one has {len(ops)} ops (shape {ops_shape(ops)})")
 
 

@@ -16,8 +16,9 @@ from pathlib import Path
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from faults.errors import TraceMismatch
 from properties.atomic import judge_history
-from properties.case import Case
+from properties.case import Case, CaseError
 from properties.case_strategies import cases
 from properties.judge import judge, judge_diff
 from properties.outcome import Outcome
@@ -25,6 +26,7 @@ from properties.verdicts import Judgement, Verdict
 
 from .run import Runners, run_case
 
+STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
 BATCH = 10  # examples per Hypothesis run; properties take turns between batches
 SHRINK_BUDGET = 60.0  # seconds of shrinking per finding (at least): a failing Paddle case can cost a relaunch
 
@@ -91,7 +93,7 @@ class Judge:
             judgement, outcome = self(concrete)
             outcome.resolved_fault = concrete.fault
             return judgement, outcome
-        outcome = run_case(case, self.runners)
+        outcome = self._run(case)
         if case.fault is not None:
             return judge_history(case, outcome, self.runners.cls.clear_errors), outcome
         if case.property != "P-DIFF":
@@ -100,6 +102,18 @@ class Judge:
             self._reference = Runners("reference", mode="in-process")
         ref = run_case(dataclasses.replace(case, sut="reference"), self._reference)
         return judge_diff(case, outcome, ref), outcome
+
+    def _run(self, case: Case) -> Outcome:
+        """Run the case; a power-loss state needs the save's IO in the order it was enumerated from, and ranks
+        interleave differently from run to run, so such a case is retried a bounded number of times."""
+        for attempt in range(STATE_ATTEMPTS):
+            try:
+                return run_case(case, self.runners)
+            except TraceMismatch as exc:
+                if attempt == STATE_ATTEMPTS - 1:
+                    raise CaseError(f"{exc} (in {STATE_ATTEMPTS} runs the ranks never interleaved their IO as "
+                                    "recorded; the state cannot be replayed on this machine)") from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         self.runners.close()

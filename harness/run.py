@@ -101,10 +101,12 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
                     active.append(runner)
                     outcome.shims = tuple(runner.shims)
                 if faulted:
-                    root = _faulted_op(case, fault, runner, root, rec, runners, outcome)
+                    try:
+                        root = _faulted_op(case, fault, runner, root, rec, runners, outcome)
+                    finally:
+                        active.remove(runner)
+                        runners.discard(runner, graceful=False)  # a restart: the next ops see only what is on disk
                     outcome.records.append(rec)
-                    active.remove(runner)
-                    runners.discard(runner, graceful=False)  # a restart: the next ops see only what is on disk
                     for other in active:  # ranks of another world size: begin again on the (new) root
                         other.end()
                     active.clear()
@@ -113,6 +115,11 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
                 _merge(rec, replies)
                 if op.kind == "save" and rec.ok:
                     rec.written = runners.cls.written(root, op.name) or {}
+                if fault is not None and not rec.ok and isinstance(runner, RankPool):
+                    # After a fault every op is judged on its own: a failed op may leave the group wedged
+                    # (one rank raised, one waits), which must not be charged to the next op.
+                    active.remove(runner)
+                    runners.discard(runner, graceful=False)
             except PoolFailure as failure:
                 _failed(rec, failure)
                 if runner in active:
