@@ -210,6 +210,23 @@ def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None, cwd: st
     return rc, _tail(out), _tail(err), timed_out, time.monotonic() - t0
 
 
+def _threads(pids: Sequence[int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for proc in procs:
+            try:
+                out.update({t.id: pid for t in proc.threads()})
+            except psutil.Error:
+                continue
+            out[proc.pid] = pid
+    return out
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -275,6 +292,9 @@ class Attached:
         self.recording: Recording | None = None
         self.injected_call: Syscall | None = None
         self.killed_pids: list[int] = []
+        #: thread id -> attached pid, for every thread of the attached processes and their descendants at attach
+        #: time (with ``capture_data`` clone/fork calls are traced too, so later children can be placed as well).
+        self.initial_tids: dict[int, int] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
         self._t0 = 0.0
@@ -282,7 +302,9 @@ class Attached:
     def __enter__(self) -> Attached:
         self._tmp = tempfile.TemporaryDirectory(prefix="ckpt-strace-")
         trace, err = os.path.join(self._tmp.name, "trace"), os.path.join(self._tmp.name, "stderr")
-        argv = ["strace", "-f", *_trace_options(self.syscalls, self.capture_data), "-o", trace]
+        syscalls = (*self.syscalls, "clone", "clone3", "fork", "vfork") if self.capture_data else self.syscalls
+        argv = ["strace", "-f", *_trace_options(syscalls, self.capture_data), "-o", trace]
+        self.initial_tids = _threads(self.pids)
         if self.inject is not None:
             syscall, k, action, path = self.inject
             _check_syscall(syscall)

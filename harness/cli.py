@@ -16,6 +16,7 @@ from pathlib import Path
 from properties.case import CaseError, read_case_file
 from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
+from properties.fault_strategies import FAULT_PROPERTIES
 
 from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
 from .pool import PoolFailure
@@ -87,15 +88,17 @@ def main(argv: list[str] | None = None) -> int:
 def _fuzz(args: argparse.Namespace) -> int:
     cls = resolve(args.sut)
     caps = frozenset(getattr(cls, "capabilities", ()))
-    requested = args.properties or list(CASE_PROPERTIES)
+    implemented = list(CASE_PROPERTIES) + (list(FAULT_PROPERTIES) if args.faults else [])
+    requested = args.properties or implemented
     unknown = [p for p in requested if p not in PROPERTIES]
     if unknown:
         raise HarnessError(f"unknown property IDs {unknown}; see `ckpt-harness list`")
-    missing = [p for p in requested if p not in CASE_PROPERTIES]
+    needs_faults = [p for p in requested if p in FAULT_PROPERTIES and not args.faults]
+    if needs_faults:
+        raise HarnessError(f"properties {needs_faults} inject faults: add --faults")
+    missing = [p for p in requested if p not in implemented]
     if missing:
-        raise HarnessError(f"properties {missing} are not implemented yet; implemented: {', '.join(CASE_PROPERTIES)}")
-    if args.faults:
-        raise HarnessError("--faults: the fault layer is not available in this version yet")
+        raise HarnessError(f"properties {missing} are not implemented yet; implemented: {', '.join(implemented)}")
     if args.ranks < 1 or args.time <= 0:
         raise HarnessError("--ranks must be at least 1 and --time positive")
     props = [p for p in requested if applicable(p, caps)]
@@ -103,6 +106,10 @@ def _fuzz(args: argparse.Namespace) -> int:
         args.sut, args.ranks, props, args.time, args.seed if args.seed is not None else default_seed(), mode=args.launch
     )
     campaign.skipped = {p: f"SUT does not claim {REQUIRES[p]!r}" for p in requested if p not in props}
+    if args.faults:
+        from faults import strace
+
+        campaign.ptrace = strace.available()  # without ptrace: psutil triggers instead of crash points
     judge_case = Judge(Runners(args.sut, args.launch, args.op_timeout))
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())

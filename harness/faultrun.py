@@ -9,6 +9,7 @@ and save and load version 2 (the job must recover). ``properties.atomic.judge_hi
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import tempfile
@@ -17,28 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from faults.crashpoints import CrashPoint, enumerate_points
+from faults.interleave import schedule_of
 from faults.strace import Recording
 from properties.atomic import judge_history
-from properties.case import Case, Op, TensorCase
+from properties.case import Case, TensorCase
+from properties.fault_strategies import fault_ops
 from properties.outcome import Outcome
-from properties.verdicts import Judgement
+from properties.verdicts import Judgement, Verdict
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
 from .run import Runners, run_ops
 
 FAULT_OP = 1  # the faulted save in fault_ops
 Judge = Callable[[Case], tuple[Judgement, Outcome]]
-
-
-def fault_ops(*, latest: bool, use_async: bool = False) -> tuple[Op, ...]:
-    return (
-        Op("save", "step-0", 0),
-        Op("save", "step-1", 1, use_async=use_async),
-        Op("load", None if latest else "step-1", 1),
-        Op("load", "step-0", 0),
-        Op("save", "step-2", 2),
-        Op("load", "step-2", 2),
-    )
 
 
 def as_fault_case(case: Case, prop: str = "P-ATOMIC", *, latest: bool, use_async: bool = False) -> Case:
@@ -103,18 +95,25 @@ def _under(root: str, path: str | None) -> str | None:
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else None
 
 
-def resolve_point(case: Case, judge: Judge) -> Case | None:
-    """A ``point`` fault (an index into this case's own crash points) as the concrete ``kill`` it names; None when
-    the op makes no IO under the root at all."""
-    assert case.fault is not None and case.fault["kind"] == "point"
-    root, recording, _ = record(case, judge)
-    faults = kill_faults(root, recording, int(case.fault["op"]))
-    wanted = set(case.fault.get("syscalls") or ())
-    if wanted:
-        faults = [f for f in faults if f["syscall"] in wanted]
-    if not faults:
-        return None
-    return dataclasses.replace(case, fault=faults[case.fault["index"] % len(faults)])
+def resolve(case: Case, judge: Judge, runners: Runners) -> Case | None:
+    """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
+    fault it picks from a recording of this very case (modulo how many there are); None when the op made no IO
+    under the root. Findings carry the concrete fault, so a replay needs no recording."""
+    assert case.fault is not None
+    kind, op, index = case.fault["kind"], int(case.fault["op"]), int(case.fault["index"])
+    if kind == "point":
+        root, recording, _ = record(case, judge)
+        faults = kill_faults(root, recording, op)
+        wanted = set(case.fault.get("syscalls") or ())
+        faults = [f for f in faults if not wanted or f["syscall"] in wanted]
+        action = case.fault.get("action", "kill")
+        if action != "kill":
+            faults = [{**f, "kind": "error", "errno": action} for f in faults]
+        return dataclasses.replace(case, fault=faults[index % len(faults)]) if faults else None
+    if kind == "power":
+        results, _ = crashstates(case, runners, only=index)
+        return dataclasses.replace(case, fault=results[0].fault) if results else None
+    raise ValueError(f"fault kind {kind!r} needs no resolving")
 
 
 @dataclass
@@ -147,10 +146,11 @@ class StateResult:
     confirmed: bool | None = None  # for failures: does a replay in fresh processes reproduce it?
 
 
-def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: Judge | None = None
-                ) -> tuple[list[StateResult], int]:
+def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: Judge | None = None,
+                only: int | None = None) -> tuple[list[StateResult], int]:
     """Record the fault op's IO once, then for every power-loss state of it (faults.crashstates): materialise it in
     a fresh directory and run the remaining ops there. Returns the results and the number of IO ops modelled.
+    ``only``: just state number ``only`` (modulo their count), unjudged — what ``resolve`` needs.
 
     Loads of all states share warm ranks that never saw any other state's directory; a failing state is replayed
     as its own case in fresh processes (``confirm``) before it counts."""
@@ -166,12 +166,22 @@ def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confi
         run_ops(traced, runners, root, range(f + 1), outcome)
         if outcome.trace is None or outcome.trace[1] is None or len(outcome.records) <= f:
             raise RuntimeError(f"the recording run did not reach op {f}")
-        ops = fs_ops(outcome.trace[1], str(root))
-        results = []
-        for n, state in enumerate(enumerate_states(ops, limit=limit)):
+        _, recording, tid_stream = outcome.trace
+        ops = fs_ops(recording, str(root))
+        schedule = schedule_of(ops, recording, tid_stream)
+        results: list[StateResult] = []
+        states = enumerate_states(ops, limit=limit)
+        if only is not None:
+            state = states[only % len(states)] if states else None
+            fault = None if state is None else {"kind": "state", "op": f, "state": json.loads(state.to_json()),
+                                                "schedule": schedule}
+            return ([StateResult(fault, state.describe(), Judgement(case.property, Verdict.PASS))] if fault else []), \
+                len(ops)
+        for n, state in enumerate(states):
             dest = tmp / f"state-{n}" / "ckpt"
             materialize(ops, state, dest, base=tmp / "ckpt.before")
-            case_n = dataclasses.replace(case, fault={"kind": "state", "op": f, "state": state.to_json()})
+            case_n = dataclasses.replace(case, fault={"kind": "state", "op": f, "state": json.loads(state.to_json()),
+                                                      "schedule": schedule})
             run = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(outcome.records[: f + 1]),
                           fault={"kind": "state", "acknowledged": state.prefix >= len(ops)})
             run_ops(case_n, runners, dest, range(f + 1, len(case.ops)), run)

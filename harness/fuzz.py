@@ -20,6 +20,7 @@ from faults.errors import TraceMismatch
 from properties.atomic import judge_history
 from properties.case import Case, CaseError
 from properties.case_strategies import cases
+from properties.fault_strategies import FAULT_PROPERTIES, fault_cases
 from properties.judge import judge, judge_diff
 from properties.outcome import Outcome
 from properties.verdicts import Judgement, Verdict
@@ -74,6 +75,7 @@ class Campaign:
     skipped: dict[str, str] = field(default_factory=dict)
     wall: float = 0.0
     launches: int = 0
+    ptrace: bool = True  # fault cases may attach strace (else they use the psutil fallbacks)
 
 
 class Judge:
@@ -84,10 +86,10 @@ class Judge:
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
-        if case.fault is not None and case.fault.get("kind") == "point":
-            from .faultrun import resolve_point
+        if case.fault is not None and case.fault.get("kind") in ("point", "power"):
+            from .faultrun import resolve
 
-            concrete = resolve_point(case, self)
+            concrete = resolve(case, self, self.runners)
             if concrete is None:
                 return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",)), Outcome(case.sut)
             judgement, outcome = self(concrete)
@@ -166,7 +168,7 @@ def _batch(
         phases=[Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
     )
-    @given(cases(prop, campaign.sut, campaign.ranks, capabilities))
+    @given(_strategy(campaign, prop, capabilities))
     def body(case: Case) -> None:
         now = time.monotonic()
         if now > hard_deadline or (shrink_until and now > shrink_until[0]):
@@ -191,6 +193,12 @@ def _batch(
         if not last_failure:
             raise
     return last_failure[0] if last_failure else None
+
+
+def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):
+    if prop in FAULT_PROPERTIES:
+        return fault_cases(prop, campaign.sut, campaign.ranks, capabilities, ptrace=campaign.ptrace)
+    return cases(prop, campaign.sut, campaign.ranks, capabilities)
 
 
 def _progress(campaign: Campaign, prop: str, start: float) -> None:

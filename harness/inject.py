@@ -14,10 +14,14 @@ Kinds (``op`` is the index of the operation the fault hits; paths are relative t
   when ``file_appears`` (a glob) matches, after ``bytes_written`` bytes, or after ``delay`` seconds.
 * ``stall``: SIGSTOP rank ``rank`` for ``duration`` seconds when one of those triggers fires (a straggler).
 * ``state``: record the operation's IO, then replace the root by the power-loss ``state`` (faults.crashstates)
-  built from that trace before the next operation.
-* ``corrupt``: apply the corruption ``plan`` (faults.corrupt) to the root after the operation.
-* ``point``: crash point number ``index`` of a recording of this very case; resolved into a ``kill`` first
-  (harness.faultrun), so findings always carry the concrete point.
+  built from that trace before the next operation; ``schedule`` (the rank of each IO op as recorded) rearranges
+  this run's IO into the recorded interleaving first (faults.interleave).
+* ``corrupt``: apply the corruption ``plan`` (faults.corrupt) to the root after the operation; or plan one from
+  ``seed``, ``corruption`` (a kind of faults.corrupt) and ``region`` on the files the operation left (the report
+  then carries the concrete plan, which the finding keeps).
+* ``point``: crash point number ``index`` of a recording of this very case, hit with ``action`` (``kill``, or an
+  errno name for an ``error``); ``power``: power-loss state number ``index`` of it. Both are resolved into the
+  concrete ``kill`` / ``error`` / ``state`` first (harness.faultrun.resolve), so findings carry the concrete fault.
 * ``record``: no fault; trace the operation's IO (with the written bytes when ``capture``; a copy of the root as
   it was before the op beside it when ``keep_base``) for enumerating crash points and crash states. The ranks
   still restart after it, like after any fault.
@@ -31,19 +35,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faults.corrupt import KINDS as CORRUPTIONS
 from faults.errors import FaultSpecError
+from faults.interleave import follow, streams
 from faults.strace import ERRNO_NAMES, Attached
 
-KINDS = ("kill", "error", "fsize", "kill-when", "stall", "state", "corrupt", "point", "record")
+KINDS = ("kill", "error", "fsize", "kill-when", "stall", "state", "corrupt", "point", "power", "record")
 _FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, optional) besides kind and op
     "kill": ({"syscall", "k"}, {"path"}),
     "error": ({"syscall", "k", "errno"}, {"path"}),
     "fsize": ({"limit"}, set()),
     "kill-when": (set(), {"rank", "target", "file_appears", "bytes_written", "delay"}),
     "stall": ({"duration"}, {"rank", "file_appears", "bytes_written", "delay"}),
-    "state": ({"state"}, set()),
-    "corrupt": ({"plan"}, set()),
-    "point": ({"index"}, {"syscalls"}),
+    "state": ({"state"}, {"schedule"}),
+    "corrupt": (set(), {"plan", "seed", "corruption", "region"}),
+    "point": ({"index"}, {"syscalls", "action"}),
+    "power": ({"index"}, set()),
     "record": (set(), {"capture", "keep_base"}),
 }
 _TRIGGERS = ("file_appears", "bytes_written", "delay")
@@ -95,8 +102,19 @@ class FaultSpec:
                 _relpath(p["file_appears"])
             if p.get("rank") is not None:
                 _int(p["rank"], "rank", low=0)
-        if self.kind == "point":
-            _int(p["index"], "point index", low=0)
+        if self.kind in ("point", "power"):
+            _int(p["index"], "index", low=0)
+        if self.kind == "point" and p.get("action", "kill") not in ("kill", *ERRNO_NAMES):
+            raise FaultSpecError(f"point action must be kill or one of {ERRNO_NAMES}, got {p['action']!r}")
+        if self.kind == "stall" and (not isinstance(p["duration"], int | float) or not 0 < p["duration"] <= 600):
+            raise FaultSpecError(f"stall duration must be a number of seconds in (0, 600], got {p['duration']!r}")
+        if self.kind == "corrupt":
+            if ("plan" in p) == ("seed" in p or "corruption" in p):
+                raise FaultSpecError("corrupt fault: give either a plan, or a seed and a corruption kind")
+            if "plan" not in p:
+                _int(p.get("seed"), "seed", low=0)
+                if p.get("corruption") not in CORRUPTIONS:
+                    raise FaultSpecError(f"corruption must be one of {CORRUPTIONS}, got {p.get('corruption')!r}")
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "op": self.op, **self.params}
@@ -130,6 +148,8 @@ class ArmedFault:
         self._injector: Any = None
         self._base: Path | None = None
         self.recording = None  # the operation's trace, for kinds that attach strace
+        self.resolved: dict | None = None  # the concrete fault, when the spec named one by seed
+        self.tid_stream: dict[int, int] = {}  # traced thread id -> rank (faults.interleave)
 
     def _targets(self) -> list[int]:
         rank = self.spec.params.get("rank")
@@ -171,8 +191,8 @@ class ArmedFault:
                 from faults.stall import Stall
 
                 self._injector = Stall(self._targets(), duration=p["duration"], **trigger)
-        elif kind == "point":
-            raise FaultSpecError("a crash point must be resolved (harness.faultrun.resolve_point) before it runs")
+        elif kind in ("point", "power"):
+            raise FaultSpecError(f"a {kind} fault must be resolved (harness.faultrun.resolve) before it runs")
         if self._injector is not None:
             self._stack.enter_context(self._injector)
         return self
@@ -186,6 +206,9 @@ class ArmedFault:
         inj = self._injector
         if isinstance(inj, Attached):
             self.recording = inj.recording
+            rank_of = {pid: rank for rank, pid in self.pids.items()}
+            roots = {tid: rank_of[pid] for tid, pid in inj.initial_tids.items() if pid in rank_of}
+            self.tid_stream = streams(inj.recording, roots)
             if self.spec.kind in ("kill", "error"):
                 call = inj.injected_call
                 self.report.update(fired=call is not None,
@@ -197,16 +220,23 @@ class ArmedFault:
         """Apply post-operation faults; returns the root the remaining operations use."""
         p = self.spec.params
         if self.spec.kind == "corrupt":
-            from faults.corrupt import Corruption, apply
+            from faults.corrupt import Corruption, apply, plan
 
-            apply(self.root, Corruption.from_json(p["plan"]))
-            self.report.update(mechanism="file", fired=True)
+            if "plan" in p:
+                corruption = Corruption.from_json(p["plan"])
+            else:
+                corruption = plan(self.root, p["corruption"], p["seed"], p.get("region", "any"))
+                self.resolved = {"kind": "corrupt", "op": self.spec.op, "plan": corruption.to_json()}
+            apply(self.root, corruption)
+            self.report.update(mechanism="file", fired=True, plan=corruption.to_json())
             return self.root
         if self.spec.kind == "state":
             from faults.crashstates import CrashState, fs_ops, materialize
 
             assert isinstance(self._injector, Attached) and self._injector.recording is not None
             ops = fs_ops(self.recording, str(self.root))
+            if p.get("schedule") is not None:
+                ops = follow(ops, self.recording, self.tid_stream, p["schedule"])
             state = CrashState.from_json(p["state"])
             dest = self.root.parent / (self.root.name + ".state")
             materialize(ops, state, dest, base=self._base)

@@ -162,7 +162,9 @@ def _faulted_op(case: Case, fault: FaultSpec, runner, root: Path, rec: OpRecord,
         return armed.after()
     finally:
         outcome.fault = armed.report
-        outcome.trace = (str(root), armed.recording)
+        outcome.trace = (str(root), armed.recording, armed.tid_stream)
+        if armed.resolved is not None:
+            outcome.resolved_fault = armed.resolved
 
 
 def _failed(rec: OpRecord, failure: PoolFailure) -> None:

@@ -35,7 +35,7 @@ class Outcome:
     launch_mode: str = "in-process"
     fault: dict | None = None  # what the case's fault did (kind, mechanism, whether and where it fired)
     resolved_fault: dict | None = None  # a "point" fault as the concrete kill it resolved to
-    trace: tuple[str, Any] | None = None  # (checkpoint root, strace recording of the faulted op) when traced
+    trace: tuple[str, Any, dict] | None = None  # (root, strace recording of the faulted op, tid -> rank)
 
     @property
     def traceback(self) -> str | None:

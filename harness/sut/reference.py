@@ -56,12 +56,12 @@ class ReferenceSut(SutAdapter):
                 self.world,
                 {self.rank: local},
                 commit=self.rank == 0,
-                commit_timeout=COMMIT_TIMEOUT,
+                commit_timeout=float(options.get("commit_timeout", COMMIT_TIMEOUT)),
             )
             return handle, tensors
         save_rank(root, name, save_id, self.rank, self.world, local)
         if self.rank == 0:
-            commit(root, name, save_id, self.world, timeout=COMMIT_TIMEOUT)
+            commit(root, name, save_id, self.world, timeout=float(options.get("commit_timeout", COMMIT_TIMEOUT)))
         return None, tensors
 
     def wait(self, handle) -> None:
