@@ -100,6 +100,10 @@ def committed_checkpoints(root: Path) -> dict[str, int]:
 
 
 def _committed_seq(ckpt_dir: Path) -> int | None:
+    """The commit sequence number, or None when the directory is positively not committed. An I/O error while
+    reading is *not* evidence of that: it propagates, so that no caller (garbage collection above all) takes a
+    committed checkpoint it could not read for debris (found by the fault layer: EIO on this read made the next
+    save's collector delete the previous checkpoint)."""
     try:
         data = json.loads(read_small_file(ckpt_dir / INDEX_NAME))
         proto = PROTOCOLS.get(data.get("commit", "rename"))
@@ -107,7 +111,7 @@ def _committed_seq(ckpt_dir: Path) -> int | None:
             return None
         seq = data["seq"]
         return seq if isinstance(seq, int) and seq >= 0 else None
-    except (OSError, ValueError, TypeError, KeyError, AttributeError, CheckpointError):
+    except (FileNotFoundError, NotADirectoryError, ValueError, TypeError, KeyError, AttributeError, CheckpointError):
         return None
 
 

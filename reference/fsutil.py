@@ -13,6 +13,9 @@ from .errors import CorruptCheckpoint, UnsafePath
 SMALL_FILE_LIMIT = 256 * 1024 * 1024  # index and manifests; anything larger is hostile
 
 
+_IO_ERRORS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR})
+
+
 def open_regular(path: Path) -> tuple[int, int]:
     """Open ``path`` read-only as a regular file; returns (fd, size). Raises UnsafePath for links and non-files,
     FileNotFoundError when absent."""
@@ -23,6 +26,8 @@ def open_regular(path: Path) -> tuple[int, int]:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePath("is a symbolic link", path) from None
+        if exc.errno in _IO_ERRORS:  # the disk or the process, not the path: never evidence about the checkpoint
+            raise
         raise UnsafePath(f"cannot open safely ({exc.strerror})", path) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
