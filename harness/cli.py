@@ -13,12 +13,14 @@ import sys
 import threading
 from pathlib import Path
 
+from faults.errors import FaultSpecError
 from properties.case import CaseError, read_case_file
 from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
 from properties.fault_strategies import FAULT_PROPERTIES
 
 from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
+from .inject import FaultSpec
 from .pool import PoolFailure
 from .run import MODES, Runners
 from .sut import REGISTRY, UnknownSut, resolve
@@ -123,8 +125,19 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1 if rows else 0
 
 
+def _read_case(path: Path):
+    """A case file, its fault checked too (a bad fault is bad input, named in one line)."""
+    case, finding = read_case_file(path)
+    if case.fault is not None:
+        try:
+            FaultSpec.parse(case.fault, len(case.ops))
+        except FaultSpecError as exc:
+            raise HarnessError(f"{path}: bad fault: {exc}") from None
+    return case, finding
+
+
 def _replay(args: argparse.Namespace) -> int:
-    case, _ = read_case_file(args.case)
+    case, _ = _read_case(args.case)
     judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
     try:
         judgement, outcome = judge_case(case)
@@ -144,7 +157,7 @@ def _crashpoints(args: argparse.Namespace) -> int:
 
     from .faultrun import as_fault_case, crashpoints, crashstates
 
-    case, _ = read_case_file(args.case)
+    case, _ = _read_case(args.case)
     cls = resolve(case.sut)
     if not strace.available():
         raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace); "

@@ -97,13 +97,26 @@ class Judge:
             return judgement, outcome
         outcome = self._run(case)
         if case.fault is not None:
-            return judge_history(case, outcome, self.runners.cls.clear_errors), outcome
+            judgement = judge_history(case, outcome, self.runners.cls.clear_errors)
+            return (judgement if judgement.ok else self._attributed(case, judgement)), outcome
         if case.property != "P-DIFF":
             return judge(case, outcome), outcome
         if self._reference is None:
             self._reference = Runners("reference", mode="in-process")
         ref = run_case(dataclasses.replace(case, sut="reference"), self._reference)
         return judge_diff(case, outcome, ref), outcome
+
+    def _attributed(self, case: Case, judgement: Judgement) -> Judgement:
+        """A fault case's failure counts only if the fault caused it: the same ops without the fault must pass.
+        Otherwise the SUT fails the case anyway (a fault-free property finds that bug) and it is not reported
+        here, so fault campaigns are not swamped by, and do not shrink towards, bugs that need no fault."""
+        control = dataclasses.replace(case, fault=None)
+        plain = judge(control, run_case(control, self.runners))
+        if plain.ok:
+            return judgement
+        return Judgement(case.property, Verdict.PASS,
+                         (f"not attributed to the fault: the case fails without it too ({plain.verdict.value}: "
+                          f"{'; '.join(plain.details)[:300]})",))
 
     def _run(self, case: Case) -> Outcome:
         """Run the case; a power-loss state needs the save's IO in the order it was enumerated from, and ranks

@@ -6,39 +6,16 @@ one it did not acknowledge may load back complete or fail clearly; nothing may e
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 
 from reference.engine import local_tensors
-from reference.tensor import Tensor, diff_states
+from reference.tensor import diff_states
 
 from .case import Case
 from .outcome import OpRecord, Outcome
 from .verdicts import Judgement, Verdict, worst
 
-Loaded = Mapping[str, Tensor] | BaseException
-
 KILLS = ("kill", "kill-when", "point")  # faults whose whole point is that a process dies
-
-
-def judge_after_crash(acknowledged: Mapping[str, Tensor], attempted: Mapping[str, Tensor], latest: Loaded,
-                      previous: Loaded, clear_errors: tuple[type[BaseException], ...]) -> Judgement:
-    """After a crash during the save of ``attempted``: loading the latest gives the acknowledged state, the
-    attempted one complete, or a clear error (P-ATOMIC); the acknowledged checkpoint is still there, bitwise
-    (P-NOLOSS)."""
-    if isinstance(previous, BaseException):
-        return Judgement("P-NOLOSS", Verdict.DATA_LOSS,
-                         (f"the acknowledged checkpoint no longer loads: {type(previous).__name__}: {previous}",))
-    lost = diff_states(dict(acknowledged), dict(previous))
-    if lost:
-        return Judgement("P-NOLOSS", Verdict.DATA_LOSS, tuple(f"acknowledged checkpoint changed: {d}" for d in lost))
-    if isinstance(latest, BaseException):
-        if isinstance(latest, clear_errors):
-            return Judgement("P-ATOMIC", Verdict.PASS)
-        return Judgement("P-ATOMIC", Verdict.LOUD_FAILURE, (f"unclear error: {type(latest).__name__}: {latest}",))
-    if not diff_states(dict(acknowledged), dict(latest)) or not diff_states(dict(attempted), dict(latest)):
-        return Judgement("P-ATOMIC", Verdict.PASS)
-    mixed = diff_states(dict(attempted), dict(latest))
-    return Judgement("P-ATOMIC", Verdict.SILENT_CORRUPTION, ("latest is neither checkpoint:", *mixed))
 
 
 def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | None = None) -> Judgement:
@@ -90,13 +67,14 @@ def _judge_load(case: Case, name: str | None, rec: OpRecord, where: str, acked: 
         verdict = Verdict.HANG if rec.failure == "hang" else Verdict.CRASH
         return Judgement("P-LIVENESS", verdict, (f"{where}: {rec.error}",))
     corrupted = kind == "corrupt" and ack is not None and ack[1] <= fault_op
-    lost_prop = "P-NOLOSS" if ack is not None and ack[1] < fault_op and kind != "corrupt" else case.property
+    previous = name is not None and ack is not None and ack[1] < fault_op  # named, acknowledged before the fault
+    lost_prop = "P-NOLOSS" if previous and kind != "corrupt" else case.property
     if kind == "corrupt":
         lost_prop = "P-CORRUPT"
     if not rec.ok:
         clear = clear_errors is None or rec.error_type in clear_errors
         error = f"{where}: {rec.error_type}: {rec.error}"
-        if ack is not None and not corrupted:
+        if ack is not None and not corrupted and name is not None:  # "latest" may always fail clearly
             if ack[1] > fault_op:
                 return Judgement(case.property, Verdict.LOUD_FAILURE, (f"the save after the fault does not load: "
                                                                        f"{error}",))
@@ -117,7 +95,7 @@ def _judge_load(case: Case, name: str | None, rec: OpRecord, where: str, acked: 
     if ack is not None and not corrupted and _older(case, rec, acked, ack):
         return Judgement(lost_prop, Verdict.DATA_LOSS, (f"{where}: an older checkpoint came back instead of "
                                                        f"acknowledged version {ack[0]}",))
-    return Judgement(lost_prop if corrupted else case.property, Verdict.SILENT_CORRUPTION,
+    return Judgement(lost_prop, Verdict.SILENT_CORRUPTION,
                      (f"{where}: loaded state is none of versions {allowed} (diff against version {closest}):",
                       *_mismatch(case, closest, rec)[:8]))
 

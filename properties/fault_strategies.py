@@ -21,11 +21,12 @@ CORRUPTIONS = ("bitflip", "truncate", "append", "delete", "stale_marker", "zero_
 
 def fault_ops(*, latest: bool, use_async: bool = False) -> tuple[Op, ...]:
     """Save version 0 (acknowledged); save version 1 (the fault hits it); then, after a restart, load the latest
-    (or version 1's name where the SUT has no "latest"), load version 0 by name, save and load version 2."""
+    (where the SUT has one), version 1 and version 0 by name, save and load version 2."""
     return (
         Op("save", "step-0", 0),
         Op("save", "step-1", 1, use_async=use_async),
-        Op("load", None if latest else "step-1", 1),
+        *((Op("load", None, 1),) if latest else ()),
+        Op("load", "step-1", 1),
         Op("load", "step-0", 0),
         Op("save", "step-2", 2),
         Op("load", "step-2", 2),
@@ -79,7 +80,10 @@ def fault_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[st
     use_async = "async" in caps.caps and draw(st.booleans())
     fault = draw(faults(prop, ranks, use_async, ptrace))
     opts = draw(options(caps))
+    if "same_dir" in caps.caps and draw(st.booleans()):
+        opts["same_dir"] = True  # versions of one directory: the SUT's own notion of "latest"
+    latest = caps.latest and (opts.get("same_dir", False) or "same_dir" not in caps.caps)
     if prop == "P-LIVENESS":
         opts["commit_timeout"] = 10  # the reference's file rendezvous: a dead peer turns into an error in 10 s
-    return Case(prop, sut, tensors, layout, layout, fault_ops(latest=caps.latest, use_async=use_async), opts,
+    return Case(prop, sut, tensors, layout, layout, fault_ops(latest=latest, use_async=use_async), opts,
                 draw(st.integers(0, 2**16)), fault=fault)
