@@ -1,8 +1,10 @@
-"""Exhaustive crash points of a 2-rank, 4-tensor reference save: how many, and how long (target ≤ 60 s).
+"""Exhaustive crash points and power-loss crash states of a 2-rank, 4-tensor reference save.
 
-Prints ``crash_points: N``, ``wall_s: T`` and ``points_per_s: R`` for a sync save and, with ``--async``, for an
-async save whose writer process is the one killed. Every point is judged (P-ATOMIC, P-NOLOSS, recovery), so the
-figure is the cost of the real check, not of the kills alone.
+Prints ``crash_points``, ``wall_s`` and ``points_per_s`` (target: all points in ≤ 60 s on 2 cores), then
+``crash_states``, ``states_wall_s`` and ``states_per_s``. Every point and every state is judged (P-ATOMIC, P-NOLOSS,
+and the recovery save that follows), so the figures are the cost of the real check, not of the kills alone.
+``--async`` crashes an async save instead (its writer process is what gets killed); ``--launch pool`` runs the
+unfaulted ops on warm launched ranks instead of in-process ranks (the faulted op always runs on launched ranks).
 """
 
 from __future__ import annotations
@@ -15,25 +17,40 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from faults import strace
-from harness.crash import crashpoints, standard_case
+from harness.faultrun import crashpoints, crashstates, standard_case
+from harness.fuzz import Judge
+from harness.run import Runners
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--async", dest="use_async", action="store_true")
+    parser.add_argument("--launch", choices=("in-process", "pool"), default="in-process")
     args = parser.parse_args(argv)
     if not strace.available():
         print("# strace is missing or ptrace is not permitted: nothing to measure")
         return 2
-    start = time.perf_counter()
-    results = crashpoints(standard_case(64), use_async=args.use_async)
-    wall = time.perf_counter() - start
-    failing = sum(1 for r in results if not r.judgement.ok or not r.recovered)
-    print(f"crash_points: {len(results)}")
+    case = standard_case(64, use_async=args.use_async)
+    judge = Judge(Runners("reference", args.launch))
+    try:
+        start = time.perf_counter()
+        points = crashpoints(case, judge)
+        wall = time.perf_counter() - start
+        start = time.perf_counter()
+        states, n_ops = crashstates(case, judge.runners)
+        states_wall = time.perf_counter() - start
+    finally:
+        judge.close()
+    failing = sum(1 for r in points if not r.judgement.ok) + sum(1 for r in states if not r.judgement.ok)
+    print(f"crash_points: {len(points)}")
     print(f"wall_s: {wall:.1f}")
-    print(f"points_per_s: {len(results) / wall:.2f}")
-    print(f"# {'async' if args.use_async else 'sync'} save, 2 ranks, 4 tensors; {failing} failing points; "
-          "includes recording, one replay per point, two loads and a recovery save per point")
+    print(f"points_per_s: {len(points) / wall:.2f}")
+    print(f"crash_states: {len(states)}")
+    print(f"states_wall_s: {states_wall:.1f}")
+    print(f"states_per_s: {len(states) / states_wall:.2f}")
+    print(f"# {'async' if args.use_async else 'sync'} save, 2 ranks, 4 tensors, {n_ops} IO ops, launch {args.launch}; "
+          f"{failing} failing; each point: a fresh faulted run + restart + loads + recovery save; each state: "
+          "materialised in a fresh directory + loads + recovery save")
     return 0
 
 

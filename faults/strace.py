@@ -227,6 +227,17 @@ def _threads(pids: Sequence[int]) -> dict[int, int]:
     return out
 
 
+def _processes(pids: Sequence[int]) -> list[int]:
+    """``pids`` and every process below them."""
+    out = set(pids)
+    for pid in pids:
+        try:
+            out.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            continue
+    return sorted(out)
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -311,7 +322,8 @@ class Attached:
             if k < 1:
                 raise ValueError(f"k must be >= 1, got {k}")
             argv += [*(["-P", path] if path is not None else []), "-e", f"inject={syscall}:{action}:when={k}"]
-        for pid in self.pids:
+        tree = _processes(self.pids)
+        for pid in tree:  # -f follows only children born after the attach: attach to existing ones (writers) too
             argv += ["-p", str(pid)]
         self._t0 = time.monotonic()
         with open(err, "wb") as fe:
@@ -320,7 +332,7 @@ class Attached:
         deadline = time.monotonic() + self.attach_timeout
         while True:  # strace reports "Process N attached" once each tracee is stopped and traced
             attached = {int(m) for m in re.findall(r"Process (\d+) attached", _read(err))}
-            if set(self.pids) <= attached:
+            if set(tree) <= attached | {p for p in tree if not _running(p)}:
                 return self
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self._stop()

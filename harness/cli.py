@@ -213,17 +213,20 @@ def _list(args: argparse.Namespace) -> int:
         print(f"  {name:<12} {state}  {caps}")
     print("Properties:")
     for pid, text in PROPERTIES.items():
-        mark = "*" if pid in CASE_PROPERTIES else " "
+        mark = "*" if pid in CASE_PROPERTIES or pid in FAULT_PROPERTIES else " "
         print(f"  {mark} {pid:<18} {text}")
-    print("  (* = implemented in this version)")
+    print("  (* = implemented in this version; P-ATOMIC, P-NOLOSS, P-CORRUPT, P-LIVENESS run with --faults)")
     from faults import strace
 
-    print("Faults (injector library; `fuzz --faults` is not wired up yet):")
+    ptrace = strace.available()
+    print("Faults (`fuzz --faults`, `crashpoints`; kinds in a case's \"fault\", see docs/faults.md):")
+    state = "available" if ptrace else "unavailable here: no strace or no ptrace"
+    print(f"  kill, error   SIGKILL / ENOSPC / EIO / EDQUOT at the k-th syscall on a path, strace attached ({state})")
+    print(f"  state         power-loss crash states of a save's recorded IO ({state})")
+    print("  kill-when     psutil fallback: kill a rank (or its writer) when a file appears / after N bytes / a delay")
+    print("  stall         SIGSTOP a rank for a while (a straggler)")
+    print("  fsize         RLIMIT_FSIZE on the ranks (writes past it fail with EFBIG)")
     print("  corrupt       bit flip, truncate, append garbage, delete, stale marker, zero range (seeded, replayable)")
-    print(
-        f"  crashpoints   SIGKILL / ENOSPC / EIO at the k-th syscall via strace "
-        f"({'available' if strace.available() else 'unavailable: no strace or no ptrace'})"
-    )
     return 0
 
 
