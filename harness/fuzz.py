@@ -99,6 +99,8 @@ class Judge:
         if case.fault is not None:
             judgement = judge_history(case, outcome, self.runners.cls.clear_errors)
             return (judgement if judgement.ok else self._attributed(case, judgement)), outcome
+        if case.sequence or case.property == "P-ATOMIC":  # a job's life: saves, waits, kills, restarts, ...
+            return judge_history(case, outcome, self.runners.cls.clear_errors), outcome
         if case.property != "P-DIFF":
             return judge(case, outcome), outcome
         if self._reference is None:
@@ -111,7 +113,9 @@ class Judge:
         Otherwise the SUT fails the case anyway (a fault-free property finds that bug) and it is not reported
         here, so fault campaigns are not swamped by, and do not shrink towards, bugs that need no fault."""
         control = dataclasses.replace(case, fault=None)
-        plain = judge(control, run_case(control, self.runners))
+        control_outcome = run_case(control, self.runners)
+        plain = (judge_history(control, control_outcome, self.runners.cls.clear_errors) if control.sequence
+                 else judge(control, control_outcome))
         if plain.ok:
             return judgement
         return Judgement(case.property, Verdict.PASS,

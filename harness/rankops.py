@@ -6,9 +6,11 @@ behaves the same under every launch mode.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,14 +27,29 @@ class RankExecutor:
         self.adapter, self.rank, self.world_size = adapter, rank, world_size
         self.case: Case | None = None
         self.root: Path | None = None
+        self.pending: list[Any] = []  # handles of detached async saves not yet settled by wait or kill
 
     def begin(self, case_json: dict, root: str) -> None:
         self.case = Case.from_json(case_json)
         self.root = Path(root)
 
     def end(self) -> None:
+        self.drop_pending()
         self.adapter.end_case()
         self.case = self.root = None
+
+    def drop_pending(self) -> None:
+        """What a crash of the job does to detached saves still in flight: their writers die (where the SUT can
+        kill them; otherwise they are waited for, their errors ignored)."""
+        pending, self.pending = self.pending, []
+        if not pending:
+            return
+        try:
+            self.adapter.kill_pending(pending)
+        except NotImplementedError:
+            for handle in pending:
+                with contextlib.suppress(Exception):
+                    self.adapter.wait(handle)
 
     def rank_tensors(self, which: str, version: int, zeros: bool) -> dict[str, RankTensor]:
         assert self.case is not None
@@ -60,17 +77,41 @@ class RankExecutor:
                 if op.use_async:
                     if op.mutate_after:
                         self.adapter.mutate(handle)
-                    self.adapter.wait(handle)
-            else:
+                    if op.detach:
+                        self.pending.append(handle)
+                    else:
+                        self.adapter.wait(handle)
+            elif op.kind == "load":
                 targets = self.rank_tensors("load", op.version, zeros=True)
                 got = self.adapter.load(self.root, op.name, targets, options=self.case.options)
                 record["loaded"] = {name: _pack(t) for name, t in got.items()}
+            elif op.kind == "wait":
+                self._wait_pending()
+            elif op.kind == "kill":
+                self.adapter.kill_pending(list(self.pending))
+                self.pending.clear()
+            elif op.kind == "rotate":
+                self.adapter.rotate(self.root, op.keep)
+            else:
+                raise ValueError(f"op {index} ({op.kind}) is done by the harness, not on a rank")
         except Exception as exc:  # an outcome to judge, not a harness failure
             record.update(
                 ok=False, error_type=type(exc).__name__, error=_one_line(exc), traceback=traceback.format_exc(limit=8)
             )
         record["seconds"] = time.perf_counter() - start
         return record
+
+    def _wait_pending(self) -> None:
+        """Wait for every detached save, oldest first; all are settled, and the first error is raised."""
+        pending, self.pending = self.pending, []
+        error: Exception | None = None
+        for handle in pending:
+            try:
+                self.adapter.wait(handle)
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise error
 
 
 def _pack(t: Tensor) -> tuple[str, tuple[int, ...], bytes]:

@@ -3,13 +3,15 @@ in lock-step across ranks, and assemble the Outcome the checkers judge."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from properties.case import Case
+from faults.errors import FaultSpecError
+from properties.case import HARNESS_KINDS, Case, Op
 from properties.outcome import OpRecord, Outcome
 
 from .inject import ArmedFault, FaultSpec
@@ -69,6 +71,7 @@ def run_case(case: Case, runners: Runners) -> Outcome:
 
     A case with a fault arms it around its op on launched ranks (harness.inject); afterwards those ranks are
     discarded — the job "restarts" — and the remaining ops run in fresh processes on whatever the fault left.
+    A ``restart`` op does the same on purpose; a ``corrupt`` op damages the root between two ops.
     """
     outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
     tmp = Path(tempfile.mkdtemp(prefix="ckh-case-"))
@@ -93,7 +96,12 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
         for i in indices:
             op = case.ops[i]
             faulted = fault is not None and fault.op == i
-            runner = runners.get(worlds["save" if op.kind == "save" else "load"], case.options, launched=faulted)
+            if op.kind in HARNESS_KINDS:
+                if faulted:
+                    raise FaultSpecError(f"fault op {i} is a {op.kind}: a fault needs an op that runs on the ranks")
+                outcome.records.append(_harness_op(op, i, root, runners, active))
+                continue
+            runner = runners.get(worlds["load" if op.kind == "load" else "save"], case.options, launched=faulted)
             rec = OpRecord(i, op.kind, op.name)
             try:
                 if runner not in active:
@@ -145,6 +153,30 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
             except PoolFailure:
                 runners.discard(runner)
     return root
+
+
+def _harness_op(op: Op, index: int, root: Path, runners: Runners, active: list) -> OpRecord:
+    """``restart``: the job dies (its ranks are killed, in-process ranks lose their in-flight async saves) and the
+    next op runs in fresh processes. ``corrupt``: a seeded faults.corrupt plan drawn on the root's files now,
+    applied; the record keeps the concrete plan (or why there was nothing to corrupt)."""
+    rec = OpRecord(index, op.kind, op.name)
+    if op.kind == "restart":
+        for runner in active:
+            if isinstance(runner, InProcessRunner):  # its ranks live in this process: kill their async writers
+                with contextlib.suppress(Exception):
+                    runner.end()
+            runners.discard(runner, graceful=False)
+        active.clear()
+        return rec
+    from faults.corrupt import apply, plan
+
+    try:
+        corruption = plan(root, op.corruption, op.seed)
+        apply(root, corruption)
+        rec.applied = corruption.to_json()
+    except (FaultSpecError, OSError) as exc:  # e.g. nothing eligible yet: the root stays as it was
+        rec.applied = {"skipped": f"{type(exc).__name__}: {exc}"}
+    return rec
 
 
 def _faulted_op(case: Case, fault: FaultSpec, runner, root: Path, rec: OpRecord, runners: Runners,

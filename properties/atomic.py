@@ -1,12 +1,23 @@
-"""P-ATOMIC, P-NOLOSS, P-CORRUPT and P-LIVENESS over what loads returned after a fault (pure: the harness loads).
+"""P-ATOMIC, P-NOLOSS, P-CORRUPT and P-LIVENESS over a recorded history (pure: the harness loads).
 
-One rule, from the user's side: a checkpoint the system acknowledged (its save returned) must load back bitwise;
-one it did not acknowledge may load back complete or fail clearly; nothing may ever load as a mix.
+One rule, from the user's side: a checkpoint the system acknowledged must load back bitwise; one it did not
+acknowledge may load back complete or fail clearly; nothing may ever load as a mix.
+
+The history is a fault case (one fault armed around one op) or a sequence (properties.case: detached saves,
+``wait``, ``kill``, ``restart``, ``rotate``, ``corrupt``), or both. A save is acknowledged when it returned (sync,
+or async and waited for), a detached async save when a later ``wait`` returned; until then it is pending, and a
+``kill``, a ``restart`` or a failed ``wait`` leaves it unacknowledged (it may have committed, or not). A load gives
+the newest acknowledged save (the one issued last) or any save whose fate was still open when that one was issued
+(a newer attempt, or a concurrent pending save); an older acknowledged one is data loss. Where it may fail clearly:
+nothing acknowledged yet; "latest" in a fault case or behind an unacknowledged newer attempt (the newest checkpoint
+is incomplete); a checkpoint saved before a ``corrupt`` (which must still never load wrong data); a name that a
+``rotate`` may have deleted, i.e. ``keep`` other saves may be newer — never the newest acknowledged one itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass, field
 
 from reference.engine import local_tensors
 from reference.tensor import diff_states
@@ -18,90 +29,152 @@ from .verdicts import Judgement, Verdict, worst
 KILLS = ("kill", "kill-when", "point")  # faults whose whole point is that a process dies
 
 
+@dataclass(eq=False)
+class _Save:
+    name: str | None
+    version: int
+    index: int  # the save op
+    settled: int | None  # the op that decided its fate (the save itself unless detached); None while pending
+    acked: bool = False
+
+
+@dataclass
+class _History:
+    case: Case
+    fault_op: int | None  # the fault case's faulted op (None: no fault)
+    kind: str | None  # the fault's kind
+    saves: list[_Save] = field(default_factory=list)
+    corrupted: list[int] = field(default_factory=list)  # a corruption hit every save with index <= each of these
+    rotations: list[tuple[int, int]] = field(default_factory=list)  # (op index, keep)
+    crashes: list[int] = field(default_factory=list)  # kill and restart op indices
+
+    def pending(self) -> list[_Save]:
+        return [s for s in self.saves if s.settled is None]
+
+    def rotated_away(self, ack: _Save) -> bool:
+        """A rotation after ``ack`` was issued saw at least ``keep`` saves that may be newer than it."""
+        return any(ack.index < at and sum(1 for s in self.saves if s is not ack and s.index < at and _open(s, ack))
+                   >= keep for at, keep in self.rotations)
+
+    def lost_property(self, name: str | None, ack: _Save | None, corrupted: bool) -> str:
+        if self.kind == "corrupt" or corrupted:
+            return "P-CORRUPT"
+        if ack is not None and self.fault_op is not None and name is not None and ack.index < self.fault_op:
+            return "P-NOLOSS"  # named, acknowledged before the fault
+        if ack is not None and any(at > (ack.settled or 0) for at in [*self.crashes, *(r for r, _ in self.rotations)]):
+            return "P-NOLOSS"  # acknowledged, then a crash or a rotation
+        return self.case.property
+
+
+def _open(save: _Save, ack: _Save) -> bool:
+    """``save`` was still undecided when ``ack`` was issued, so it may have committed after it."""
+    return save.settled is None or save.settled > ack.index
+
+
 def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | None = None) -> Judgement:
-    """Judge a fault case's ops in order. ``clear_errors`` names the exception types that count as a clear
-    "incomplete/corrupt checkpoint" error (None: any exception the SUT raises counts, for SUTs without typed
-    errors); anything else a load raises about an unacknowledged or corrupted checkpoint is a loud failure."""
-    assert case.fault is not None
-    fault_op, kind = case.fault["op"], case.fault["kind"]
+    """Judge a fault case's or a sequence's ops in order. ``clear_errors`` names the exception types that count
+    as a clear "incomplete/corrupt checkpoint" error (None: any exception the SUT raises counts, for SUTs without
+    typed errors); anything else a load raises about an unacknowledged or corrupted checkpoint is a loud failure."""
+    fault_op = case.fault["op"] if case.fault is not None else None
+    h = _History(case, fault_op, case.fault["kind"] if case.fault is not None else None)
     fault_report = outcome.fault or {}
-    acked: dict[str | None, tuple[int, int]] = {}  # name -> (version, op index of the acknowledging save)
-    attempts: list[tuple[str | None, int, int]] = []  # unacknowledged saves: (name, version, op index)
-    results: list[Judgement] = []
+    results: list[Judgement | None] = []
     for op, rec in zip(case.ops, outcome.records):
         where = f"op {rec.index} ({rec.kind} {rec.name or 'latest'})"
+        faulted = rec.index == fault_op
         if op.kind == "save":
-            acknowledged = rec.ok and (rec.index != fault_op or fault_report.get("acknowledged", True))
-            if acknowledged:
-                acked[op.name] = acked[None] = (op.version, rec.index)
+            if op.detach and rec.ok:
+                h.saves.append(_Save(op.name, op.version, rec.index, None))
             else:
-                attempts.append((op.name, op.version, rec.index))
-                results.append(_failed_save(case, rec, where, rec.index == fault_op, kind))
-            continue
-        results.append(_judge_load(case, op.name, rec, where, acked, attempts, fault_op, kind, clear_errors))
+                acknowledged = rec.ok and (not faulted or fault_report.get("acknowledged", True))
+                h.saves.append(_Save(op.name, op.version, rec.index, rec.index, acknowledged))
+                if not acknowledged:
+                    results.append(_failed_op(h, rec, where, faulted, clear_errors))
+        elif op.kind in ("wait", "kill", "restart"):
+            for save in h.pending():
+                save.settled, save.acked = rec.index, op.kind == "wait" and rec.ok
+            if op.kind != "wait":
+                h.crashes.append(rec.index)
+            results.append(_failed_op(h, rec, where, faulted, clear_errors))
+        elif op.kind == "rotate":
+            h.rotations.append((rec.index, op.keep))
+            results.append(_failed_op(h, rec, where, faulted, clear_errors))
+        elif op.kind == "corrupt":
+            h.corrupted.append(rec.index - 1)  # every save issued before it may be damaged
+        else:
+            results.append(_judge_load(h, op.name, rec, where, clear_errors))
+        if faulted and h.kind == "corrupt":
+            h.corrupted.append(rec.index)  # the fault corrupts the root after its op
     if len(outcome.records) < len(case.ops):
         results.append(Judgement(case.property, Verdict.CRASH,
                                  (f"only {len(outcome.records)} of {len(case.ops)} ops ran",)))
     return worst([r for r in results if r is not None]) or Judgement(case.property, Verdict.PASS)
 
 
-def _failed_save(case: Case, rec: OpRecord, where: str, faulted: bool, kind: str) -> Judgement | None:
+def _failed_op(h: _History, rec: OpRecord, where: str, faulted: bool,
+               clear_errors: Collection[str] | None) -> Judgement | None:
+    """A save, wait, kill or rotate that did not succeed."""
     if rec.ok:
         return None
     error = f"{where}: {rec.error_type}: {rec.error}"
     if rec.failure == "hang":
         return Judgement("P-LIVENESS", Verdict.HANG, (error,))
-    if not faulted:
-        return Judgement(case.property, Verdict.CRASH if rec.failure else Verdict.LOUD_FAILURE,
-                         (f"after the fault: {error}",))
-    if rec.failure == "crash" and kind not in KILLS:
-        return Judgement("P-LIVENESS", Verdict.CRASH, (f"a {kind} fault killed a rank instead of an error: {error}",))
-    return None  # the fault made the save fail: that is allowed, what later loads see is judged
+    if h.kind is not None:  # a fault case
+        if not faulted:
+            return Judgement(h.case.property, Verdict.CRASH if rec.failure else Verdict.LOUD_FAILURE,
+                             (f"after the fault: {error}",))
+        if rec.failure == "crash" and h.kind not in KILLS:
+            return Judgement("P-LIVENESS", Verdict.CRASH,
+                             (f"a {h.kind} fault killed a rank instead of an error: {error}",))
+        return None  # the fault made the save fail: that is allowed, what later loads see is judged
+    if rec.failure:
+        return Judgement(h.case.property, Verdict.CRASH, (error,))
+    if h.corrupted and (clear_errors is None or rec.error_type in clear_errors):
+        return None  # refusing to go on, clearly, over a damaged root is allowed
+    return Judgement(h.case.property, Verdict.LOUD_FAILURE, (error,))
 
 
-def _judge_load(case: Case, name: str | None, rec: OpRecord, where: str, acked: dict, attempts: list,
-                fault_op: int, kind: str, clear_errors: Collection[str] | None) -> Judgement | None:
-    ack = acked.get(name)
-    newer = [v for (n, v, i) in attempts if (name is None or n == name) and (ack is None or i > ack[1])]
+def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
+                clear_errors: Collection[str] | None) -> Judgement | None:
+    case = h.case
     if not rec.ok and rec.failure:
         verdict = Verdict.HANG if rec.failure == "hang" else Verdict.CRASH
         return Judgement("P-LIVENESS", verdict, (f"{where}: {rec.error}",))
-    corrupted = kind == "corrupt" and ack is not None and ack[1] <= fault_op
-    previous = name is not None and ack is not None and ack[1] < fault_op  # named, acknowledged before the fault
-    lost_prop = "P-NOLOSS" if previous and kind != "corrupt" else case.property
-    if kind == "corrupt":
-        lost_prop = "P-CORRUPT"
+    candidates = [s for s in h.saves if name is None or s.name == name]
+    ack = max((s for s in candidates if s.acked), key=lambda s: s.index, default=None)
+    undecided = [s for s in candidates if s is not ack and (ack is None or _open(s, ack))]
+    allowed = ([ack] if ack is not None else []) + undecided
+    corrupted = ack is not None and any(ack.index <= at for at in h.corrupted)
+    lost_prop = h.lost_property(name, ack, corrupted)
     if not rec.ok:
         clear = clear_errors is None or rec.error_type in clear_errors
         error = f"{where}: {rec.error_type}: {rec.error}"
-        if ack is not None and not corrupted and name is not None:  # "latest" may always fail clearly
-            if ack[1] > fault_op:
+        incomplete_latest = name is None and (h.kind is not None or any(not s.acked for s in undecided))
+        if ack is not None and not (corrupted or incomplete_latest or (name is not None and h.rotated_away(ack))):
+            if h.fault_op is not None and ack.index > h.fault_op:
                 return Judgement(case.property, Verdict.LOUD_FAILURE, (f"the save after the fault does not load: "
                                                                        f"{error}",))
-            return Judgement(lost_prop, Verdict.DATA_LOSS, (f"acknowledged version {ack[0]} (op {ack[1]}) no longer "
-                                                           f"loads: {error}",))
+            return Judgement(lost_prop, Verdict.DATA_LOSS, (f"acknowledged version {ack.version} (op {ack.index}) "
+                                                           f"no longer loads: {error}",))
         if clear:
             return None
         return Judgement(lost_prop, Verdict.LOUD_FAILURE, (f"unclear error about an incomplete or damaged "
                                                            f"checkpoint: {error}",))
-    allowed = ([ack[0]] if ack is not None else []) + newer
-    for version in allowed:
-        if not _mismatch(case, version, rec):
+    for save in allowed:
+        if not _mismatch(case, save.version, rec):
             return None
     if not allowed:
         return Judgement(case.property, Verdict.SILENT_CORRUPTION,
                          (f"{where}: loaded data although no checkpoint was ever acknowledged or attempted",))
-    closest = ack[0] if ack is not None else allowed[-1]
-    if ack is not None and not corrupted and _older(case, rec, acked, ack):
+    versions = [s.version for s in allowed]
+    closest = ack.version if ack is not None else versions[-1]
+    older = [s for s in h.saves if s.acked and s.index < ack.index and s not in allowed] if ack is not None else []
+    if ack is not None and not corrupted and any(not _mismatch(case, s.version, rec) for s in older):
         return Judgement(lost_prop, Verdict.DATA_LOSS, (f"{where}: an older checkpoint came back instead of "
-                                                       f"acknowledged version {ack[0]}",))
+                                                       f"acknowledged version {ack.version} (op {ack.index})",))
     return Judgement(lost_prop, Verdict.SILENT_CORRUPTION,
-                     (f"{where}: loaded state is none of versions {allowed} (diff against version {closest}):",
+                     (f"{where}: loaded state is none of versions {versions} (diff against version {closest}):",
                       *_mismatch(case, closest, rec)[:8]))
-
-
-def _older(case: Case, rec: OpRecord, acked: dict, ack: tuple[int, int]) -> bool:
-    return any(not _mismatch(case, v, rec) for (v, i) in set(acked.values()) if i < ack[1])
 
 
 def _mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:

@@ -3,18 +3,22 @@
 Tensors are regenerated from (dtype, shape, seed) — or from an explicit bit pattern for special values — so a
 shrunk failing case is a few hundred bytes and replays bit for bit. Operations are a small sequential language:
 ``save`` a version of the state under a name (sync or async, optionally mutating the caller's tensors right after
-an async save returns), ``load`` a name (or the latest) and expect a given version.
+an async save returns, optionally ``detach``-ed: returning without waiting), ``load`` a name (or the latest) and
+expect a given version. Sequence ops (a training job's life, judged by ``properties.atomic.judge_history``):
+``wait`` for the detached saves, ``kill`` their writers, ``restart`` the job (fresh rank processes), ``rotate``
+(keep the newest ``keep`` checkpoints) and ``corrupt`` the checkpoint root (a seeded ``faults.corrupt`` plan).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
 
+from faults.corrupt import KINDS as CORRUPTIONS
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
 from reference.layout import TensorLayout, layout_from_json
@@ -88,13 +92,49 @@ class TensorCase:
         return seeded_tensor(dt, self.shape, self.seed * 1_000_003 + version)
 
 
+OP_KINDS = ("save", "load", "wait", "kill", "restart", "rotate", "corrupt")
+SEQUENCE_KINDS = ("wait", "kill", "restart", "rotate", "corrupt")  # ops beyond one save/load round
+HARNESS_KINDS = ("restart", "corrupt")  # done by the harness between rank ops, not by the SUT
+_SEQUENCE_FIELDS = ("detach", "keep", "seed", "corruption")
+
+
 @dataclass(frozen=True)
 class Op:
-    kind: str  # "save" | "load"
+    kind: str  # one of OP_KINDS
     name: str | None = None  # checkpoint name; None on load means "latest"
     version: int = 0  # save: which state version; load: which version is expected
     use_async: bool = False
     mutate_after: bool = False  # async save: scribble on the caller's tensors as soon as save returns
+    detach: bool = False  # async save that returns without waiting: a later wait / kill / restart settles it
+    keep: int = 0  # rotate: keep the newest ``keep`` checkpoints
+    seed: int = 0  # corrupt: seed of the faults.corrupt plan drawn on the root's files at that point
+    corruption: str = "bitflip"  # corrupt: a kind of faults.corrupt
+
+    def to_json(self) -> dict:
+        """The sequence fields are left out at their defaults, so save/load case files read as before."""
+        defaults = {f.name: f.default for f in fields(self)}
+        return {k: v for k, v in asdict(self).items() if k not in _SEQUENCE_FIELDS or v != defaults[k]}
+
+    def check(self) -> None:
+        """Raise ValueError naming what is wrong with this op."""
+        where = f"op {self.kind!r}"
+        if self.kind not in OP_KINDS:
+            raise ValueError(f"unknown operation {self.kind!r} (known: {', '.join(OP_KINDS)})")
+        for name in ("use_async", "mutate_after", "detach"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{where}: field {name!r} must be true or false, got {getattr(self, name)!r}")
+        for name in ("version", "keep", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{where}: field {name!r} must be a non-negative integer, got {value!r}")
+        if self.name is not None and not isinstance(self.name, str):
+            raise ValueError(f"{where}: field 'name' must be a string or null, got {self.name!r}")
+        if self.detach and not (self.kind == "save" and self.use_async):
+            raise ValueError(f"{where}: 'detach' is for async saves (use_async true) only")
+        if self.kind == "rotate" and self.keep < 1:
+            raise ValueError(f"{where}: field 'keep' must be at least 1, got {self.keep}")
+        if self.kind == "corrupt" and self.corruption not in CORRUPTIONS:
+            raise ValueError(f"{where}: field 'corruption' {self.corruption!r} is not one of {', '.join(CORRUPTIONS)}")
 
 
 @dataclass(frozen=True)
@@ -110,6 +150,11 @@ class Case:
     version: int = CASE_VERSION
     #: The fault injected into one of the ops (harness.faultspec parses it); None for a fault-free case.
     fault: dict | None = None
+
+    @property
+    def sequence(self) -> bool:
+        """Whether the case uses the sequence ops (detached saves, wait, kill, restart, rotate, corrupt)."""
+        return any(op.kind in SEQUENCE_KINDS or op.detach for op in self.ops)
 
     def state(self, version: int = 0) -> dict[str, Tensor]:
         return {t.name: t.build(version) for t in self.tensors}
@@ -130,6 +175,7 @@ class Case:
         if self.fault is None:
             del data["fault"]
         data["tensors"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in self.tensors]
+        data["ops"] = [op.to_json() for op in self.ops]
         return data
 
     def dumps(self) -> str:
@@ -168,9 +214,14 @@ class Case:
                 if any(s < 0 for s in t.shape) or (t.bits is not None and len(t.bits) != math.prod(t.shape)):
                     raise ValueError(f"tensor {t.name!r}: shape {list(t.shape)} and bits disagree")
             case.layouts("save"), case.layouts("load")  # validate
-            unknown = [op.kind for op in ops if op.kind not in ("save", "load")]
+            unknown = [op.kind for op in ops if op.kind not in OP_KINDS]
             if unknown:
                 raise ValueError(f"unknown operations {unknown}")
+            for n, op in enumerate(ops):
+                try:
+                    op.check()
+                except ValueError as exc:
+                    raise ValueError(f"ops[{n}]: {exc}") from None
         except (KeyError, TypeError, ValueError, LayoutError) as exc:
             raise CaseError(f"{source}: malformed case ({type(exc).__name__}: {exc})") from None
         return case

@@ -25,6 +25,7 @@ class OpRecord:
     seconds: float = 0.0  # for reports only, never for verdicts
     dead: tuple[int, ...] = ()  # ranks that died during the op
     silent: tuple[int, ...] = ()  # ranks that neither answered nor died within the op timeout
+    applied: dict | None = None  # harness-side ops (corrupt): what the harness did, e.g. the concrete plan
 
 
 @dataclass

@@ -39,7 +39,8 @@ class SutAdapter:
     """
 
     name: ClassVar[str] = "abstract"
-    #: What the SUT claims: "reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "dtype:BF16", ...
+    #: What the SUT claims: "reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "rotate",
+    #: "kill_writer", "dtype:BF16", ...
     capabilities: ClassVar[frozenset[str]] = frozenset()
     #: How ranks are started: "plain" (the harness starts N processes with RANK/WORLD_SIZE set) or "paddle"
     #: (python -m paddle.distributed.launch).
@@ -62,6 +63,17 @@ class SutAdapter:
 
     def wait(self, handle: Any) -> None:
         """Block until an async save is durable; raise its error."""
+
+    def kill_pending(self, handles: list[Any]) -> None:
+        """SIGKILL the background writers of these async saves (returned by ``save``, never waited for) and reap
+        them, as a crash of the job would: once this returns none of them may still commit. A save that committed
+        before its writer died stays committed. Capability ``kill_writer``."""
+        raise NotImplementedError(f"{self.name} cannot kill the writers of its async saves")
+
+    def rotate(self, root: Path, keep: int) -> None:
+        """Delete all but the newest ``keep`` (>= 1) committed checkpoints under ``root``, never the latest one
+        (called on every rank; the SUT decides which rank deletes). Capability ``rotate``."""
+        raise NotImplementedError(f"{self.name} does not rotate checkpoints")
 
     def mutate(self, handle: Any) -> None:
         """Scribble over the caller-side tensors that were passed to an async ``save`` (which has returned)."""

@@ -6,12 +6,14 @@ is on disk (the reference's file-based rendezvous), synchronously or from its as
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from pathlib import Path
 
 import numpy as np
 
-from reference import AsyncSaver, CheckpointError, Target, commit, load, save_rank
+from reference import AsyncSaver, AsyncWriterError, CheckpointError, Target, commit, load, new_save_id, save_rank
+from reference.commit import rotate as rotate_checkpoints
 from reference.dtypes import DTYPES
 from reference.index import read_index
 
@@ -35,6 +37,7 @@ class ReferenceSut(SutAdapter):
     launcher = "plain"
     capabilities = frozenset(
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "in_process_world", "empty_state"}
+        | {"rotate", "kill_writer"}
         | {f"dtype:{d}" for d in DTYPES}
     )
 
@@ -67,6 +70,18 @@ class ReferenceSut(SutAdapter):
     def wait(self, handle) -> None:
         if handle[0] is not None:
             handle[0].wait()
+
+    def kill_pending(self, handles) -> None:
+        writers = [h[0] for h in handles if h[0] is not None]
+        for writer in writers:
+            writer.kill()
+        for writer in writers:  # reap: after this no killed writer can commit any more
+            with contextlib.suppress(AsyncWriterError):
+                writer.wait()
+
+    def rotate(self, root: Path, keep: int) -> None:
+        if self.rank == 0:  # the coordinator, which also commits
+            rotate_checkpoints(root, keep, new_save_id())
 
     def mutate(self, handle) -> None:
         for rt in handle[1].values():
