@@ -32,9 +32,13 @@ def streams(recording: Recording, roots: Mapping[int, int]) -> dict[int, int]:
     return out
 
 
+SHARED = -2  # the stream of directory creates: ranks race to make a shared directory, and any one may win
+
+
 def schedule_of(ops: Sequence[FsOp], recording: Recording, tid_stream: Mapping[int, int]) -> list[int]:
-    """The stream of every op, in order (-1 for an op of a process outside every stream)."""
-    return [tid_stream.get(recording.all_calls[op.seq].pid, -1) for op in ops]
+    """The stream of every op, in order (-1 for an op of a process outside every stream). A ``mkdir`` belongs to
+    no rank: every rank may try it and whichever comes first makes it, differently from run to run."""
+    return [SHARED if op.kind == "mkdir" else tid_stream.get(recording.all_calls[op.seq].pid, -1) for op in ops]
 
 
 def follow(ops: Sequence[FsOp], recording: Recording, tid_stream: Mapping[int, int],

@@ -112,7 +112,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         from faults import strace
 
         campaign.ptrace = strace.available()  # without ptrace: psutil triggers instead of crash points
-    judge_case = Judge(Runners(args.sut, args.launch, args.op_timeout))
+    judge_case = Judge(Runners(args.sut, args.launch, args.op_timeout), exploring=True)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:

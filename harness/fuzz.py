@@ -36,6 +36,10 @@ class _Failed(AssertionError):
     pass
 
 
+class _Unreplayable(Exception):
+    """A drawn power-loss state whose IO interleaving did not recur (fuzzing skips it; replay reports it)."""
+
+
 @dataclass
 class Finding:
     case: Case
@@ -76,13 +80,16 @@ class Campaign:
     wall: float = 0.0
     launches: int = 0
     ptrace: bool = True  # fault cases may attach strace (else they use the psutil fallbacks)
+    unreplayable: int = 0  # drawn power-loss states skipped: the ranks never interleaved their IO as recorded
 
 
 class Judge:
     """Runs a case and judges it; P-DIFF also runs the reference engine on the same case, in-process."""
 
-    def __init__(self, runners: Runners) -> None:
+    def __init__(self, runners: Runners, *, exploring: bool = False) -> None:
         self.runners = runners
+        self.exploring = exploring  # fuzzing: a power-loss state that cannot be replayed is skipped, not an error
+        self.unreplayable = 0
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
@@ -92,7 +99,10 @@ class Judge:
             concrete = resolve(case, self, self.runners)
             if concrete is None:
                 return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",)), Outcome(case.sut)
-            judgement, outcome = self(concrete)
+            try:
+                judgement, outcome = self(concrete)
+            except _Unreplayable as exc:
+                return Judgement(case.property, Verdict.PASS, (f"skipped: {exc}",)), Outcome(case.sut)
             outcome.resolved_fault = concrete.fault
             return judgement, outcome
         outcome = self._run(case)
@@ -129,6 +139,9 @@ class Judge:
             try:
                 return run_case(case, self.runners)
             except TraceMismatch as exc:
+                if attempt == STATE_ATTEMPTS - 1 and self.exploring:
+                    self.unreplayable += 1
+                    raise _Unreplayable(str(exc)) from None
                 if attempt == STATE_ATTEMPTS - 1:
                     raise CaseError(f"{exc} (in {STATE_ATTEMPTS} runs the ranks never interleaved their IO as "
                                     "recorded; the state cannot be replayed on this machine)") from None
@@ -159,6 +172,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
         batch += 1
     campaign.wall = time.monotonic() - start
     campaign.launches = judge_case.runners.launches
+    campaign.unreplayable = judge_case.unreplayable
     if progress:
         sys.stderr.write("\n")
     return campaign
@@ -248,6 +262,7 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "launch_mode": campaign.mode,
         "launches": campaign.launches,
         "shims": sorted(campaign.shims),
+        "unreplayable_states": campaign.unreplayable,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report(summary, rows), encoding="utf-8")

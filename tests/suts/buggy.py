@@ -75,3 +75,54 @@ class HangsOnLoadSut(ReferenceSut):
         if self.rank == 1:
             time.sleep(3600)
         return super().load(root, name, targets, options=options)
+
+
+class AcksDeadWriterSut(ReferenceSut):
+    """Async saves whose writer dies before it commits (an OOM kill, say), and a wait() that swallows the writer's
+    error: it acknowledges checkpoints that never became durable."""
+
+    name = "acks-dead-writer"
+
+    def save(self, root, name, tensors, *, use_async, options):
+        handle = super().save(root, name, tensors, use_async=use_async, options=options)
+        if use_async and handle[0] is not None:
+            handle[0].kill()
+        return handle
+
+    def wait(self, handle):
+        import contextlib
+
+        from reference import AsyncWriterError
+
+        with contextlib.suppress(AsyncWriterError):
+            super().wait(handle)
+
+
+class RotatesAwayNewestSut(ReferenceSut):
+    """Rotation sorted the wrong way round: it keeps the oldest ``keep`` checkpoints and deletes the newest."""
+
+    name = "rotates-away-newest"
+
+    def rotate(self, root, keep):
+        import shutil
+
+        from reference import committed_checkpoints
+
+        if self.rank == 0:
+            found = committed_checkpoints(root)
+            for victim in sorted(found, key=found.__getitem__)[keep:]:
+                shutil.rmtree(root / victim)
+
+
+class LoadsOldestSut(ReferenceSut):
+    """Load with no name resolves "latest" to the oldest committed checkpoint."""
+
+    name = "loads-oldest"
+
+    def load(self, root, name, targets, *, options):
+        from reference import committed_checkpoints
+
+        if name is None:
+            found = committed_checkpoints(root)
+            name = min(found, key=found.__getitem__) if found else None
+        return super().load(root, name, targets, options=options)
