@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import os
 import random
 import shutil
@@ -20,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path, PurePosixPath
 
-from .errors import FaultSpecError
+from .errors import FaultSpecError, spec_object
 
 KINDS = ("bitflip", "truncate", "append", "delete", "stale_marker", "zero_range")
 REGIONS = ("any", "head", "tail")
@@ -70,20 +69,7 @@ class Corruption:
     @classmethod
     def from_json(cls, data: Mapping | str) -> Corruption:
         """Parse a dict (or its JSON text); unknown or missing fields are a ``FaultSpecError`` naming the field."""
-        if isinstance(data, str):
-            try:
-                data = json.loads(data)
-            except json.JSONDecodeError as exc:
-                raise FaultSpecError(f"corruption spec is not valid JSON ({exc})") from None
-        if not isinstance(data, Mapping):
-            raise FaultSpecError(f"corruption spec must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        for key in data:
-            if key not in known:
-                raise FaultSpecError(f"field {key!r}: unknown field of a corruption spec")
-        for key in ("kind", "path"):
-            if key not in data:
-                raise FaultSpecError(f"field {key!r}: missing")
+        data = spec_object(data, "corruption spec", (f.name for f in fields(cls)), ("kind", "path"))
         return cls(**data)
 
     def describe(self) -> str:

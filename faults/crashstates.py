@@ -60,7 +60,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .errors import FaultSpecError, TraceMismatch
+from .errors import FaultSpecError, TraceMismatch, spec_object
 from .fsmodel import OP_KINDS, DataKeys, FsOp, Model
 from .strace import CAPTURE_LIMIT, Recording, Syscall
 
@@ -498,20 +498,8 @@ class CrashState:
     @classmethod
     def from_json(cls, data: Mapping | str) -> CrashState:
         """Parse a dict (or its JSON text); bad input is a :class:`FaultSpecError` naming the field."""
-        if isinstance(data, str):
-            try:
-                data = json.loads(data)
-            except json.JSONDecodeError as exc:
-                raise FaultSpecError(f"crash state is not valid JSON ({exc})") from None
-        if not isinstance(data, Mapping):
-            raise FaultSpecError(f"crash state must be a JSON object, got {type(data).__name__}")
-        known = {"id", "kind", "prefix", "n_ops", "shape", "detail"}
-        for key in data:
-            if key not in known:
-                raise FaultSpecError(f"field {key!r}: unknown field of a crash state")
-        for key in known - {"id"}:
-            if key not in data:
-                raise FaultSpecError(f"field {key!r}: missing")
+        known = ("id", "kind", "prefix", "n_ops", "shape", "detail")
+        data = spec_object(data, "crash state", known, known[1:])
         state = cls(data["kind"], data["prefix"], data["n_ops"], data["shape"], data["detail"])
         if "id" in data and data["id"] != state.id:
             raise FaultSpecError(f"field 'id': {data['id']!r} does not match the state ({state.id!r})")
