@@ -128,11 +128,15 @@ class PointResult:
         return CrashPoint(index=0, syscall=f["syscall"], k=f["k"], path=f["path"])
 
 
-def crashpoints(case: Case, judge: Judge) -> list[PointResult]:
-    """SIGKILL the fault op at every syscall it makes under the root (one fresh run per point) and judge each."""
+def crashpoints(case: Case, judge: Judge, sample: int | None = None) -> list[PointResult]:
+    """SIGKILL the fault op at every syscall it makes under the root (one fresh run per point) and judge each;
+    ``sample``: only that many points, evenly spread (first and last included)."""
     root, recording, _ = record(case, judge)
+    faults = kill_faults(root, recording, fault_op_of(case))
+    if sample is not None and len(faults) > sample > 1:
+        faults = [faults[round(i * (len(faults) - 1) / (sample - 1))] for i in range(sample)]
     results = []
-    for fault in kill_faults(root, recording, fault_op_of(case)):
+    for fault in faults:
         judgement, outcome = judge(dataclasses.replace(case, fault=fault))
         results.append(PointResult(fault, judgement, outcome.fault or {}))
     return results

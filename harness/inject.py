@@ -212,9 +212,19 @@ class ArmedFault:
             if self.spec.kind in ("kill", "error"):
                 call = inj.injected_call
                 self.report.update(fired=call is not None,
-                                   hit=None if call is None else f"{call.name} on {call.path} (pid {call.pid})")
+                                   hit=None if call is None else f"{call.name} on {call.path} (pid {call.pid})",
+                                   target=None if call is None else self._role(call.pid, inj.initial_tids))
         elif inj is not None:
             self.report.update(inj.report())
+
+    def _role(self, pid: int, initial_tids: dict[int, int]) -> str:
+        """Which process the fault hit, in the case's terms (pids differ from run to run)."""
+        for rank, rank_pid in self.pids.items():
+            if pid == rank_pid:
+                return f"rank {rank}"
+            if initial_tids.get(pid) == rank_pid:
+                return f"rank {rank} (a thread or child it had before the op)"
+        return "a process or thread started during the op (an async writer)"
 
     def after(self) -> Path:
         """Apply post-operation faults; returns the root the remaining operations use."""

@@ -85,12 +85,18 @@ def run_case(case: Case, runners: Runners) -> Outcome:
     return outcome
 
 
-def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], outcome: Outcome) -> Path:
+def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], outcome: Outcome,
+            live: list | None = None) -> Path:
     """Run ops ``indices`` of ``case`` on ``root`` (the fault armed on its op), appending their records; returns
-    the root the last op saw. Stops at the first op whose ranks died or hung, unless the fault caused it."""
+    the root the last op saw. Stops at the first op whose ranks died or hung, unless the fault caused it.
+
+    ``live``: for a caller that grows a case op by op (a state machine) — the runners begun so far, kept begun
+    across calls so in-flight async saves survive, and ended by that caller (``runner.end()``) when it is done."""
     fault = FaultSpec.parse(case.fault, len(case.ops)) if case.fault is not None else None
     worlds = {"save": case.world_size("save"), "load": case.world_size("load")}
-    active: list = []
+    active: list = [] if live is None else live
+    for runner in active:  # the case has grown since they began: hand them the new ops (nothing else changes)
+        runner.begin(case.to_json(), str(root))
     first = len(outcome.records)
     try:
         for i in indices:
@@ -145,7 +151,7 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
         mine = outcome.records[first:]
         failed = any(not r.ok for r in mine)
         suspect = any(not r.symmetric or r.failure for r in mine)
-        for runner in active:
+        for runner in active if live is None else ():
             try:
                 runner.end()
                 if failed and isinstance(runner, RankPool) and (suspect or not runner.healthy()):

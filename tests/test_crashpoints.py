@@ -30,16 +30,36 @@ def judge_case():
 
 @needs_strace
 @pytest.mark.slow
-@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("use_async", [
+    False,
+    pytest.param(True, marks=pytest.mark.nightly),  # ~3x the sync cost: a writer process per save
+], ids=["sync", "async"])
 def test_reference_is_atomic_at_every_crash_point(judge_case, use_async: bool) -> None:
     results = crashpoints(standard_case(use_async=use_async), judge_case)
-    assert len(results) >= 30  # files, manifests, index, renames, latest pointer: every one of them
+    _check_points(results, use_async)
+
+
+@needs_strace
+def test_async_writer_killed_at_sampled_crash_points(judge_case) -> None:
+    """CI's share of the async case: eight points spread over the writer's IO (the nightly run does all)."""
+    results = crashpoints(standard_case(use_async=True), judge_case, sample=8)
+    assert len(results) == 8
+    _check_points(results, True, exhaustive=False)
+
+
+def _check_points(results: list, use_async: bool, exhaustive: bool = True) -> None:
+    if exhaustive:
+        assert len(results) >= 30  # files, manifests, index, renames, latest pointer: every one of them
     assert all(r.report.get("fired") for r in results), [r.fault for r in results if not r.report.get("fired")]
     failing = [(r.fault, r.judgement.details) for r in results if not r.judgement.ok]
     assert not failing, failing
-    assert {r.fault["syscall"] for r in results} >= {"write", "fsync", "rename", "openat"}
-    if use_async:  # the writer process (a child of the rank) is the one that does the IO, and dies
-        assert any("pid" in r.report.get("hit", "") for r in results)
+    if exhaustive:
+        assert {r.fault["syscall"] for r in results} >= {"write", "fsync", "rename", "openat"}
+    targets = {r.report["target"] for r in results}
+    if use_async:  # the writer process the rank spawns for the save does the IO, and is what dies
+        assert any(t.endswith("(an async writer)") for t in targets), targets
+    else:
+        assert targets <= {"rank 0", "rank 1"}, targets
 
 
 @needs_strace
@@ -57,7 +77,7 @@ def test_a_drawn_state_resolves_and_replays_on_another_interleaving(judge_case) 
     drawn = dataclasses.replace(standard_case(), fault={"kind": "power", "op": 1, "index": 40})
     concrete = resolve(drawn, judge_case, judge_case.runners)
     assert concrete is not None and concrete.fault["kind"] == "state"
-    assert sorted(set(concrete.fault["schedule"])) == [0, 1]  # both ranks' IO, in the recorded order
+    assert {0, 1} <= set(concrete.fault["schedule"])  # both ranks' IO, in the recorded order
     for _ in range(3):  # ranks interleave differently each run; the schedule puts the IO back in recorded order
         judgement, outcome = judge_case(concrete)
         assert judgement.ok, judgement.details
