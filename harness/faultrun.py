@@ -68,12 +68,21 @@ def fault_op_of(case: Case) -> int:
     return saves[-1]
 
 
-def record(case: Case, judge: Judge, *, capture: bool = False) -> tuple[str, Recording, Outcome]:
-    """Run ``case`` with its fault op traced instead of faulted: (root it ran in, the op's syscalls, outcome)."""
-    traced = dataclasses.replace(case, fault={"kind": "record", "op": fault_op_of(case), "capture": capture})
-    _, outcome = judge(traced)
+def record(case: Case, judge, *, capture: bool = False) -> tuple[str, Recording, Outcome]:
+    """Run ``case`` up to its fault op, that op traced instead of faulted: (root it ran in, the op's syscalls,
+    outcome). The ops after it are not needed to know its IO and are not run."""
+    f = fault_op_of(case)
+    traced = dataclasses.replace(case, fault={"kind": "record", "op": f, "capture": capture})
+    outcome = Outcome(sut=case.sut, launch_mode=judge.runners.mode)
+    tmp = Path(tempfile.mkdtemp(prefix="ckh-record-"))
+    try:
+        root = tmp / "ckpt"
+        root.mkdir()
+        run_ops(traced, judge.runners, root, range(f + 1), outcome)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     if outcome.trace is None or outcome.trace[1] is None:
-        raise RuntimeError(f"the recording run did not reach op {fault_op_of(case)}: {outcome.records[-1:]}")
+        raise RuntimeError(f"the recording run did not reach op {f}: {outcome.records[-1:]}")
     return outcome.trace[0], outcome.trace[1], outcome
 
 
