@@ -17,7 +17,7 @@ from faults.errors import FaultSpecError
 from properties.case import CaseError, read_case_file
 from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
-from properties.fault_strategies import FAULT_PROPERTIES
+from properties.fault_strategies import FAULT_PROPERTIES, has_latest
 
 from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
 from .inject import FaultSpec
@@ -164,7 +164,7 @@ def _crashpoints(args: argparse.Namespace) -> int:
                            "use `fuzz --faults`, whose kill-when faults need only psutil")
     if args.use_async and "async" not in cls.capabilities:
         raise HarnessError(f"crashpoints --async: {case.sut} does not claim async saves")
-    case = as_fault_case(case, latest="latest" in cls.capabilities, use_async=args.use_async)
+    case = as_fault_case(case, latest=has_latest(cls.capabilities, case.options), use_async=args.use_async)
     judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
     try:
         if args.states:

@@ -33,6 +33,12 @@ def fault_ops(*, latest: bool, use_async: bool = False) -> tuple[Op, ...]:
     )
 
 
+def has_latest(capabilities: Iterable[str], options: dict) -> bool:
+    """Whether "load the latest" means something for this SUT and case (a same_dir SUT: only in same_dir mode)."""
+    caps = set(capabilities)
+    return "latest" in caps and ("same_dir" not in caps or bool(options.get("same_dir")))
+
+
 def _psutil_trigger(draw) -> dict:
     return draw(st.one_of(
         st.builds(lambda d: {"delay": d}, st.sampled_from((0.0, 0.01, 0.05, 0.2))),
@@ -82,7 +88,7 @@ def fault_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[st
     opts = draw(options(caps))
     if "same_dir" in caps.caps and draw(st.booleans()):
         opts["same_dir"] = True  # versions of one directory: the SUT's own notion of "latest"
-    latest = caps.latest and (opts.get("same_dir", False) or "same_dir" not in caps.caps)
+    latest = has_latest(caps.caps, opts)
     if prop == "P-LIVENESS":
         opts["commit_timeout"] = 10  # the reference's file rendezvous: a dead peer turns into an error in 10 s
     return Case(prop, sut, tensors, layout, layout, fault_ops(latest=latest, use_async=use_async), opts,
