@@ -56,13 +56,14 @@ class _History:
         return any(ack.index < at and sum(1 for s in self.saves if s is not ack and s.index < at and _open(s, ack))
                    >= keep for at, keep in self.rotations)
 
-    def lost_property(self, name: str | None, ack: _Save | None, corrupted: bool) -> str:
+    def lost_property(self, name: str | None, ack: _Save | None, corrupted: bool, loss: bool = False) -> str:
+        """The property a failed load breaks (``loss``: the verdict is data loss)."""
         if self.kind == "corrupt" or corrupted:
             return "P-CORRUPT"
         if ack is not None and self.fault_op is not None and name is not None and ack.index < self.fault_op:
             return "P-NOLOSS"  # named, acknowledged before the fault
-        if ack is not None and any(at > (ack.settled or 0) for at in [*self.crashes, *(r for r, _ in self.rotations)]):
-            return "P-NOLOSS"  # acknowledged, then a crash or a rotation
+        if loss and ack is not None and any(at > (ack.settled or 0) for at in [*self.crashes, *dict(self.rotations)]):
+            return "P-NOLOSS"  # acknowledged, then lost to a crash or a rotation
         return self.case.property
 
 
@@ -145,7 +146,7 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
     undecided = [s for s in candidates if s is not ack and (ack is None or _open(s, ack))]
     allowed = ([ack] if ack is not None else []) + undecided
     corrupted = ack is not None and any(ack.index <= at for at in h.corrupted)
-    lost_prop = h.lost_property(name, ack, corrupted)
+    lost_prop, loss_prop = h.lost_property(name, ack, corrupted), h.lost_property(name, ack, corrupted, loss=True)
     if not rec.ok:
         clear = clear_errors is None or rec.error_type in clear_errors
         error = f"{where}: {rec.error_type}: {rec.error}"
@@ -154,7 +155,7 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
             if h.fault_op is not None and ack.index > h.fault_op:
                 return Judgement(case.property, Verdict.LOUD_FAILURE, (f"the save after the fault does not load: "
                                                                        f"{error}",))
-            return Judgement(lost_prop, Verdict.DATA_LOSS, (f"acknowledged version {ack.version} (op {ack.index}) "
+            return Judgement(loss_prop, Verdict.DATA_LOSS, (f"acknowledged version {ack.version} (op {ack.index}) "
                                                            f"no longer loads: {error}",))
         if clear:
             return None
@@ -168,10 +169,17 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
                          (f"{where}: loaded data although no checkpoint was ever acknowledged or attempted",))
     versions = [s.version for s in allowed]
     closest = ack.version if ack is not None else versions[-1]
-    older = [s for s in h.saves if s.acked and s.index < ack.index and s not in allowed] if ack is not None else []
-    if ack is not None and not corrupted and any(not _mismatch(case, s.version, rec) for s in older):
-        return Judgement(lost_prop, Verdict.DATA_LOSS, (f"{where}: an older checkpoint came back instead of "
+    # Older checkpoints: acknowledged ones, and for "latest" also attempts settled before the acknowledged save.
+    older = [s for s in h.saves if (s.acked or name is None) and s.index < ack.index and s not in allowed] \
+        if ack is not None else []
+    came_back = next((s for s in older if not _mismatch(case, s.version, rec)), None)
+    if came_back is not None and not corrupted:
+        return Judgement(loss_prop, Verdict.DATA_LOSS, (f"{where}: an older checkpoint came back instead of "
                                                        f"acknowledged version {ack.version} (op {ack.index})",))
+    if came_back is not None:  # the corruption redirected the load: wrong data, however genuine its bits
+        return Judgement(lost_prop, Verdict.SILENT_CORRUPTION,
+                         (f"{where}: after a corruption, the older version {came_back.version} (op {came_back.index}) "
+                          f"loaded silently instead of acknowledged version {ack.version} (op {ack.index})",))
     return Judgement(lost_prop, Verdict.SILENT_CORRUPTION,
                      (f"{where}: loaded state is none of versions {versions} (diff against version {closest}):",
                       *_mismatch(case, closest, rec)[:8]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import zlib
 from pathlib import Path
 from typing import Protocol
 
@@ -125,12 +126,21 @@ def read_latest(root: Path) -> str | None:
         return None
     except (OSError, UnicodeDecodeError) as exc:
         raise CorruptCheckpoint(f"latest pointer is unreadable ({exc})", path) from None
-    return check_safe_name(text, "latest pointer target", path)
+    name, _, check = text.partition("\n")
+    if check.strip() != _pointer_check(name):
+        # A flipped bit can turn one valid name into another (step-001 -> step-000): without this check the
+        # load would silently return an older, complete checkpoint (found by the stateful machine).
+        raise CorruptCheckpoint("latest pointer fails its checksum", path)
+    return check_safe_name(name, "latest pointer target", path)
+
+
+def _pointer_check(name: str) -> str:
+    return f"crc32:{zlib.crc32(name.encode('utf-8', 'surrogateescape')):08x}"
 
 
 def set_latest(root: Path, name: str, save_id: str) -> None:
     tmp = root / f".latest-{save_id}.tmp"
-    write_durable(tmp, (name + "\n").encode())
+    write_durable(tmp, f"{name}\n{_pointer_check(name)}\n".encode())
     os.replace(tmp, root / LATEST)
     fsync_dir(root)
 

@@ -87,6 +87,7 @@ class AcksDeadWriterSut(ReferenceSut):
         handle = super().save(root, name, tensors, use_async=use_async, options=options)
         if use_async and handle[0] is not None:
             handle[0].kill()
+            self.wait(handle)  # dead before it could commit
         return handle
 
     def wait(self, handle):
