@@ -130,9 +130,12 @@ def _read_case(path: Path):
     case, finding = read_case_file(path)
     if case.fault is not None:
         try:
-            FaultSpec.parse(case.fault, len(case.ops))
+            spec = FaultSpec.parse(case.fault, len(case.ops))
         except FaultSpecError as exc:
             raise HarnessError(f"{path}: bad fault: {exc}") from None
+        if case.ops[spec.op].kind not in ("save", "load"):
+            raise HarnessError(f"{path}: bad fault: op {spec.op} is a {case.ops[spec.op].kind!r}; a fault hits a save "
+                               "or a load, which run on the ranks")
     return case, finding
 
 
