@@ -138,9 +138,14 @@ def _pointer_check(name: str) -> str:
     return f"crc32:{zlib.crc32(name.encode('utf-8', 'surrogateescape')):08x}"
 
 
+def pointer_text(name: str) -> str:
+    """The content of a ``latest`` pointer naming ``name``: the name, then a checksum of it."""
+    return f"{name}\n{_pointer_check(name)}\n"
+
+
 def set_latest(root: Path, name: str, save_id: str) -> None:
     tmp = root / f".latest-{save_id}.tmp"
-    write_durable(tmp, f"{name}\n{_pointer_check(name)}\n".encode())
+    write_durable(tmp, pointer_text(name).encode())
     os.replace(tmp, root / LATEST)
     fsync_dir(root)
 

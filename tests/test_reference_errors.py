@@ -44,6 +44,7 @@ from reference import (
     UnsupportedFormatVersion,
     flat_group,
 )
+from reference.commit import pointer_text
 
 MESH2 = Mesh((2,))
 LAYOUTS = {"w": Sharded(MESH2, (Shard(0),)), "b": Sharded(MESH2, (Replicate(),))}
@@ -157,7 +158,7 @@ def test_staging_dir_renamed_without_index_is_incomplete(tmp_path: Path) -> None
 
 def test_latest_naming_missing_dir_is_incomplete(good) -> None:
     root, _, _ = good
-    (root / "latest").write_text("gone\n")
+    (root / "latest").write_text(pointer_text("gone"))  # a well-formed pointer to nothing
     raises_exactly(
         CheckpointIncomplete,
         lambda: R.load_global(root),
@@ -333,7 +334,7 @@ def test_latest_with_traversal_is_unsafe(good) -> None:
     root, _, state = good
     evil = root.parent / "evil"
     shutil.copytree(root / "a", evil)  # a perfectly loadable checkpoint outside the root
-    (root / "latest").write_text("../evil\n")
+    (root / "latest").write_text(pointer_text("../evil"))  # checksummed, still refused
     raises_exactly(UnsafePath, lambda: R.load_global(root), str(root / "latest"), "'../evil'")
     assert_same(state, R.load_global(root, name="a"))  # naming a checkpoint explicitly bypasses the pointer
 
