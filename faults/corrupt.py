@@ -308,6 +308,14 @@ def _modify(fd: int, size: int, c: Corruption, ckpt_dir: Path) -> None:
 # --- healing: work on copies, compare by digest ------------------------------------------------------------
 
 
+def corrupt(ckpt_dir: Path, kind: str, seed: int, region: str = "any") -> Corruption:
+    """Draw a corruption for the files now in ``ckpt_dir`` (``plan``) and apply it; returns the concrete spec, which
+    replays it with ``apply`` wherever the files are the same."""
+    corruption = plan(ckpt_dir, kind, seed, region)
+    apply(ckpt_dir, corruption)
+    return corruption
+
+
 def copy_tree(src: Path, dst: Path) -> Path:
     """Copy a checkpoint root (links copied as links, never followed) so faults hit the copy, not the original."""
     shutil.copytree(src, dst, symlinks=True)

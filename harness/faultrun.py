@@ -13,11 +13,11 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from faults.crashpoints import CrashPoint, enumerate_points
+from faults.crashpoints import enumerate_points
 from faults.interleave import schedule_of
 from faults.strace import Recording
 from properties.atomic import judge_history
@@ -29,8 +29,10 @@ from reference.layout import Mesh, Replicate, Shard, Sharded
 
 from .run import Runners, run_ops
 
+if TYPE_CHECKING:  # fuzz imports this module; the judge only passes through here
+    from .fuzz import Judge
+
 FAULT_OP = 1  # the faulted save in fault_ops
-Judge = Callable[[Case], tuple[Judgement, Outcome]]
 
 
 def as_fault_case(case: Case, prop: str = "P-ATOMIC", *, latest: bool, use_async: bool = False) -> Case:
@@ -68,21 +70,28 @@ def fault_op_of(case: Case) -> int:
     return saves[-1]
 
 
-def record(case: Case, judge, *, capture: bool = False) -> tuple[str, Recording, Outcome]:
-    """Run ``case`` up to its fault op, that op traced instead of faulted: (root it ran in, the op's syscalls,
-    outcome). The ops after it are not needed to know its IO and are not run."""
+def _trace_fault_op(case: Case, runners: Runners, tmp: Path, *, capture: bool = False) -> Outcome:
+    """Run ``case`` in ``tmp``/ckpt up to its fault op, that op traced instead of faulted (``capture``: with the
+    written bytes, and the root as it was before the op kept at ``tmp``/ckpt.before). The ops after it are not
+    needed to know its IO and are not run; ``outcome.trace`` holds the recording."""
     f = fault_op_of(case)
-    traced = dataclasses.replace(case, fault={"kind": "record", "op": f, "capture": capture})
-    outcome = Outcome(sut=case.sut, launch_mode=judge.runners.mode)
+    root = tmp / "ckpt"
+    root.mkdir()
+    fault = {"kind": "record", "op": f, **({"capture": True, "keep_base": True} if capture else {})}
+    outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
+    run_ops(dataclasses.replace(case, fault=fault), runners, root, range(f + 1), outcome)
+    if outcome.trace is None or outcome.trace[1] is None or len(outcome.records) <= f:
+        raise RuntimeError(f"the recording run did not reach op {f}: {outcome.records[-1:]}")
+    return outcome
+
+
+def record(case: Case, judge: Judge) -> tuple[str, Recording, Outcome]:
+    """(root it ran in, the fault op's syscalls, outcome) of a traced run of ``case`` up to its fault op."""
     tmp = Path(tempfile.mkdtemp(prefix="ckh-record-"))
     try:
-        root = tmp / "ckpt"
-        root.mkdir()
-        run_ops(traced, judge.runners, root, range(f + 1), outcome)
+        outcome = _trace_fault_op(case, judge.runners, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    if outcome.trace is None or outcome.trace[1] is None:
-        raise RuntimeError(f"the recording run did not reach op {f}: {outcome.records[-1:]}")
     return outcome.trace[0], outcome.trace[1], outcome
 
 
@@ -104,7 +113,7 @@ def _under(root: str, path: str | None) -> str | None:
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else None
 
 
-def resolve(case: Case, judge: Judge, runners: Runners) -> Case | None:
+def resolve(case: Case, judge: Judge) -> Case | None:
     """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
     fault it picks from a recording of this very case (modulo how many there are); None when the op made no IO
     under the root. Findings carry the concrete fault, so a replay needs no recording."""
@@ -120,7 +129,7 @@ def resolve(case: Case, judge: Judge, runners: Runners) -> Case | None:
             faults = [{**f, "kind": "error", "errno": action} for f in faults]
         return dataclasses.replace(case, fault=faults[index % len(faults)]) if faults else None
     if kind == "power":
-        results, _ = crashstates(case, runners, only=index)
+        results, _ = crashstates(case, judge.runners, only=index)
         return dataclasses.replace(case, fault=results[0].fault) if results else None
     raise ValueError(f"fault kind {kind!r} needs no resolving")
 
@@ -130,11 +139,6 @@ class PointResult:
     fault: dict
     judgement: Judgement
     report: dict
-
-    @property
-    def point(self) -> CrashPoint:
-        f = self.fault
-        return CrashPoint(index=0, syscall=f["syscall"], k=f["k"], path=f["path"])
 
 
 def crashpoints(case: Case, judge: Judge, sample: int | None = None) -> list[PointResult]:
@@ -172,29 +176,27 @@ def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confi
     f = fault_op_of(case)
     tmp = Path(tempfile.mkdtemp(prefix="ckh-states-"))
     try:
-        root = tmp / "ckpt"
-        root.mkdir()
-        outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
-        traced = dataclasses.replace(case, fault={"kind": "record", "op": f, "capture": True, "keep_base": True})
-        run_ops(traced, runners, root, range(f + 1), outcome)
-        if outcome.trace is None or outcome.trace[1] is None or len(outcome.records) <= f:
-            raise RuntimeError(f"the recording run did not reach op {f}")
-        _, recording, tid_stream = outcome.trace
-        ops = fs_ops(recording, str(root))
+        outcome = _trace_fault_op(case, runners, tmp, capture=True)
+        root, recording, tid_stream = outcome.trace
+        ops = fs_ops(recording, root)
         schedule = schedule_of(ops, recording, tid_stream)
+
+        def state_case(state) -> Case:
+            return dataclasses.replace(case, fault={"kind": "state", "op": f, "state": json.loads(state.to_json()),
+                                                    "schedule": schedule})
+
         results: list[StateResult] = []
         states = enumerate_states(ops, limit=limit)
         if only is not None:
-            state = states[only % len(states)] if states else None
-            fault = None if state is None else {"kind": "state", "op": f, "state": json.loads(state.to_json()),
-                                                "schedule": schedule}
-            return ([StateResult(fault, state.describe(), Judgement(case.property, Verdict.PASS))] if fault else []), \
+            if not states:
+                return [], len(ops)
+            state = states[only % len(states)]
+            return [StateResult(state_case(state).fault, state.describe(), Judgement(case.property, Verdict.PASS))], \
                 len(ops)
         for n, state in enumerate(states):
             dest = tmp / f"state-{n}" / "ckpt"
             materialize(ops, state, dest, base=tmp / "ckpt.before")
-            case_n = dataclasses.replace(case, fault={"kind": "state", "op": f, "state": json.loads(state.to_json()),
-                                                      "schedule": schedule})
+            case_n = state_case(state)
             run = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(outcome.records[: f + 1]),
                           fault={"kind": "state", "acknowledged": state.prefix >= len(ops)})
             run_ops(case_n, runners, dest, range(f + 1, len(case.ops)), run)

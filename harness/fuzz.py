@@ -96,7 +96,7 @@ class Judge:
         if case.fault is not None and case.fault.get("kind") in ("point", "power"):
             from .faultrun import resolve
 
-            concrete = resolve(case, self, self.runners)
+            concrete = resolve(case, self)
             if concrete is None:
                 return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",)), Outcome(case.sut)
             try:

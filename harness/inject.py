@@ -36,9 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from faults.corrupt import KINDS as CORRUPTIONS
+from faults.corrupt import Corruption, apply, check_relpath, corrupt
+from faults.crashstates import CrashState, fs_ops, materialize
 from faults.errors import FaultSpecError
 from faults.interleave import follow, streams
+from faults.limits import FileSizeLimit
+from faults.stall import Stall
 from faults.strace import ERRNO_NAMES, Attached
+from faults.triggers import KillWhen
 
 KINDS = ("kill", "error", "fsize", "kill-when", "stall", "state", "corrupt", "point", "power", "record")
 _FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, optional) besides kind and op
@@ -89,7 +94,7 @@ class FaultSpec:
                 raise FaultSpecError(f"syscall must be a syscall name, got {p['syscall']!r}")
             _int(p["k"], "k")
             if p.get("path") not in (None, "."):  # "." is the root directory itself
-                _relpath(p["path"])
+                check_relpath(p["path"])
         if self.kind == "error" and p["errno"] not in ERRNO_NAMES:
             raise FaultSpecError(f"errno must be one of {ERRNO_NAMES}, got {p['errno']!r}")
         if self.kind == "fsize":
@@ -99,7 +104,7 @@ class FaultSpec:
             if len(given) != 1:
                 raise FaultSpecError(f"{self.kind} fault needs exactly one trigger of {_TRIGGERS}, got {given}")
             if p.get("file_appears") is not None:
-                _relpath(p["file_appears"])
+                check_relpath(p["file_appears"])
             if p.get("rank") is not None:
                 _int(p["rank"], "rank", low=0)
         if self.kind in ("point", "power"):
@@ -119,22 +124,11 @@ class FaultSpec:
     def to_json(self) -> dict:
         return {"kind": self.kind, "op": self.op, **self.params}
 
-    @property
-    def post_op(self) -> bool:
-        """Faults that change the checkpoint after the operation instead of disturbing it."""
-        return self.kind in ("state", "corrupt")
-
 
 def _int(value: object, name: str, low: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise FaultSpecError(f"{name} must be an int >= {low}, got {value!r}")
     return value
-
-
-def _relpath(path: object) -> str:
-    from faults.corrupt import check_relpath
-
-    return check_relpath(path)
 
 
 class ArmedFault:
@@ -176,20 +170,14 @@ class ArmedFault:
             self._injector = Attached(self._targets(), capture_data=True)
             self.report.update(mechanism="strace", state=p["state"])
         elif kind == "fsize":
-            from faults.limits import FileSizeLimit
-
             self._injector = FileSizeLimit(self._targets(), p["limit"])
         elif kind in ("kill-when", "stall"):
             trigger = {t: p[t] for t in _TRIGGERS if p.get(t) is not None}
             if "file_appears" in trigger:
                 trigger["file_appears"] = str(self.root / trigger["file_appears"])
             if kind == "kill-when":
-                from faults.triggers import KillWhen
-
                 self._injector = KillWhen(self._targets(), target=p.get("target", "tree"), **trigger)
             else:
-                from faults.stall import Stall
-
                 self._injector = Stall(self._targets(), duration=p["duration"], **trigger)
         elif kind in ("point", "power"):
             raise FaultSpecError(f"a {kind} fault must be resolved (harness.faultrun.resolve) before it runs")
@@ -230,19 +218,15 @@ class ArmedFault:
         """Apply post-operation faults; returns the root the remaining operations use."""
         p = self.spec.params
         if self.spec.kind == "corrupt":
-            from faults.corrupt import Corruption, apply, plan
-
             if "plan" in p:
                 corruption = Corruption.from_json(p["plan"])
+                apply(self.root, corruption)
             else:
-                corruption = plan(self.root, p["corruption"], p["seed"], p.get("region", "any"))
+                corruption = corrupt(self.root, p["corruption"], p["seed"], p.get("region", "any"))
                 self.resolved = {"kind": "corrupt", "op": self.spec.op, "plan": corruption.to_json()}
-            apply(self.root, corruption)
             self.report.update(mechanism="file", fired=True, plan=corruption.to_json())
             return self.root
         if self.spec.kind == "state":
-            from faults.crashstates import CrashState, fs_ops, materialize
-
             assert isinstance(self._injector, Attached) and self._injector.recording is not None
             ops = fs_ops(self.recording, str(self.root))
             if p.get("schedule") is not None:

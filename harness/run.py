@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from faults.corrupt import corrupt
 from faults.errors import FaultSpecError
 from properties.case import HARNESS_KINDS, Case, Op
 from properties.outcome import OpRecord, Outcome
@@ -174,12 +175,8 @@ def _harness_op(op: Op, index: int, root: Path, runners: Runners, active: list) 
             runners.discard(runner, graceful=False)
         active.clear()
         return rec
-    from faults.corrupt import apply, plan
-
     try:
-        corruption = plan(root, op.corruption, op.seed)
-        apply(root, corruption)
-        rec.applied = corruption.to_json()
+        rec.applied = corrupt(root, op.corruption, op.seed).to_json()
     except (FaultSpecError, OSError) as exc:  # e.g. nothing eligible yet: the root stays as it was
         rec.applied = {"skipped": f"{type(exc).__name__}: {exc}"}
     return rec
