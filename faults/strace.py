@@ -257,9 +257,8 @@ def _trace_options(syscalls: Sequence[str], capture_data: bool) -> list[str]:
     return ["-y", "-e", f"trace={names}", *(["-s", str(CAPTURE_LIMIT), "-xx"] if capture_data else [])]
 
 
-def _recording(cmd: Sequence[str], text: str, path_filter: str | None, rc: int | None, so: str, se: str, to: bool,
-               dt: float) -> Recording:
-    all_calls, _ = parse_trace(text)
+def _recording(cmd: Sequence[str], all_calls: list[Syscall], path_filter: str | None, rc: int | None, so: str,
+               se: str, to: bool, dt: float) -> Recording:
     calls = [c for c in all_calls if path_filter is None or any(path_filter in p for p in c.paths)]
     return Recording(list(cmd), rc, calls, all_calls, so, se, to, dt)
 
@@ -279,7 +278,7 @@ def record(cmd: Sequence[str], *, syscalls: Sequence[str] = DEFAULT_SYSCALLS, pa
                 "--", *cmd]
         rc, so, se, to, dt = _run(argv, timeout, env, cwd, tmp)
         text = _read(trace)
-    return _recording(cmd, text, path_filter, rc, so, se, to, dt)
+    return _recording(cmd, parse_trace(text)[0], path_filter, rc, so, se, to, dt)
 
 
 class Attached:
@@ -317,11 +316,7 @@ class Attached:
         argv = ["strace", "-f", *_trace_options(syscalls, self.capture_data), "-o", trace]
         self.initial_tids = _threads(self.pids)
         if self.inject is not None:
-            syscall, k, action, path = self.inject
-            _check_syscall(syscall)
-            if k < 1:
-                raise ValueError(f"k must be >= 1, got {k}")
-            argv += [*(["-P", path] if path is not None else []), "-e", f"inject={syscall}:{action}:when={k}"]
+            argv += _inject_options(*self.inject)
         tree = _processes(self.pids)
         for pid in tree:  # -f follows only children born after the attach: attach to existing ones (writers) too
             argv += ["-p", str(pid)]
@@ -367,38 +362,46 @@ class Attached:
         return text
 
     def __exit__(self, *exc: object) -> None:
-        text = self._stop()
-        rec = _recording([f"pid {p}" for p in self.pids], text, self.path_filter, None, "", "", False,
-                         time.monotonic() - self._t0)
-        self.recording = rec
-        _, self.killed_pids = parse_trace(text)
+        all_calls, self.killed_pids = parse_trace(self._stop())
+        self.recording = _recording([f"pid {p}" for p in self.pids], all_calls, self.path_filter, None, "", "", False,
+                                    time.monotonic() - self._t0)
         if self.inject is not None:
             syscall, _, action, _ = self.inject
-            if action.startswith("signal="):
-                # The call's own thread may be logged as killed after the detach; any death in the group will do.
-                self.injected_call = next((c for c in rec.all_calls if c.killed and c.name == syscall), None) \
-                    if self.killed_pids else None
-            else:
-                self.injected_call = next((c for c in rec.all_calls if c.result.endswith("(INJECTED)")), None)
+            # The call's own thread may be logged as killed only after the detach: any death in the tree will do.
+            self.injected_call = _injected_call(all_calls, self.killed_pids, syscall, action, own_death_logged=False)
+
+
+def _inject_options(syscall: str, k: int, action: str, path: str | None) -> list[str]:
+    """strace options making the k-th ``syscall`` (per process, on exactly ``path`` if given) suffer ``action``."""
+    _check_syscall(syscall)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return [*(["-P", path] if path is not None else []), "-e", f"inject={syscall}:{action}:when={k}"]
+
+
+def _injected_call(calls: list[Syscall], killed_pids: list[int], syscall: str, action: str, *,
+                   own_death_logged: bool) -> Syscall | None:
+    """The call an injection hit: for a kill, a ``syscall`` that never returned (``own_death_logged``: made by a
+    process the trace saw killed); for an error, the call strace marks ``(INJECTED)``."""
+    if not action.startswith("signal="):
+        return next((c for c in calls if c.result.endswith("(INJECTED)")), None)
+    if not killed_pids:
+        return None
+    return next((c for c in calls if c.killed and c.name == syscall and (c.pid in killed_pids or not own_death_logged)),
+                None)
 
 
 def _inject(cmd: Sequence[str], syscall: str, k: int, action: str, path: str | None, timeout: float,
             env: Mapping[str, str] | None, cwd: str | None, seccomp: bool) -> InjectionResult:
-    _check_syscall(syscall)
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    options = _inject_options(syscall, k, action, path)
     with tempfile.TemporaryDirectory(prefix="ckpt-strace-") as tmp:
         trace = os.path.join(tmp, "trace")
-        argv = ["strace", "-f", *(["--seccomp-bpf"] if seccomp else []), "-y", "-q",
-                *(["-P", path] if path is not None else []),
-                "-e", f"trace={syscall}", "-e", f"inject={syscall}:{action}:when={k}", "-o", trace, "--", *cmd]
+        argv = ["strace", "-f", *(["--seccomp-bpf"] if seccomp else []), "-y", "-q", "-e", f"trace={syscall}",
+                *options, "-o", trace, "--", *cmd]
         rc, so, se, to, dt = _run(argv, timeout, env, cwd, tmp)
         text = _read(trace)
     calls, killed_pids = parse_trace(text)
-    if action.startswith("signal="):
-        hit = next((c for c in calls if c.killed and c.pid in killed_pids and c.name == syscall), None)
-    else:
-        hit = next((c for c in calls if c.result.endswith("(INJECTED)")), None)
+    hit = _injected_call(calls, killed_pids, syscall, action, own_death_logged=True)
     return InjectionResult(
         cmd=list(cmd), returncode=rc, killed=bool(killed_pids) and action.startswith("signal=") and hit is not None,
         killed_pid=hit.pid if hit is not None and action.startswith("signal=") else None, injected=hit is not None,
