@@ -51,6 +51,7 @@ class ReferenceSut(SutAdapter):
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict):
         local = {n: rt.local for n, rt in tensors.items()}
         save_id = agreed_save_id(name)
+        timeout = float(options.get("commit_timeout", COMMIT_TIMEOUT))  # how long rank 0 waits for the others
         if use_async:
             handle = self.saver.save_local(
                 root,
@@ -59,12 +60,12 @@ class ReferenceSut(SutAdapter):
                 self.world,
                 {self.rank: local},
                 commit=self.rank == 0,
-                commit_timeout=float(options.get("commit_timeout", COMMIT_TIMEOUT)),
+                commit_timeout=timeout,
             )
             return handle, tensors
         save_rank(root, name, save_id, self.rank, self.world, local)
         if self.rank == 0:
-            commit(root, name, save_id, self.world, timeout=float(options.get("commit_timeout", COMMIT_TIMEOUT)))
+            commit(root, name, save_id, self.world, timeout=timeout)
         return None, tensors
 
     def wait(self, handle) -> None:
