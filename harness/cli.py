@@ -17,7 +17,9 @@ from faults.errors import FaultSpecError
 from properties.case import CaseError, read_case_file
 from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
+from properties.drawing import drawable
 from properties.fault_strategies import FAULT_PROPERTIES, has_latest
+from properties.training_strategies import TRAINING_PROPERTIES
 
 from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
 from .inject import FaultSpec
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 def _fuzz(args: argparse.Namespace) -> int:
     cls = resolve(args.sut)
     caps = frozenset(getattr(cls, "capabilities", ()))
-    implemented = list(CASE_PROPERTIES) + (list(FAULT_PROPERTIES) if args.faults else [])
+    implemented = list(CASE_PROPERTIES) + list(TRAINING_PROPERTIES) + (list(FAULT_PROPERTIES) if args.faults else [])
     requested = args.properties or implemented
     unknown = [p for p in requested if p not in PROPERTIES]
     if unknown:
@@ -103,11 +105,12 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise HarnessError(f"properties {missing} are not implemented yet; implemented: {', '.join(implemented)}")
     if args.ranks < 1 or args.time <= 0:
         raise HarnessError("--ranks must be at least 1 and --time positive")
-    props = [p for p in requested if applicable(p, caps)]
-    campaign = Campaign(
-        args.sut, args.ranks, props, args.time, args.seed if args.seed is not None else default_seed(), mode=args.launch
-    )
-    campaign.skipped = {p: f"SUT does not claim {REQUIRES[p]!r}" for p in requested if p not in props}
+    props = [p for p in requested if applicable(p, caps) and drawable(p, caps)]
+    seed = args.seed if args.seed is not None else default_seed()
+    campaign = Campaign(args.sut, args.ranks, props, args.time, seed, mode=args.launch, faults=args.faults)
+    campaign.skipped = {p: (f"SUT does not claim {REQUIRES[p]!r}" if p in REQUIRES
+                            else "SUT cannot hold a training state (needs F32, I64 and a parameter dtype)")
+                        for p in requested if p not in props}
     if args.faults:
         from faults import strace
 
@@ -216,9 +219,10 @@ def _list(args: argparse.Namespace) -> int:
         print(f"  {name:<12} {state}  {caps}")
     print("Properties:")
     for pid, text in PROPERTIES.items():
-        mark = "*" if pid in CASE_PROPERTIES or pid in FAULT_PROPERTIES else " "
+        mark = "*" if pid in CASE_PROPERTIES or pid in FAULT_PROPERTIES or pid in TRAINING_PROPERTIES else " "
         print(f"  {mark} {pid:<18} {text}")
-    print("  (* = implemented in this version; P-ATOMIC, P-NOLOSS, P-CORRUPT, P-LIVENESS run with --faults)")
+    print("  (* = implemented in this version; P-ATOMIC, P-NOLOSS, P-CORRUPT, P-LIVENESS run with --faults, which also "
+          "lets P-RESUME crash a save)")
     from faults import strace
 
     ptrace = strace.available()

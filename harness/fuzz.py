@@ -19,8 +19,7 @@ from hypothesis import seed as hypothesis_seed
 from faults.errors import TraceMismatch
 from properties.atomic import judge_history
 from properties.case import Case, CaseError
-from properties.case_strategies import cases
-from properties.fault_strategies import FAULT_PROPERTIES, fault_cases
+from properties.drawing import property_cases
 from properties.judge import judge, judge_diff
 from properties.outcome import Outcome
 from properties.verdicts import Judgement, Verdict
@@ -81,6 +80,7 @@ class Campaign:
     launches: int = 0
     ptrace: bool = True  # fault cases may attach strace (else they use the psutil fallbacks)
     unreplayable: int = 0  # drawn power-loss states skipped: the ranks never interleaved their IO as recorded
+    faults: bool = False  # the campaign injects faults (fault properties; P-RESUME may crash a save)
 
 
 class Judge:
@@ -227,9 +227,8 @@ def _batch(
 
 
 def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):
-    if prop in FAULT_PROPERTIES:
-        return fault_cases(prop, campaign.sut, campaign.ranks, capabilities, ptrace=campaign.ptrace)
-    return cases(prop, campaign.sut, campaign.ranks, capabilities)
+    return property_cases(prop, campaign.sut, campaign.ranks, capabilities, faults=campaign.faults,
+                          ptrace=campaign.ptrace)
 
 
 def _progress(campaign: Campaign, prop: str, start: float) -> None:

@@ -18,6 +18,7 @@ from properties.case import Case
 from reference.dtypes import dtype
 from reference.engine import LocalTensor, local_tensors
 from reference.tensor import Tensor
+from reference.training import initial_pieces, train
 
 from .sut.base import RankTensor, SutAdapter
 
@@ -28,12 +29,14 @@ class RankExecutor:
         self.case: Case | None = None
         self.root: Path | None = None
         self.pending: list[Any] = []  # handles of detached async saves not yet settled by wait or kill
+        self.live: dict[str, LocalTensor] | None = None  # a training case's state on this rank (trained in place)
 
     def begin(self, case_json: dict, root: str) -> None:
         self.case = Case.from_json(case_json)
         self.root = Path(root)
 
     def end(self) -> None:
+        self.live = None
         self.drop_pending()
         self.adapter.end_case()
         self.case = self.root = None
@@ -54,7 +57,7 @@ class RankExecutor:
     def rank_tensors(self, which: str, version: int, zeros: bool) -> dict[str, RankTensor]:
         assert self.case is not None
         layouts = self.case.layouts(which)
-        state = self.case.state(version)
+        state = self.case.expected(version, which)
         out = {}
         for name, lt in local_tensors(state, layouts, self.rank).items():
             if zeros:
@@ -70,7 +73,8 @@ class RankExecutor:
         start = time.perf_counter()
         try:
             if op.kind == "save":
-                tensors = self.rank_tensors("save", op.version, zeros=False)
+                tensors = self._live_tensors(index) if self.case.training else self.rank_tensors(
+                    "save", op.version, zeros=False)
                 handle = self.adapter.save(
                     self.root, op.name, tensors, use_async=op.use_async, options=self.case.options
                 )
@@ -83,8 +87,16 @@ class RankExecutor:
                         self.adapter.wait(handle)
             elif op.kind == "load":
                 targets = self.rank_tensors("load", op.version, zeros=True)
+                self.live = None  # a failed load leaves no state to train on: the job would start over
                 got = self.adapter.load(self.root, op.name, targets, options=self.case.options)
                 record["loaded"] = {name: _pack(t) for name, t in got.items()}
+                if self.case.training:
+                    self.live = {name: LocalTensor(rt.local.global_shape, rt.region, got[name].copy(), rt.local.saves)
+                                 for name, rt in targets.items() if name in got}
+            elif op.kind == "train":
+                live = self._live(index)
+                train(self.case.spec(), self.case.params(), live, op.version)
+                record["loaded"] = {name: _pack(lt.tensor) for name, lt in live.items()}
             elif op.kind == "wait":
                 self._wait_pending()
             elif op.kind == "kill":
@@ -100,6 +112,19 @@ class RankExecutor:
             )
         record["seconds"] = time.perf_counter() - start
         return record
+
+    def _live(self, index: int) -> dict[str, LocalTensor]:
+        """The live training state; a job without one (fresh ranks, a failed load) starts from the seeds."""
+        assert self.case is not None
+        if self.live is None:
+            layouts = self.case.layouts(self.case.op_layouts(index))
+            self.live = initial_pieces(self.case.spec(), self.case.params(), layouts, self.rank)
+        return self.live
+
+    def _live_tensors(self, index: int) -> dict[str, RankTensor]:
+        assert self.case is not None
+        layouts = self.case.layouts(self.case.op_layouts(index))
+        return {name: RankTensor(name, layouts.get(name), lt) for name, lt in self._live(index).items()}
 
     def _wait_pending(self) -> None:
         """Wait for every detached save, oldest first; all are settled, and the first error is raised."""

@@ -108,7 +108,7 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
                     raise FaultSpecError(f"fault op {i} is a {op.kind}: a fault needs an op that runs on the ranks")
                 outcome.records.append(_harness_op(op, i, root, runners, active))
                 continue
-            runner = runners.get(worlds["load" if op.kind == "load" else "save"], case.options, launched=faulted)
+            runner = runners.get(worlds[case.op_layouts(i)], case.options, launched=faulted)
             rec = OpRecord(i, op.kind, op.name)
             try:
                 if runner not in active:

@@ -19,10 +19,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from reference.engine import local_tensors
-from reference.tensor import diff_states
-
 from .case import Case
+from .judge import mismatch
 from .outcome import OpRecord, Outcome
 from .verdicts import Judgement, Verdict, worst
 
@@ -102,6 +100,8 @@ def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | 
             results.append(_failed_op(h, rec, where, faulted, clear_errors))
         elif op.kind == "corrupt":
             h.corrupted.append(rec.index - 1)  # every save issued before it may be damaged
+        elif op.kind == "train":
+            results.append(_judge_train(case, op.version, rec, where))
         else:
             results.append(_judge_load(h, op.name, rec, where, clear_errors))
         if faulted and h.kind == "corrupt":
@@ -135,6 +135,19 @@ def _failed_op(h: _History, rec: OpRecord, where: str, faulted: bool,
     return Judgement(h.case.property, Verdict.LOUD_FAILURE, (error,))
 
 
+def _judge_train(case: Case, step: int, rec: OpRecord, where: str) -> Judgement | None:
+    """Training resumes from whatever the loads gave (or from the seeds where nothing loaded), and the loop is
+    deterministic, so every train must reach the uninterrupted run's state bitwise (P-RESUME)."""
+    if not rec.ok:
+        verdict = {"hang": Verdict.HANG, "crash": Verdict.CRASH}.get(rec.failure or "", Verdict.LOUD_FAILURE)
+        return Judgement(case.property, verdict, (f"{where}: {rec.error_type}: {rec.error}",))
+    problems = mismatch(case, step, rec)
+    if not problems:
+        return None
+    return Judgement(case.property, Verdict.SILENT_CORRUPTION,
+                     (f"{where}: the resumed run differs from the uninterrupted run at step {step}:", *problems[:8]))
+
+
 def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
                 clear_errors: Collection[str] | None) -> Judgement | None:
     case = h.case
@@ -162,7 +175,7 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
         return Judgement(lost_prop, Verdict.LOUD_FAILURE, (f"unclear error about an incomplete or damaged "
                                                            f"checkpoint: {error}",))
     for save in allowed:
-        if not _mismatch(case, save.version, rec):
+        if not mismatch(case, save.version, rec):
             return None
     if not allowed:
         return Judgement(case.property, Verdict.SILENT_CORRUPTION,
@@ -172,7 +185,7 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
     # Older checkpoints: acknowledged ones, and for "latest" also attempts settled before the acknowledged save.
     older = [s for s in h.saves if (s.acked or name is None) and s.index < ack.index and s not in allowed] \
         if ack is not None else []
-    came_back = next((s for s in older if not _mismatch(case, s.version, rec)), None)
+    came_back = next((s for s in older if not mismatch(case, s.version, rec)), None)
     if came_back is not None and not corrupted:
         return Judgement(loss_prop, Verdict.DATA_LOSS, (f"{where}: an older checkpoint came back instead of "
                                                        f"acknowledged version {ack.version} (op {ack.index})",))
@@ -182,15 +195,4 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
                           f"loaded silently instead of acknowledged version {ack.version} (op {ack.index})",))
     return Judgement(lost_prop, Verdict.SILENT_CORRUPTION,
                      (f"{where}: loaded state is none of versions {versions} (diff against version {closest}):",
-                      *_mismatch(case, closest, rec)[:8]))
-
-
-def _mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:
-    """Differences between what each rank loaded and its slice of ``version`` (empty: bitwise equal)."""
-    layouts = case.layouts("load")
-    state = case.state(version)
-    out: list[str] = []
-    for rank, got in sorted(rec.loaded.items()):
-        expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
-        out += [f"rank {rank}: {d}" for d in diff_states(expected, dict(got))]
-    return out
+                      *mismatch(case, closest, rec)[:8]))

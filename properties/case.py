@@ -7,6 +7,11 @@ an async save returns, optionally ``detach``-ed: returning without waiting), ``l
 expect a given version. Sequence ops (a training job's life, judged by ``properties.atomic.judge_history``):
 ``wait`` for the detached saves, ``kill`` their writers, ``restart`` the job (fresh rank processes), ``rotate``
 (keep the newest ``keep`` checkpoints) and ``corrupt`` the checkpoint root (a seeded ``faults.corrupt`` plan).
+
+A *training* case (``training`` holds a reference.training.TrainingSpec) runs the miniature training loop instead
+of saving fixed versions: its tensors are the model's parameters, a state holds every family of each (model,
+master weights, moments, EMA) plus RNG and step, a version is a step, and ``train`` advances the ranks' live state
+to a step. Saves write the live state; a load replaces it (a failed one drops it, and training then starts over).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
 from reference.layout import TensorLayout, layout_from_json
 from reference.tensor import Tensor
+from reference.training import Param, TrainingSpec, check_params, state_keys, trained_state
 
 CASE_VERSION = 1
 
@@ -92,7 +98,7 @@ class TensorCase:
         return seeded_tensor(dt, self.shape, self.seed * 1_000_003 + version)
 
 
-OP_KINDS = ("save", "load", "wait", "kill", "restart", "rotate", "corrupt")
+OP_KINDS = ("save", "load", "train", "wait", "kill", "restart", "rotate", "corrupt")
 SEQUENCE_KINDS = ("wait", "kill", "restart", "rotate", "corrupt")  # ops beyond one save/load round
 HARNESS_KINDS = ("restart", "corrupt")  # done by the harness between rank ops, not by the SUT
 _SEQUENCE_FIELDS = ("detach", "keep", "seed", "corruption")
@@ -102,7 +108,7 @@ _SEQUENCE_FIELDS = ("detach", "keep", "seed", "corruption")
 class Op:
     kind: str  # one of OP_KINDS
     name: str | None = None  # checkpoint name; None on load means "latest"
-    version: int = 0  # save: which state version; load: which version is expected
+    version: int = 0  # save: which state version; load: which version is expected; train: the step to reach
     use_async: bool = False
     mutate_after: bool = False  # async save: scribble on the caller's tensors as soon as save returns
     detach: bool = False  # async save that returns without waiting: a later wait / kill / restart settles it
@@ -150,6 +156,8 @@ class Case:
     version: int = CASE_VERSION
     #: The fault injected into one of the ops (harness.faultspec parses it); None for a fault-free case.
     fault: dict | None = None
+    #: A training case's loop (reference.training.TrainingSpec as JSON); None for saves of fixed versions.
+    training: dict | None = None
 
     @property
     def sequence(self) -> bool:
@@ -157,7 +165,36 @@ class Case:
         return any(op.kind in SEQUENCE_KINDS or op.detach for op in self.ops)
 
     def state(self, version: int = 0) -> dict[str, Tensor]:
+        """The whole state at ``version`` (a training case: the uninterrupted run after that many steps)."""
+        if self.training is not None:
+            return trained_state(self.spec(), self.params(), version)
         return {t.name: t.build(version) for t in self.tensors}
+
+    def expected(self, version: int, which: str) -> dict[str, Tensor]:
+        """The state a load (or the live state) under ``which`` layouts holds: a training case's layouts may name a
+        subset of its keys (a load of the EMA alone); other cases hold every tensor."""
+        state = self.state(version)
+        if self.training is None:
+            return state
+        return {k: state[k] for k in self.layouts(which)}
+
+    def spec(self) -> TrainingSpec:
+        if self.training is None:
+            raise ValueError("not a training case")
+        return TrainingSpec.from_json(self.training)
+
+    def params(self) -> tuple[Param, ...]:
+        return tuple(Param(t.name, t.dtype, t.shape, t.seed) for t in self.tensors)
+
+    def op_layouts(self, index: int) -> str:
+        """Which layouts (and world) op ``index`` runs under: loads the load layouts; in a training case the live
+        state lives under the save layouts until the first load and under the load layouts after it."""
+        op = self.ops[index]
+        if op.kind == "load":
+            return "load"
+        if self.training is not None and any(o.kind == "load" for o in self.ops[:index]):
+            return "load"
+        return "save"
 
     def specs(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         return {t.name: (t.dtype, t.shape) for t in self.tensors}
@@ -172,8 +209,9 @@ class Case:
 
     def to_json(self) -> dict:
         data = asdict(self)
-        if self.fault is None:
-            del data["fault"]
+        for optional in ("fault", "training"):
+            if data[optional] is None:
+                del data[optional]
         data["tensors"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in self.tensors]
         data["ops"] = [op.to_json() for op in self.ops]
         return data
@@ -209,6 +247,7 @@ class Case:
                 dict(data.get("options", {})),
                 int(data.get("seed", 0)),
                 fault=_fault(data.get("fault")),
+                training=_training(data.get("training")),
             )
             for t in tensors:
                 if any(s < 0 for s in t.shape) or (t.bits is not None and len(t.bits) != math.prod(t.shape)):
@@ -222,6 +261,10 @@ class Case:
                     op.check()
                 except ValueError as exc:
                     raise ValueError(f"ops[{n}]: {exc}") from None
+            if case.training is not None:
+                _check_training(case)
+            elif any(op.kind == "train" for op in ops):
+                raise ValueError("a 'train' op needs a training case (a 'training' object)")
         except (KeyError, TypeError, ValueError, LayoutError) as exc:
             raise CaseError(f"{source}: malformed case ({type(exc).__name__}: {exc})") from None
         return case
@@ -249,6 +292,43 @@ def _dtype(name: object) -> str:
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}")
     return str(name)
+
+
+def _training(raw: object) -> dict | None:
+    return None if raw is None else TrainingSpec.from_json(raw).to_json()
+
+
+def _check_training(case: Case) -> None:
+    """A training case is well formed when its layouts name its keys and every save writes a known step: the live
+    state's step is known after a ``train`` (its target) or a named load (its version), and lost after a load of
+    "latest" or a partial one (then a ``train`` must come first: it starts over where the state is gone)."""
+    if any(t.bits is not None for t in case.tensors):
+        raise ValueError("training parameters are seeded, not given as bits")
+    check_params(case.params())
+    keys = set(state_keys(case.params()))
+    save_keys, load_keys = set(case.save_layout), set(case.load_layout)
+    if save_keys != keys:
+        raise ValueError(f"the save layouts must name exactly the training keys {sorted(keys)}; "
+                         f"missing {sorted(keys - save_keys)}, unknown {sorted(save_keys - keys)}")
+    if not load_keys <= keys or not load_keys:
+        raise ValueError(f"the load layouts name unknown keys {sorted(load_keys - keys)} or none")
+    partial = load_keys != keys
+    live: int | None = 0  # the live state's step; None: unknown or partial
+    for n, op in enumerate(case.ops):
+        if op.kind == "train":
+            if live is not None and op.version < live:
+                raise ValueError(f"ops[{n}]: train to step {op.version}, but the state is at step {live}")
+            live = op.version
+        elif op.kind == "save" and live != op.version:
+            raise ValueError(f"ops[{n}]: save of step {op.version}, but the live state is at step "
+                             f"{'unknown (train first)' if live is None else live}")
+        elif op.kind == "load":
+            live = None if (op.name is None or partial) else op.version
+        if op.kind == "restart" or (case.fault is not None and case.fault.get("op") == n):
+            live = 0  # fresh ranks (a restart, or the one after a fault) start over from the seeds
+        if op.kind in ("train", "save") and partial and case.op_layouts(n) == "load":
+            raise ValueError(f"ops[{n}]: the load layouts hold part of the state, so nothing can train or save "
+                             "after a load")
 
 
 def _fault(raw: object) -> dict | None:

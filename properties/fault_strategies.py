@@ -47,9 +47,10 @@ def _psutil_trigger(draw) -> dict:
 
 
 @st.composite
-def faults(draw, prop: str, ranks: int, use_async: bool, ptrace: bool) -> dict:
-    """One fault for ``prop``; ``ptrace`` says whether strace may attach here (else the psutil fallbacks)."""
-    op = {"op": FAULT_OP}
+def faults(draw, prop: str, ranks: int, use_async: bool, ptrace: bool, op: int = FAULT_OP) -> dict:
+    """One fault for ``prop`` on op ``op``; ``ptrace`` says whether strace may attach here (else the psutil
+    fallbacks)."""
+    op = {"op": op}
     rank = draw(st.integers(0, ranks - 1))
     if prop == "P-ATOMIC":
         if ptrace and draw(st.booleans()):

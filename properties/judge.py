@@ -4,16 +4,16 @@ version bitwise, every save must succeed, and what was written must cover each t
 from __future__ import annotations
 
 from reference.engine import local_tensors
+from reference.tensor import diff_states
 
 from .case import Case
 from .checkers import judge_cover, judge_states
-from .outcome import Outcome
+from .outcome import OpRecord, Outcome
 from .verdicts import Judgement, Verdict, worst
 
 
 def judge(case: Case, outcome: Outcome) -> Judgement:
     prop = case.property
-    layouts = case.layouts("load")
     results: list[Judgement] = []
     for op_case, rec in zip(case.ops, outcome.records):
         where = f"op {rec.index} ({rec.kind} {rec.name or 'latest'})"
@@ -25,16 +25,26 @@ def judge(case: Case, outcome: Outcome) -> Judgement:
             cover = judge_cover(prop, rec.written)
             if not cover.ok:
                 results.append(Judgement(prop, cover.verdict, tuple(f"{where}: {d}" for d in cover.details)))
-        if rec.kind == "load":
-            expected_state = case.state(op_case.version)
-            for rank, got in sorted(rec.loaded.items()):
-                expected = {n: lt.tensor for n, lt in local_tensors(expected_state, layouts, rank).items()}
-                j = judge_states(prop, expected, got)
-                if not j.ok:
-                    results.append(Judgement(prop, j.verdict, tuple(f"{where}, rank {rank}: {d}" for d in j.details)))
+        if rec.kind in ("load", "train"):  # a train record holds the live state it reached
+            problems = mismatch(case, op_case.version, rec)
+            if problems:
+                results.append(Judgement(prop, Verdict.SILENT_CORRUPTION, tuple(f"{where}, {d}" for d in problems)))
     if len(outcome.records) < len(case.ops) and not results:
         results.append(Judgement(prop, Verdict.CRASH, (f"only {len(outcome.records)} of {len(case.ops)} ops ran",)))
     return worst(results) or Judgement(prop, Verdict.PASS)
+
+
+def mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:
+    """Differences between what each rank of ``rec`` holds (loaded, or trained to) and its slice of ``version``
+    under the layouts the op ran with (empty: bitwise equal)."""
+    which = case.op_layouts(rec.index)
+    layouts = case.layouts(which)
+    state = case.expected(version, which)
+    out: list[str] = []
+    for rank, got in sorted(rec.loaded.items()):
+        expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
+        out += [f"rank {rank}: {d}" for d in diff_states(expected, dict(got))]
+    return out
 
 
 def judge_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
