@@ -239,7 +239,8 @@ def cast_bits(values: np.ndarray, dtype_name: str) -> np.ndarray:
     if dtype_name == "F32":
         return values.view(np.uint32).copy()
     if dtype_name == "F16":
-        return values.astype(np.float16).view(np.uint16)
+        with np.errstate(over="ignore"):  # overflow to ±inf is the cast's defined result
+            return values.astype(np.float16).view(np.uint16)
     if dtype_name == "BF16":
         bits = values.view(np.uint32).astype(np.uint64)
         rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)

@@ -9,21 +9,25 @@ from hypothesis import given, settings
 
 from harness.sut import resolve
 from properties.case import Case
-from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable, cases
+from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
+from properties.drawing import drawable, property_cases
+from properties.training_strategies import TRAINING_PROPERTIES
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("prop", CASE_PROPERTIES)
+@pytest.mark.parametrize("prop", CASE_PROPERTIES + TRAINING_PROPERTIES)
 def test_property_holds(prop: str, sut_judge, request: pytest.FixtureRequest) -> None:
     name = request.config.getoption("--sut")
     ranks = request.config.getoption("--ranks")
     caps = frozenset(resolve(name).capabilities)
     if not applicable(prop, caps):
         pytest.skip(f"{name} does not claim {REQUIRES[prop]!r}")
+    if not drawable(prop, caps):
+        pytest.skip(f"{name} cannot hold a training state")
 
     # A quarter of the profile's examples: every example here is a real multi-rank save and load.
     @settings(max_examples=max(5, settings.default.max_examples // 4))
-    @given(cases(prop, name, ranks, caps))
+    @given(property_cases(prop, name, ranks, caps))
     def check(case: Case) -> None:
         judgement, outcome = sut_judge(case)
         shims = outcome.shims

@@ -5,6 +5,8 @@ They wrap the reference adapter and break one thing, the way real checkpoint bug
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from harness.sut.reference import ReferenceSut
@@ -127,3 +129,37 @@ class LoadsOldestSut(ReferenceSut):
             found = committed_checkpoints(root)
             name = min(found, key=found.__getitem__) if found else None
         return super().load(root, name, targets, options=options)
+
+
+class FloatsOnlySut(ReferenceSut):
+    """Restores floating-point tensors only: integer ones (the RNG state, the step counter) keep whatever the
+    target held, as a loader that filters by dtype would do."""
+
+    name = "floats-only"
+
+    def load(self, root, name, targets, *, options):
+        out = super().load(root, name, targets, options=options)
+        return {k: (targets[k].local.tensor if t.dtype.kind == "int" else t) for k, t in out.items()}
+
+
+class EmaFromMasterSut(ReferenceSut):
+    """Writes the FP32 master weights where the EMA buffer belongs (two buffers of the same shape and dtype mixed
+    up when the save maps them to keys)."""
+
+    name = "ema-from-master"
+
+    def save(self, root, name, tensors, *, use_async, options):
+        swapped = {k: (tensors.get("master/" + k[4:], rt) if k.startswith("ema/") else rt) for k, rt in tensors.items()}
+        swapped = {k: dataclasses.replace(rt, name=k) for k, rt in swapped.items()}
+        return super().save(root, name, swapped, use_async=use_async, options=options)
+
+
+class SavesEveryReplicaSut(ReferenceSut):
+    """Every data-parallel replica writes its copy (the dedup of replicated pieces is missing)."""
+
+    name = "saves-every-replica"
+
+    def save(self, root, name, tensors, *, use_async, options):
+        every = {k: dataclasses.replace(rt, local=dataclasses.replace(rt.local, saves=True))
+                 for k, rt in tensors.items()}
+        return super().save(root, name, every, use_async=use_async, options=options)
