@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from reference.layout import Mesh, TensorLayout, flat_group, replicated
 from reference.moe import keyed_layouts, stacked_layout
-from reference.namespaces import STEP_KEY
+from reference.namespaces import NAMESPACES, STEP_KEY
 from reference.training import PARAM_DTYPES, RNG_KEY, family_keys
 
 from .case import Case, Op, TensorCase
@@ -26,6 +26,7 @@ from .strategies import shapes, sharded_layouts
 TRAINING_PROPERTIES = ("P-EMA", "P-RESUME")
 DENSE = ("w", "b", "emb", "layers.0.qkv")
 SCENARIOS = ("in-place", "restart", "async-restart", "fault")
+FAMILIES = (*NAMESPACES, "meta")
 
 
 def trainable(capabilities: Iterable[str]) -> bool:
@@ -136,6 +137,10 @@ def training_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
     moe = "moe" in caps.caps and (prop == "P-COVER" or draw(st.booleans()))
     params, save, load = draw(_layouts(caps, ranks, moe))
     opts = draw(options(caps))
+    if "split_families" in caps.caps and draw(st.booleans()):  # one checkpoint per family, a kind for each
+        opts["split_families"] = True
+        if caps.tensor_kinds:
+            opts["tensor_kinds"] = {ns: draw(st.sampled_from(caps.tensor_kinds)) for ns in FAMILIES}
     spec = draw(specs())
     use_async = "async" in caps.caps and draw(st.booleans())
     s = draw(st.integers(1, 6))

@@ -24,7 +24,7 @@ from properties.outcome import Outcome
 from properties.training_strategies import _layouts, specs, training_cases
 from reference.engine import local_tensors, rank_file
 from reference.index import read_index
-from reference.layout import Mesh, replicated
+from reference.layout import Mesh, Shard, Sharded, replicated
 from reference.moe import keyed_layouts
 from reference.namespaces import STEP_KEY
 from reference.training import (
@@ -328,3 +328,37 @@ def test_duplicated_replicas_break_p_cover() -> None:
     finally:
         judge.close()
     assert not judgement.ok and "Overlapping" in " ".join(judgement.details)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("use_async", [False, True], ids=["sync", "async"])
+def test_paddle_resumes_from_one_checkpoint_per_family(tmp_path: Path, use_async: bool) -> None:
+    """paddle-dcp with split_families: six save_state_dict calls (dist tensors for some families, ShardedWeight
+    for others) into six subdirectories; a restart resumes from them bitwise, and P-COVER reads every family's
+    metadata."""
+    pytest.importorskip("paddle")
+    mesh = Mesh((2,), ("dp",))
+    tensors = (TensorCase("w", "BF16", (4, 3), 1), TensorCase("b", "F32", (3,), 2))
+    layout = {"w": Sharded(mesh, (Shard(0),)), "b": replicated(mesh)}
+    save = {k: layout[name].to_json() for name in layout for k in family_keys(name).values()}
+    save[RNG_KEY] = save[STEP_KEY] = replicated(mesh).to_json()
+    kinds = {"model": "dist_from_local", "optimizer": "sharded_weight", "master": "sharded_weight",
+             "ema": "dist_from_local", "rng": "sharded_weight", "meta": "dist_from_local"}
+    ops = (Op("train", None, 3), Op("save", "step-3", 3, use_async), Op("restart"), Op("load", "step-3", 3),
+           Op("train", None, 5))
+    case = Case("P-RESUME", "paddle-dcp", tensors, save, save, ops, {"split_families": True, "tensor_kinds": kinds},
+                training=TrainingSpec(loss_threshold=1.0).to_json())
+    runners = Runners("paddle-dcp", mode="fresh")
+    try:
+        judgement, _ = Judge(runners)(Case.from_json(case.to_json()))
+        assert judgement.ok, judgement.details
+        root = tmp_path / "ckpt"
+        root.mkdir()
+        run_ops(case, runners, root, range(2), Outcome("paddle-dcp"))
+    finally:
+        runners.close()
+    assert sorted(p.name for p in (root / "step-3").iterdir()) == sorted(kinds)
+    from harness.sut.paddle_dcp import PaddleDcpSut
+
+    written = PaddleDcpSut.written(root, "step-3")
+    assert set(written) == set(save)

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
+from reference.namespaces import NAMESPACES
 from reference.tensor import Tensor
 
 from ._paddle_common import (
@@ -42,14 +43,15 @@ class DcpHandle:
     """What one save handed to Paddle: the local tensors (for ``mutate``) and, for async, the writer process."""
 
     tensors: list[Any]
-    process: Any = None
+    processes: list[Any] = field(default_factory=list)  # async: one writer per save_state_dict call
     waited: bool = field(default=False)
 
 
 class PaddleDcpSut(PaddleAdapter):
     name = "paddle-dcp"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state"}
+        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state",
+         "split_families"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -62,51 +64,62 @@ class PaddleDcpSut(PaddleAdapter):
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
         import paddle.distributed as dist
 
-        state, locals_ = {}, []
-        kind = _kind(tensors, options)
-        for tname, rt in tensors.items():
-            value, local = _wrap(tname, rt, to_paddle(rt.local.tensor), kind)
-            if value is not None:
-                state[tname] = value
-                locals_.append(local)
         path, unique_id = _location(root, name, options)
-        dist.save_state_dict(
-            state,
-            str(path),
-            unique_id=unique_id,
-            async_save=use_async,
-            safetensors=options.get("format") == "safetensors",
-            save_replicas=bool(options.get("save_replicas", False)),
-        )
-        handle = DcpHandle(locals_)
+        handle = DcpHandle([])
+        for sub, group in _families(tensors, options):
+            state = {}
+            kind = _kind(group, options, sub)
+            for tname, rt in group.items():
+                value, local = _wrap(tname, rt, to_paddle(rt.local.tensor), kind)
+                if value is not None:
+                    state[tname] = value
+                    handle.tensors.append(local)
+            dist.save_state_dict(
+                state,
+                str(path / sub if sub else path),
+                unique_id=unique_id,
+                async_save=use_async,
+                safetensors=options.get("format") == "safetensors",
+                save_replicas=bool(options.get("save_replicas", False)),
+            )
+            if use_async:
+                queue = sys.modules[_SAVE_MODULE].async_save_queue  # Paddle keeps its writer processes here
+                if queue:
+                    handle.processes.append(queue[-1])
         if use_async:
-            queue = sys.modules[_SAVE_MODULE].async_save_queue  # Paddle keeps its writer processes here
-            handle.process = queue[-1] if queue else None
             self._pending.append(handle)
         return handle
 
     def wait(self, handle: DcpHandle) -> None:
         """Join the spawned writer and raise on a non-zero exit (Paddle itself only logs it)."""
         handle.waited = True
-        if handle.process is None:
-            return
-        handle.process.join()
-        if handle.process.exitcode != 0:
-            raise RuntimeError(
-                f"paddle async save writer (pid {handle.process.pid}) exited {handle.process.exitcode}; its traceback "
-                "is in this rank's log"
-            )
+        for process in handle.processes:
+            process.join()
+        for process in handle.processes:
+            if process.exitcode != 0:
+                raise RuntimeError(
+                    f"paddle async save writer (pid {process.pid}) exited {process.exitcode}; its traceback is in "
+                    "this rank's log"
+                )
 
     # --- load ------------------------------------------------------------------------------------------------
 
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
-        import paddle.distributed as dist
 
         if name is None and not options.get("same_dir", False):
             raise ValueError("paddle-dcp keeps versions apart only inside one directory: load latest needs same_dir")
         path, unique_id = (Path(root) / _SAME_DIR, None) if name is None else _location(root, name, options)
+        out = {}
+        for sub, group in _families(targets, options):
+            out.update(self._load_group(path / sub if sub else path, unique_id, group, _kind(group, options, sub),
+                                        options))
+        return out
+
+    def _load_group(self, path: Path, unique_id: int | None, targets: dict[str, RankTensor], kind: str,
+                    options: dict) -> dict[str, Tensor]:
+        import paddle.distributed as dist
+
         state, read_back, out = {}, {}, {}
-        kind = _kind(targets, options)
         for tname, rt in targets.items():
             lt = rt.local
             value, local = _wrap(tname, rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind)
@@ -134,8 +147,9 @@ class PaddleDcpSut(PaddleAdapter):
         ``PATH_TO_CHECKPOINT_FILES`` (file lists cached per path) and the global metadata manager (left filled
         when a load raises). Within a case they stay, so repeated saves/loads see Paddle's real behaviour."""
         for handle in self._pending:
-            if handle.process is not None and not handle.waited:
-                handle.process.join()
+            if not handle.waited:
+                for process in handle.processes:
+                    process.join()
         self._pending.clear()
         module = sys.modules.get(_LOAD_MODULE)
         if module is not None:
@@ -146,42 +160,60 @@ class PaddleDcpSut(PaddleAdapter):
 
     @classmethod
     def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:
-        """Regions listed in Paddle's ``<unique_id>.metadata`` (declared extra replicas, replica_id > 0, left
-        out: they are copies by request, not duplicates)."""
-        meta_path = _metadata_file(Path(root), name)
-        if meta_path is None:
+        """Regions listed in Paddle's ``<unique_id>.metadata`` files (one per family directory when families are
+        split; declared extra replicas, replica_id > 0, left out: they are copies by request, not duplicates)."""
+        paths = _metadata_files(Path(root), name)
+        if not paths:
             return None
-        with open(meta_path, "rb") as f:
-            meta = _MetadataUnpickler(f).load()
-        shapes = {
-            key: tuple(metas[0].global_shape)
-            for key, metas in meta.state_dict_metadata.items()
-            if metas and metas[0].global_shape is not None
-        }
         out: dict[str, tuple[tuple[int, ...], list[Region]]] = {}
-        for index in meta.storage_metadata:
-            if index.replica_id not in (None, 0):
-                continue
-            gshape = shapes.get(index.tensor_key, ())
-            regions = out.setdefault(index.tensor_key, (gshape, []))[1]
-            offset, shape = tuple(index.global_offset), tuple(index.local_shape or ())
-            if not index.is_flattened:
-                regions.append(Box(offset, shape))
-            elif shape == gshape and not any(offset):
-                regions.append(FlatRange(*index.flattened_range))
-            else:
-                regions.extend(_flat_to_boxes(offset, shape, *index.flattened_range))
+        for path in paths:
+            with open(path, "rb") as f:
+                _add_regions(out, _MetadataUnpickler(f).load())
         return out
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
 
 
-def _kind(tensors: dict[str, RankTensor], options: dict) -> str:
-    """The tensor kind for one save/load. Paddle rejects dicts mixing ShardedWeight with tensors, and only
-    ShardedWeight expresses flat slices, so a state with any flat layout is all ShardedWeight (every rank sees
-    the same layouts, so all ranks decide alike)."""
-    kind = options.get("tensor_kind", "sharded_weight")
+def _add_regions(out: dict[str, tuple[tuple[int, ...], list[Region]]], meta: Any) -> None:
+    shapes = {
+        key: tuple(metas[0].global_shape)
+        for key, metas in meta.state_dict_metadata.items()
+        if metas and metas[0].global_shape is not None
+    }
+    for index in meta.storage_metadata:
+        if index.replica_id not in (None, 0):
+            continue
+        gshape = shapes.get(index.tensor_key, ())
+        regions = out.setdefault(index.tensor_key, (gshape, []))[1]
+        offset, shape = tuple(index.global_offset), tuple(index.local_shape or ())
+        if not index.is_flattened:
+            regions.append(Box(offset, shape))
+        elif shape == gshape and not any(offset):
+            regions.append(FlatRange(*index.flattened_range))
+        else:
+            regions.extend(_flat_to_boxes(offset, shape, *index.flattened_range))
+
+
+def _families(tensors: dict[str, RankTensor], options: dict) -> list[tuple[str, dict[str, RankTensor]]]:
+    """(subdirectory, tensors) per save_state_dict call: one call for the whole state, or with
+    ``options["split_families"]`` one call per state family (model, optimizer, master, ema, rng, meta), each in
+    its own subdirectory, as trainers keep model, optimizer and EMA checkpoints apart. Every rank makes a call for
+    every family, empty or not, so the collective calls pair up."""
+    if not options.get("split_families"):
+        return [("", tensors)]
+    families = (*NAMESPACES, "meta")
+    strays = sorted({k for k in tensors if k.partition("/")[0] not in families})
+    if strays:
+        raise ValueError(f"split_families: keys in no state family: {strays}")
+    return [(ns, {k: rt for k, rt in tensors.items() if k.partition("/")[0] == ns}) for ns in families]
+
+
+def _kind(tensors: dict[str, RankTensor], options: dict, family: str = "") -> str:
+    """The tensor kind for one save/load call (``options["tensor_kinds"]`` may choose one per family). Paddle
+    rejects dicts mixing ShardedWeight with tensors, and only ShardedWeight expresses flat slices, so a call with
+    any flat layout is all ShardedWeight (every rank sees the same layouts, so all ranks decide alike)."""
+    kind = options.get("tensor_kinds", {}).get(family) or options.get("tensor_kind", "sharded_weight")
     if kind not in ("sharded_weight", "dist_from_local"):
         raise NotImplementedError(
             f"tensor_kind {kind!r}: only sharded_weight and dist_from_local (shard_tensor needs the global tensor)"
@@ -249,16 +281,20 @@ def _location(root: Path, name: str, options: dict) -> tuple[Path, int | None]:
     return Path(root) / name, options.get("unique_id")
 
 
-def _metadata_file(root: Path, name: str) -> Path | None:
+def _metadata_files(root: Path, name: str) -> list[Path]:
+    """The metadata of checkpoint ``name``: the newest ``*.metadata`` of its directory, or of each family
+    subdirectory when families are split; under same_dir, the version's ``<unique_id>.metadata`` (per family)."""
     own = root / name
     if own.is_dir():
-        files = sorted(own.glob("*.metadata"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1)
-        return files[-1] if files else None
+        dirs = [own] if any(own.glob("*.metadata")) else sorted(p for p in own.iterdir() if p.is_dir())
+        found = [sorted(d.glob("*.metadata"), key=lambda p: int(p.stem) if p.stem.isdigit() else -1) for d in dirs]
+        return [files[-1] for files in found if files]
     try:
-        shared = root / _SAME_DIR / f"{trailing_int(name)}.metadata"
+        uid = trailing_int(name)
     except ValueError:
-        return None
-    return shared if shared.is_file() else None
+        return []
+    shared = root / _SAME_DIR
+    return [p for p in [shared / f"{uid}.metadata", *sorted(shared.glob(f"*/{uid}.metadata"))] if p.is_file()]
 
 
 def _flat_to_boxes(offset: tuple[int, ...], shape: tuple[int, ...], start: int, stop: int) -> list[Box]:
