@@ -24,7 +24,7 @@ from properties.training_strategies import TRAINING_PROPERTIES
 from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
 from .inject import FaultSpec
 from .pool import PoolFailure
-from .run import MODES, Runners
+from .run import DEVICES, MODES, Runners
 from .sut import REGISTRY, UnknownSut, resolve
 
 
@@ -64,8 +64,19 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--limit", type=int, default=None, help="at most this many crash states (a deterministic spread)")
     c.add_argument("--launch", choices=MODES, default="pool")
     c.add_argument("--op-timeout", type=float, default=120.0)
+    for p in (f, r, c):
+        p.add_argument("--device", choices=DEVICES, default="auto",
+                       help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
+        p.add_argument("--nnodes", type=int, default=1,
+                       help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
     sub.add_parser("list", help="SUTs, properties and faults")
     return parser
+
+
+def _runners(args: argparse.Namespace, sut: str) -> Runners:
+    if args.nnodes < 1:
+        raise HarnessError("--nnodes must be at least 1")
+    return Runners(sut, args.launch, args.op_timeout, device=args.device, nnodes=args.nnodes)
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -115,7 +126,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         from faults import strace
 
         campaign.ptrace = strace.available()  # without ptrace: psutil triggers instead of crash points
-    judge_case = Judge(Runners(args.sut, args.launch, args.op_timeout), exploring=True)
+    judge_case = Judge(_runners(args, args.sut), exploring=True)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:
@@ -144,7 +155,7 @@ def _read_case(path: Path):
 
 def _replay(args: argparse.Namespace) -> int:
     case, _ = _read_case(args.case)
-    judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
+    judge_case = Judge(_runners(args, case.sut))
     try:
         judgement, outcome = judge_case(case)
         shims = outcome.shims
@@ -171,7 +182,7 @@ def _crashpoints(args: argparse.Namespace) -> int:
     if args.use_async and "async" not in cls.capabilities:
         raise HarnessError(f"crashpoints --async: {case.sut} does not claim async saves")
     case = as_fault_case(case, latest=has_latest(cls.capabilities, case.options), use_async=args.use_async)
-    judge_case = Judge(Runners(case.sut, args.launch, args.op_timeout))
+    judge_case = Judge(_runners(args, case.sut))
     try:
         if args.states:
             return _print_states(*crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case))

@@ -7,6 +7,7 @@ can be found and killed with psutil, whatever state it is in.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import warnings
@@ -27,44 +28,71 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def paddle_gpus(world: int) -> int:
-    """GPUs to give a Paddle launch: one per rank when Paddle has CUDA and enough devices, else 0 (CPU, gloo)."""
+def paddle_gpus(world: int, device: str = "auto") -> int:
+    """GPUs to give a Paddle launch (``world`` ranks on this node): one per rank when Paddle has CUDA and enough
+    devices, else 0 (CPU, gloo). ``device`` "cpu" forces the CPU; "gpu" insists on GPUs."""
+    if device == "cpu":
+        return 0
     with warnings.catch_warnings():  # Paddle warns about ccache on import; noise in a findings table
         warnings.simplefilter("ignore")
         import paddle  # only the controller of a paddle-launched SUT pays for this import
 
-    if not paddle.is_compiled_with_cuda():
-        return 0
-    count = paddle.device.cuda.device_count()
+    count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+    if device == "gpu" and count < world:
+        raise RuntimeError(f"device gpu asked for, but Paddle sees {count} GPU(s) for {world} ranks on a node")
     return world if count >= world else 0
 
 
+def free_port() -> int:
+    """A port the kernel just handed out on loopback (a rendezvous needs one; never a fixed number)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def launch_commands(
-    launcher: str, world: int, control: str, sut: str, options_json: str, log_dir: Path, gpus: int = 0
+    launcher: str, world: int, control: str, sut: str, options_json: str, log_dir: Path, gpus: int = 0,
+    nnodes: int = 1,
 ) -> list[tuple[list[str], dict[str, str]]]:
-    """The processes to start for one pool: one per rank (plain) or one framework launcher (paddle)."""
+    """The processes to start for one pool: one per rank (plain), or one framework launcher per node (paddle,
+    torchrun). ``nnodes`` > 1 starts that many launchers on this machine, each with world / nnodes ranks, meeting
+    over loopback at a free port: a multi-node job in miniature."""
     worker_args = ["--control", control, "--sut", sut, "--options", options_json]
+    if nnodes < 1 or world % nnodes:
+        raise ValueError(f"{world} ranks cannot be split evenly over {nnodes} nodes")
+    per_node = world // nnodes
     if launcher == "plain":
         return [
             (
                 [sys.executable, "-m", "harness.worker", *worker_args],
-                child_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r)}),
+                child_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r % per_node)}),
             )
             for r in range(world)
         ]
     if launcher == "paddle":
-        cmd = [
-            sys.executable,
-            "-m",
-            "paddle.distributed.launch",
-            "--nproc_per_node",
-            str(world),
-            "--log_dir",
-            str(log_dir),
-        ]
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(per_node)]
         if gpus:
-            cmd += ["--gpus", ",".join(str(i) for i in range(world))]
-        return [([*cmd, str(WORKER), *worker_args], child_env())]
+            cmd += ["--gpus", ",".join(str(i) for i in range(per_node))]
+        if nnodes == 1:
+            return [([*cmd, "--log_dir", str(log_dir), str(WORKER), *worker_args], child_env())]
+        master = f"127.0.0.1:{free_port()}"
+        return [
+            ([*cmd, "--nnodes", str(nnodes), "--master", master, "--rank", str(node), "--log_dir",
+              str(log_dir / f"node{node}"), str(WORKER), *worker_args], child_env())
+            for node in range(nnodes)
+        ]
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_node)]
+        env = child_env({"OMP_NUM_THREADS": "1"})
+        if nnodes == 1:
+            return [([*cmd, "--standalone", str(WORKER), *worker_args], env)]
+        endpoint = f"127.0.0.1:{free_port()}"
+        return [
+            ([*cmd, "--nnodes", str(nnodes), "--node_rank", str(node), "--rdzv_backend", "c10d",
+              "--rdzv_endpoint", endpoint, "--rdzv_id", Path(control).parent.name, "--local_addr", "127.0.0.1",
+              str(WORKER), *worker_args], env)
+            for node in range(nnodes)
+        ]
     raise ValueError(f"unknown launcher {launcher!r}")
 
 

@@ -68,8 +68,8 @@ class RankPool:
 
     mode = "warm-pool"
 
-    def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0) -> None:
-        self.sut, self.world, self.options = sut, world, options
+    def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0, nnodes: int = 1) -> None:
+        self.sut, self.world, self.options, self.nnodes = sut, world, options, nnodes
         self.start_timeout = start_timeout
         self.launcher = resolve(sut).launcher
         self.procs: list = []
@@ -101,9 +101,10 @@ class RankPool:
         log_dir.mkdir()
         self.launches += 1
         try:
-            gpus = paddle_gpus(self.world) if self.launcher == "paddle" else 0
+            gpus = paddle_gpus(self.world // self.nnodes, self.options.get("device", "auto")) \
+                if self.launcher == "paddle" else 0
             commands = launch_commands(
-                self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus
+                self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus, self.nnodes
             )
             for n, (cmd, env) in enumerate(commands):
                 self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
@@ -116,7 +117,7 @@ class RankPool:
                         f"{len(pending)} of {self.world} ranks connected within "
                         f"{self.start_timeout:.0f} s; logs: {self._logs()}",
                     )
-                if any(p.poll() is not None for p in self.procs) and self.launcher == "plain":
+                if any(p.poll() is not None for p in self.procs) and self.launcher in ("plain", "torchrun"):
                     raise PoolFailure("setup", f"a rank exited during start-up; logs: {self._logs()}")
                 try:
                     sock, _ = listener.accept()

@@ -21,29 +21,36 @@ from .rankops import unpack
 from .sut import resolve
 
 MODES = ("pool", "fresh", "in-process")
+DEVICES = ("auto", "cpu", "gpu")  # auto: one GPU per rank where the framework has CUDA and enough GPUs
 OP_TIMEOUT = 120.0
 
 
 class Runners:
     """Runners by (world size, setup options), created on demand and reused across cases (warm)."""
 
-    def __init__(self, sut: str, mode: str = "pool", op_timeout: float = OP_TIMEOUT) -> None:
+    def __init__(self, sut: str, mode: str = "pool", op_timeout: float = OP_TIMEOUT, *, device: str = "auto",
+                 nnodes: int = 1) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown launch mode {mode!r}; known: {', '.join(MODES)}")
+        if device not in DEVICES:
+            raise ValueError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
         self.sut, self.mode, self.op_timeout = sut, mode, op_timeout
+        self.device, self.nnodes = device, nnodes
         self.cls = resolve(sut)
         self._runners: dict[tuple[int, str], InProcessRunner | RankPool] = {}
         self._retired_launches = 0
 
     def get(self, world: int, options: dict, launched: bool = False):
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
-        setup = {"shims": options.get("shims", True)}
-        in_process = (not launched and self.mode == "in-process"
+        setup = {"shims": options.get("shims", True), "device": self.device}
+        in_process = (not launched and self.mode == "in-process" and self.nnodes == 1
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
         key = (world, json.dumps(setup, sort_keys=True), in_process)
         runner = self._runners.get(key)
         if runner is None:
-            runner = InProcessRunner(self.sut, world, setup) if in_process else RankPool(self.sut, world, setup)
+            nodes = self.nnodes if world % self.nnodes == 0 else 1  # a world too small to split runs on one node
+            runner = (InProcessRunner(self.sut, world, setup) if in_process
+                      else RankPool(self.sut, world, setup, nnodes=nodes))
             self._runners[key] = runner
         return runner
 

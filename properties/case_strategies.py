@@ -59,6 +59,7 @@ class Caps:
         self.formats = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("format:"))
         self.tensor_kinds = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("tensor_kind:"))
         self.save_replicas = "save_replicas" in self.caps
+        self.async_executors = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("async_executor:"))
 
 
 @st.composite
@@ -70,6 +71,8 @@ def options(draw, caps: Caps) -> dict:
         out["tensor_kind"] = draw(st.sampled_from(caps.tensor_kinds))
     if caps.save_replicas and draw(st.booleans()):
         out["save_replicas"] = True
+    if caps.async_executors:
+        out["async_executor"] = draw(st.sampled_from(caps.async_executors))
     return out
 
 

@@ -24,6 +24,7 @@ REGISTRY: dict[str, SutInfo] = {
     "reference": SutInfo("reference", "harness.sut.reference:ReferenceSut", None),
     "paddle-dcp": SutInfo("paddle-dcp", "harness.sut.paddle_dcp:PaddleDcpSut", "paddle"),
     "paddle-save": SutInfo("paddle-save", "harness.sut.paddle_save:PaddleSaveSut", "paddle"),
+    "torch-dcp": SutInfo("torch-dcp", "harness.sut.torch_dcp:TorchDcpSut", "torch"),
 }
 
 
@@ -43,7 +44,8 @@ def resolve(name: str) -> type:
     if info is not None and not framework_available(info):
         raise UnknownSut(
             f"SUT {name!r} needs the Python package {info.framework!r}, which is not installed: "
-            f"pip install -e '.[{info.framework}]' (or paddlepaddle-gpu on a GPU runner)"
+            f"pip install -e '.[{info.framework}]'" + (" (or paddlepaddle-gpu on a GPU runner)"
+                                                        if info.framework == "paddle" else "")
         )
     module_name, _, class_name = target.partition(":")
     if info is None and os.getcwd() not in sys.path:

@@ -126,7 +126,7 @@ def init_runtime(rank: int, world_size: int, options: dict) -> list[str]:
     import paddle
     import paddle.distributed as dist
 
-    if paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0:
+    if options.get("device", "auto") != "cpu" and paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count():
         local = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("LOCAL_RANK", rank)))
         paddle.set_device(f"gpu:{local}")
     else:

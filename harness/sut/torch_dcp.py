@@ -1,0 +1,263 @@
+"""PyTorch distributed checkpoint (``torch.distributed.checkpoint``: save, load, async_save) as a system under test.
+
+Launched with torchrun. Each rank wraps its local piece as a DTensor on a DeviceMesh built from the case's mesh,
+with the global shape and stride given explicitly (``DTensor.from_local`` would otherwise assume even shards);
+tensors owned by some ranks only (keyed experts) are plain tensors on their owners, which DCP treats as
+replicated and saves once. On a GPU machine each rank takes ``cuda:<local rank>``, tensors live on it and the
+process group is ``cpu:gloo,cuda:nccl`` (DCP gathers its plans on the CPU group); elsewhere everything is CPU
+and gloo. Async saves use DCP's own thread or process executor (``options["async_executor"]``); they stage
+device memory to the host before returning.
+
+Capabilities, honestly: no "flat" (DTensor has no flattened ranges), no "latest" (DCP has no notion of the newest
+checkpoint), no "same_dir" (one checkpoint per directory), no typed errors (any exception counts as clear).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from reference.dtypes import dtype
+from reference.layout import Box, Region, Shard, Sharded
+from reference.tensor import Tensor
+
+from .base import RankTensor, SutAdapter
+
+# dtype code -> (torch dtype name, numpy carrier torch ingests bit for bit, torch dtype to view the carrier as)
+_CARRIERS: dict[str, tuple[str, str]] = {
+    "F64": ("float64", "<f8"),
+    "F32": ("float32", "<f4"),
+    "F16": ("float16", "<f2"),
+    "BF16": ("bfloat16", "<i2"),
+    "F8_E4M3": ("float8_e4m3fn", "u1"),
+    "F8_E5M2": ("float8_e5m2", "u1"),
+    "I64": ("int64", "<i8"),
+    "I32": ("int32", "<i4"),
+    "I16": ("int16", "<i2"),
+    "I8": ("int8", "i1"),
+    "U8": ("uint8", "u1"),
+    "BOOL": ("bool", "u1"),
+}
+SUPPORTED_DTYPES = tuple(_CARRIERS)
+_INT_OF_WIDTH = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+EXECUTORS = ("thread", "process")
+
+
+@dataclass
+class TorchHandle:
+    """One save: the local tensors handed to DCP (for ``mutate``) and, for async, DCP's future."""
+
+    tensors: list[Any]
+    future: Any = None
+    waited: bool = field(default=False)
+
+
+class TorchDcpSut(SutAdapter):
+    name = "torch-dcp"
+    launcher = "torchrun"
+    framework = "torch"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"reshard", "async", "zero_size", "moe", "repeat", "empty_state"}
+        | {f"async_executor:{e}" for e in EXECUTORS}
+        | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
+    )
+    clear_errors = None
+
+    def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
+        import torch
+        import torch.distributed as dist
+
+        self.rank, self.world = rank, world_size
+        self.device = _device(options.get("device", "auto"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if not dist.is_initialized():
+            backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, rank=rank, world_size=world_size)
+        self._meshes: dict[tuple, Any] = {}
+        self._pending: list[TorchHandle] = []
+        return []
+
+    # --- save ------------------------------------------------------------------------------------------------
+
+    def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
+        import torch.distributed.checkpoint as dcp
+
+        handle = TorchHandle([])
+        state = {}
+        for tname, rt in tensors.items():
+            local = self._to_torch(rt.local.tensor)
+            state[tname] = self._wrap(rt, local)
+            handle.tensors.append(local)
+        path = str(Path(root) / name)
+        if not use_async:
+            dcp.save(state, checkpoint_id=path)
+            return handle
+        from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
+
+        executor = options.get("async_executor", "thread")
+        if executor not in EXECUTORS:
+            raise NotImplementedError(f"async_executor {executor!r}: only {', '.join(EXECUTORS)}")
+        response = dcp.async_save(state, checkpoint_id=path, async_checkpointer_type=AsyncCheckpointerType(executor))
+        handle.future = getattr(response, "upload_completion", response)  # newer torch wraps the future
+        self._pending.append(handle)
+        return handle
+
+    def wait(self, handle: TorchHandle) -> None:
+        handle.waited = True
+        if handle.future is not None:
+            handle.future.result()
+
+    def mutate(self, handle: TorchHandle) -> None:
+        import torch
+
+        for local in handle.tensors:
+            if local.numel():
+                view = local.view(getattr(torch, _INT_OF_WIDTH[local.element_size()]))
+                view.bitwise_not_()
+
+    # --- load ------------------------------------------------------------------------------------------------
+
+    def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
+        import torch.distributed.checkpoint as dcp
+
+        if name is None:
+            raise ValueError("torch-dcp has no notion of the latest checkpoint: a load needs a name")
+        state = {}
+        for tname, rt in targets.items():
+            state[tname] = self._wrap(rt, self._to_torch(rt.local.tensor))
+        dcp.load(state, checkpoint_id=str(Path(root) / name))
+        out = {}
+        for tname, value in state.items():
+            local = value.to_local() if hasattr(value, "to_local") else value
+            out[tname] = _from_torch(local, targets[tname].local.tensor.shape)
+        return out
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+
+    def healthy(self) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        if self.world <= 1:
+            return True
+        probe = torch.ones(1, dtype=torch.int64, device=self.device)
+        try:
+            dist.all_reduce(probe)
+        except Exception:
+            return False
+        return int(probe.item()) == self.world
+
+    def end_case(self) -> None:
+        """Let async saves left running finish (their errors belong to the case that made them)."""
+        for handle in self._pending:
+            if not handle.waited and handle.future is not None:
+                with contextlib.suppress(Exception):
+                    handle.future.result()
+        self._pending.clear()
+
+    def close(self) -> None:
+        import torch.distributed as dist
+
+        self.end_case()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # --- helpers ---------------------------------------------------------------------------------------------
+
+    def _to_torch(self, t: Tensor) -> Any:
+        import torch
+
+        if t.dtype.name not in _CARRIERS:
+            raise NotImplementedError(f"torch-dcp: no torch dtype for {t.dtype.name}")
+        torch_name, carrier = _CARRIERS[t.dtype.name]
+        array = np.array(t.bits, copy=True, order="C").view(carrier)
+        out = torch.from_numpy(array).view(getattr(torch, torch_name)).reshape(t.shape)
+        return out.to(self.device)
+
+    def _wrap(self, rt: RankTensor, local: Any) -> Any:
+        """A DTensor over the layout's mesh, or the plain tensor for one that lives whole on its owners."""
+        layout = rt.layout
+        if layout is None or not isinstance(layout, Sharded) or layout.owner:
+            return local
+        from torch.distributed.tensor import DTensor
+        from torch.distributed.tensor import Replicate as TorchReplicate
+        from torch.distributed.tensor import Shard as TorchShard
+
+        placements = [TorchShard(p.dim) if isinstance(p, Shard) else TorchReplicate() for p in layout.placements]
+        shape = tuple(rt.local.global_shape)
+        return DTensor.from_local(local, self._mesh(layout), placements, shape=shape, stride=_contiguous(shape))
+
+    def _mesh(self, layout: Sharded) -> Any:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        key = (layout.mesh.shape, layout.mesh.dim_names)
+        if key not in self._meshes:
+            if layout.mesh.world_size != self.world:
+                raise ValueError(f"a mesh of {layout.mesh.world_size} ranks in a world of {self.world}")
+            ranks = np.arange(self.world).reshape(layout.mesh.shape).tolist()
+            names = tuple(layout.mesh.dim_names) if layout.mesh.dim_names else None
+            self._meshes[key] = DeviceMesh(self.device.type, ranks, mesh_dim_names=names)
+        return self._meshes[key]
+
+    # --- controller side -------------------------------------------------------------------------------------
+
+    @classmethod
+    def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:
+        """The chunks DCP's ``.metadata`` lists per tensor (what landed on disk, after its dedup)."""
+        from torch.distributed.checkpoint import FileSystemReader
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        path = Path(root) / name
+        if not (path / ".metadata").is_file():
+            return None
+        meta = FileSystemReader(str(path)).read_metadata()
+        out: dict[str, tuple[tuple[int, ...], list[Region]]] = {}
+        for key, md in meta.state_dict_metadata.items():
+            if isinstance(md, TensorStorageMetadata):
+                out[key] = (tuple(md.size), [Box(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks])
+        return out
+
+
+def _device(choice: str) -> Any:
+    """cuda:<local rank> when asked (or "auto" and CUDA has a GPU for this rank), else the CPU."""
+    import torch
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if choice not in ("auto", "cpu", "gpu"):
+        raise ValueError(f"device {choice!r}: auto, cpu or gpu")
+    if choice == "cpu" or (choice == "auto" and not (torch.cuda.is_available() and torch.cuda.device_count() > local)):
+        return torch.device("cpu")
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= local:
+        raise RuntimeError(f"device gpu asked for, but CUDA sees {torch.cuda.device_count()} GPU(s) for local rank "
+                           f"{local}")
+    return torch.device("cuda", local)
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _from_torch(x: Any, shape: tuple[int, ...]) -> Tensor:
+    """The bits of a torch tensor, with the dtype torch reports (a silently changed dtype shows as a mismatch)."""
+    import torch
+
+    codes = {name: code for code, (name, _) in _CARRIERS.items()}
+    code = codes.get(str(x.dtype).removeprefix("torch."))
+    if code is None:
+        raise TypeError(f"torch returned a tensor of dtype {x.dtype}, which the harness has no code for")
+    dt = dtype(code)
+    raw = x.detach().to("cpu").contiguous().view(getattr(torch, _INT_OF_WIDTH[dt.itemsize]))
+    bits = raw.numpy().view(dt.bits_dtype).copy()
+    if bits.size != int(np.prod(shape)):
+        raise ValueError(f"torch left a tensor of shape {list(x.shape)} where shape {list(shape)} was loaded into")
+    return Tensor(dt, bits.reshape(shape))
