@@ -6,7 +6,6 @@ behaves the same under every launch mode.
 
 from __future__ import annotations
 
-import contextlib
 import time
 import traceback
 from pathlib import Path
@@ -21,6 +20,10 @@ from reference.tensor import Tensor
 from reference.training import initial_pieces, train
 
 from .sut.base import RankTensor, SutAdapter
+
+# What ends a rank for real. Everything else a SUT raises is an outcome, BaseException included: torch's
+# CheckpointException derives from BaseException, so `except Exception` would let a clear load error kill the rank.
+FATAL = (SystemExit, KeyboardInterrupt)
 
 
 class RankExecutor:
@@ -51,8 +54,12 @@ class RankExecutor:
             self.adapter.kill_pending(pending)
         except NotImplementedError:
             for handle in pending:
-                with contextlib.suppress(Exception):
+                try:
                     self.adapter.wait(handle)
+                except FATAL:
+                    raise
+                except BaseException:  # the job is dying anyway: its writers' errors go nowhere
+                    pass
 
     def rank_tensors(self, which: str, version: int, zeros: bool) -> dict[str, RankTensor]:
         assert self.case is not None
@@ -106,7 +113,9 @@ class RankExecutor:
                 self.adapter.rotate(self.root, op.keep)
             else:
                 raise ValueError(f"op {index} ({op.kind}) is done by the harness, not on a rank")
-        except Exception as exc:  # an outcome to judge, not a harness failure
+        except FATAL:
+            raise
+        except BaseException as exc:  # an outcome to judge, not a harness failure
             record.update(
                 ok=False, error_type=type(exc).__name__, error=_one_line(exc), traceback=traceback.format_exc(limit=8)
             )
@@ -129,11 +138,13 @@ class RankExecutor:
     def _wait_pending(self) -> None:
         """Wait for every detached save, oldest first; all are settled, and the first error is raised."""
         pending, self.pending = self.pending, []
-        error: Exception | None = None
+        error: BaseException | None = None
         for handle in pending:
             try:
                 self.adapter.wait(handle)
-            except Exception as exc:
+            except FATAL:
+                raise
+            except BaseException as exc:
                 error = error or exc
         if error is not None:
             raise error

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -46,6 +47,7 @@ _CARRIERS: dict[str, tuple[str, str]] = {
 SUPPORTED_DTYPES = tuple(_CARRIERS)
 _INT_OF_WIDTH = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 EXECUTORS = ("thread", "process")
+COLLECTIVE_TIMEOUT = 30.0
 
 
 @dataclass
@@ -78,7 +80,10 @@ class TorchDcpSut(SutAdapter):
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
             backend = "cpu:gloo,cuda:nccl" if self.device.type == "cuda" else "gloo"
-            dist.init_process_group(backend, rank=rank, world_size=world_size)
+            # A dead peer turns into an error after this long (torch's default is 10 minutes; Paddle's gloo 30 s),
+            # well inside the harness's per-op bound, so P-LIVENESS sees an error rather than a hang.
+            timeout = timedelta(seconds=float(options.get("collective_timeout", COLLECTIVE_TIMEOUT)))
+            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
         self._meshes: dict[tuple, Any] = {}
         self._pending: list[TorchHandle] = []
         return []
