@@ -8,12 +8,14 @@ import pytest
 from properties.profiles import register
 
 PROFILE = register()
+# Fixtures that keep a warm rank pool across tests (closed when their scope ends): the leak guard leaves them be.
+POOL_FIXTURES = {"sut_judge", "torch_judge"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--run-nightly", action="store_true", help="run tests marked nightly (long fuzzing)")
     parser.addoption("--sut", default="reference", help="system under test for the property suite: a registered "
-                     "name (reference, paddle-dcp, paddle-save) or package.module:ClassName")
+                     "name (reference, paddle-dcp, paddle-save, torch-dcp) or package.module:ClassName")
     parser.addoption("--ranks", type=int, default=2, help="world size of saves in the property suite")
 
 
@@ -21,7 +23,30 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"ckpt-harness: hypothesis profile {PROFILE!r}, SUT {config.getoption('--sut')!r}"
 
 
+def gpu_count() -> int:
+    """GPUs a CUDA build of torch or Paddle can see here (0 without either, or without GPUs). Only asked when
+    a test is marked gpu, so CPU runs never import a framework for it."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.device_count()
+    if importlib.util.find_spec("paddle") is not None:
+        import paddle
+
+        if paddle.is_compiled_with_cuda():
+            return paddle.device.cuda.device_count()
+    return 0
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if gpu_items and gpu_count() < 2:
+        skip_gpu = pytest.mark.skip(reason="needs 2 or more GPUs and a CUDA build of torch or Paddle")
+        for item in gpu_items:
+            item.add_marker(skip_gpu)
     if config.getoption("--run-nightly") or PROFILE == "nightly":
         return
     skip = pytest.mark.skip(reason="nightly only: pass --run-nightly or use the nightly profile")
@@ -50,7 +75,7 @@ def sut_judge(request: pytest.FixtureRequest):
 def no_leaked_processes(request: pytest.FixtureRequest):
     """Every test must reap what it starts (async writers included); session pools are accounted for."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    if "sut_judge" in request.fixturenames:
+    if POOL_FIXTURES & set(request.fixturenames):
         yield
         return
     yield

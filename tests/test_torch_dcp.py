@@ -1,0 +1,90 @@
+"""torch.distributed.checkpoint as a system under test, on CPU (gloo) ranks launched with torchrun: the property
+suite within its declared capabilities, both async executors, a rank or writer killed mid-async-save, and a clear
+load error that torch raises as a BaseException."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from harness.fuzz import Judge
+from harness.run import Runners
+from harness.sut import resolve
+from properties.case import Case, Op, TensorCase
+from properties.case_strategies import CASE_PROPERTIES, applicable
+from properties.drawing import drawable, property_cases
+from properties.fault_strategies import fault_cases
+from properties.training_strategies import TRAINING_PROPERTIES
+from reference.layout import Mesh, Shard, Sharded, replicated
+
+pytest.importorskip("torch")
+
+SUT = "torch-dcp"
+CAPS = frozenset(resolve(SUT).capabilities)
+PROPS = [p for p in CASE_PROPERTIES + TRAINING_PROPERTIES if applicable(p, CAPS) and drawable(p, CAPS)]
+
+
+@pytest.fixture(scope="module")
+def torch_judge():
+    judge = Judge(Runners(SUT, mode="pool"), exploring=True)
+    yield judge
+    judge.close()
+
+
+def test_capabilities_are_declared_honestly() -> None:
+    assert {"flat", "latest", "same_dir", "rotate", "kill_writer"}.isdisjoint(CAPS)
+    assert {"reshard", "async", "moe", "async_executor:thread", "async_executor:process", "dtype:BF16"} <= CAPS
+    assert "P-FLAT" not in PROPS
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("prop", PROPS)
+def test_property_holds_on_cpu_ranks(prop: str, torch_judge: Judge) -> None:
+    @settings(max_examples=max(5, settings.default.max_examples // 8))
+    @given(property_cases(prop, SUT, 2, CAPS))
+    def check(case: Case) -> None:
+        judgement, _ = torch_judge(case)
+        assert judgement.ok, "\n".join(judgement.details) + "\n" + case.dumps()
+
+    check()
+
+
+def _case(ops: tuple[Op, ...], options: dict, fault: dict | None = None, prop: str = "P-ASYNC-ISOLATION") -> Case:
+    mesh = Mesh((2,))
+    tensors = (TensorCase("model/w", "BF16", (5, 3), 1), TensorCase("model/b", "F32", (3,), 2))
+    layout = {"model/w": Sharded(mesh, (Shard(0),)).to_json(), "model/b": replicated(mesh).to_json()}
+    return Case(prop, SUT, tensors, layout, layout, ops, options, fault=fault)
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("executor", ["thread", "process"])
+def test_async_executors_snapshot_before_returning(executor: str, torch_judge: Judge) -> None:
+    """Both of DCP's async executors, with the caller's tensors scribbled over as soon as async_save returns."""
+    ops = (Op("save", "a", 0, use_async=True, mutate_after=True), Op("load", "a", 0))
+    judgement, outcome = torch_judge(_case(ops, {"async_executor": executor}))
+    assert judgement.ok, judgement.details
+    assert [r.ok for r in outcome.records] == [True, True]
+
+
+@pytest.mark.multirank
+def test_a_load_of_an_unfinished_checkpoint_is_an_error_not_a_dead_rank(torch_judge: Judge) -> None:
+    """DCP raises CheckpointException, which derives from BaseException: the ranks must record it and live on."""
+    ops = (Op("save", "a", 0), Op("load", "missing", 0))
+    judgement, outcome = torch_judge(_case(ops, {}, prop="P-ROUNDTRIP"))
+    load = outcome.records[1]
+    assert not load.ok and load.failure is None and load.error_type == "CheckpointException"
+    assert not judgement.ok and judgement.verdict.value == "loud-failure"
+
+
+@pytest.mark.multirank
+def test_a_rank_killed_mid_async_save_leaves_the_previous_checkpoint(torch_judge: Judge) -> None:
+    """P-ATOMIC with the psutil fallback (no strace needed, as on the GPU machines): kill a rank's whole tree, or
+    only its async writer process, while the second save is in flight; restart; the history must hold."""
+
+    @settings(max_examples=max(4, settings.default.max_examples // 16))
+    @given(fault_cases("P-ATOMIC", SUT, 2, CAPS, ptrace=False).filter(lambda c: c.ops[1].use_async))
+    def check(case: Case) -> None:
+        judgement, _ = torch_judge(case)
+        assert judgement.ok, "\n".join(judgement.details) + "\n" + case.dumps()
+
+    check()
