@@ -81,6 +81,7 @@ class Campaign:
     ptrace: bool = True  # fault cases may attach strace (else they use the psutil fallbacks)
     unreplayable: int = 0  # drawn power-loss states skipped: the ranks never interleaved their IO as recorded
     faults: bool = False  # the campaign injects faults (fault properties; P-RESUME may crash a save)
+    devices: list[str] = field(default_factory=list)  # where the ranks ran ("cuda:0 (cpu:gloo,cuda:nccl)", "cpu")
 
 
 class Judge:
@@ -172,6 +173,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
         batch += 1
     campaign.wall = time.monotonic() - start
     campaign.launches = judge_case.runners.launches
+    campaign.devices = sorted(judge_case.runners.devices)
     campaign.unreplayable = judge_case.unreplayable
     if progress:
         sys.stderr.write("\n")
@@ -261,6 +263,7 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "launch_mode": campaign.mode,
         "launches": campaign.launches,
         "shims": sorted(campaign.shims),
+        "devices": campaign.devices,
         "unreplayable_states": campaign.unreplayable,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
@@ -275,7 +278,7 @@ def report(summary: dict, rows: list[dict]) -> str:
         "",
         f"{sum(summary['cases_run'].values())} cases in {summary['wall_time_s']} s on {summary['ranks']} rank(s), "
         f"launch mode {summary['launch_mode']} ({summary['launches']} launches), seed {summary['seed']}, "
-        f"shims: {shims}.",
+        f"shims: {shims}, devices: {', '.join(summary.get('devices', [])) or 'unknown'}.",
         "",
         "| property | cases |",
         "|---|---|",

@@ -40,9 +40,11 @@ class InProcessRunner:
         cls = resolve(sut)
         self.executors = []
         self.shims: list[str] = []
+        self.info: dict[int, dict] = {}
         for rank in range(world):
             adapter = cls()
             self.shims = adapter.setup(rank, world, options)
+            self.info[rank] = adapter.describe()
             self.executors.append(RankExecutor(adapter, rank, world))
         # Play the coordinator (rank 0) last, so file-based rendezvous (the reference) finds the others done.
         self.order = list(reversed(self.executors))
@@ -75,6 +77,7 @@ class RankPool:
         self.procs: list = []
         self.conns: dict[int, Connection] = {}
         self.pids: dict[int, int] = {}  # rank -> pid of the rank process (a fault attaches to these)
+        self.info: dict[int, dict] = {}  # rank -> where it runs (SutAdapter.describe)
         self.shims: list[str] = []
         self.launches = 0
         self._dir: Path | None = None
@@ -134,6 +137,7 @@ class RankPool:
                 self.conns[hello["rank"]] = conn
                 self.pids[hello["rank"]] = hello["pid"]
                 self.shims = hello["shims"]
+                self.info[hello["rank"]] = hello.get("info", {})
         except BaseException:
             self.close()
             raise

@@ -39,6 +39,7 @@ class Runners:
         self.cls = resolve(sut)
         self._runners: dict[tuple[int, str], InProcessRunner | RankPool] = {}
         self._retired_launches = 0
+        self._retired_devices: set[str] = set()
 
     def get(self, world: int, options: dict, launched: bool = False):
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
@@ -57,6 +58,7 @@ class Runners:
     def discard(self, runner, graceful: bool = True) -> None:
         """Close ``runner`` and forget it; ``graceful=False`` kills its ranks at once (after a crash or a fault a
         surviving rank may sit in a collective or a commit wait and would only answer "stop" after a timeout)."""
+        self._retired_devices |= _devices(runner)
         runner.close(graceful)
         self._retired_launches += getattr(runner, "launches", 0)
         self._runners = {k: r for k, r in self._runners.items() if r is not runner}
@@ -69,9 +71,19 @@ class Runners:
     def launches(self) -> int:
         return self._retired_launches + sum(getattr(r, "launches", 0) for r in self._runners.values())
 
+    @property
+    def devices(self) -> set[str]:
+        """Where the ranks ran, as "device (backend)" strings (a GPU run shows cuda:N here)."""
+        return self._retired_devices.union(*(_devices(r) for r in self._runners.values()))
+
     def close(self) -> None:
         for runner in list(self._runners.values()):
             self.discard(runner)
+
+
+def _devices(runner) -> set[str]:
+    return {f"{i.get('device', '?')} ({i['backend']})" if "backend" in i else i.get("device", "?")
+            for i in getattr(runner, "info", {}).values()}
 
 
 def run_case(case: Case, runners: Runners) -> Outcome:
@@ -133,7 +145,7 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
                         other.end()
                     active.clear()
                     continue
-                replies = runner.op(i, runners.op_timeout)
+                replies = runner.op(i, op_timeout(case, runners))
                 _merge(rec, replies)
                 if op.kind == "save" and rec.ok:
                     rec.written = runners.cls.written(root, op.name) or {}
@@ -169,6 +181,12 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
     return root
 
 
+def op_timeout(case: Case, runners: Runners) -> float:
+    """How long one op may take before its ranks count as hung: the case's own bound (``options["op_timeout"]``,
+    part of a P-LIVENESS case: it says what "within a bound" means there), else the runners'."""
+    return float(case.options.get("op_timeout", runners.op_timeout))
+
+
 def _harness_op(op: Op, index: int, root: Path, runners: Runners, active: list) -> OpRecord:
     """``restart``: the job dies (its ranks are killed, in-process ranks lose their in-flight async saves) and the
     next op runs in fresh processes. ``corrupt``: a seeded faults.corrupt plan drawn on the root's files now,
@@ -198,7 +216,7 @@ def _faulted_op(case: Case, fault: FaultSpec, runner, root: Path, rec: OpRecord,
     try:
         with armed:
             try:
-                _merge(rec, runner.op(fault.op, runners.op_timeout, fail_fast=case.property != "P-LIVENESS"))
+                _merge(rec, runner.op(fault.op, op_timeout(case, runners), fail_fast=case.property != "P-LIVENESS"))
             except PoolFailure as failure:
                 _failed(rec, failure)
         return armed.after()

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims})
+    conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims, "info": adapter.describe()})
     executor = RankExecutor(adapter, rank, world)
     while True:
         try:

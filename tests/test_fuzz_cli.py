@@ -25,6 +25,7 @@ def test_reference_fuzz_finds_nothing(tmp_path: Path, capsys, launch: str) -> No
     assert sum(summary["cases_run"].values()) >= 9  # at least one case of each property
     assert all(v == 0 for v in summary["findings"].values())
     assert summary["launch_mode"] == launch and summary["shims"] == []
+    assert summary["devices"] == ["cpu"]
     if launch == "pool":
         assert 1 <= summary["launches"] <= 2  # warm: one pool for 2 ranks, maybe one for 1-rank loads
     assert "No findings." in (tmp_path / "report.md").read_text()
@@ -85,7 +86,7 @@ def test_dead_or_hung_rank_is_a_verdict_and_the_pool_recovers(tmp_path: Path, ca
         (["fuzz", "--sut", "no-such-sut", "--time", "1", "--out", "{tmp}"], "unknown SUT 'no-such-sut'"),
         (["fuzz", "--sut", "nosuchpkg.mod:Cls", "--time", "1", "--out", "{tmp}"], "cannot import SUT adapter"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--property", "P-NOPE"], "unknown property"),
-        (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--property", "P-RESUME"], "not implemented"),
+        (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--nnodes", "0"], "--nnodes must be"),
         (["replay", "{tmp}/missing.json"], "no such case file"),
         (["replay", "{tmp}/garbage.json"], "not a JSON case file"),
         (["replay", "{tmp}/bad_version.json"], "case version"),

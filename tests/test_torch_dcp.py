@@ -16,6 +16,7 @@ from properties.drawing import drawable, property_cases
 from properties.fault_strategies import fault_cases
 from properties.training_strategies import TRAINING_PROPERTIES
 from reference.layout import Mesh, Shard, Sharded, replicated
+from tests.regressions_known import survivable
 
 pytest.importorskip("torch")
 
@@ -82,9 +83,27 @@ def test_a_rank_killed_mid_async_save_leaves_the_previous_checkpoint(torch_judge
     only its async writer process, while the second save is in flight; restart; the history must hold."""
 
     @settings(max_examples=max(4, settings.default.max_examples // 16))
-    @given(fault_cases("P-ATOMIC", SUT, 2, CAPS, ptrace=False).filter(lambda c: c.ops[1].use_async))
+    @given(fault_cases("P-ATOMIC", SUT, 2, CAPS, ptrace=False).filter(survivable))
     def check(case: Case) -> None:
         judgement, _ = torch_judge(case)
         assert judgement.ok, "\n".join(judgement.details) + "\n" + case.dumps()
 
     check()
+
+
+@pytest.mark.multirank
+def test_asking_for_gpus_where_there_are_none_is_one_clear_line(tmp_path, capsys) -> None:
+    import json
+
+    import torch
+
+    from harness.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has GPUs")
+    case = tmp_path / "case.json"
+    case.write_text(json.dumps(_case((Op("save", "a", 0), Op("load", "a", 0)), {}, prop="P-ROUNDTRIP").to_json()))
+    assert main(["replay", str(case), "--device", "gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ckpt-harness: error: could not start ranks") and "device gpu asked for" in err
+    assert main(["replay", str(case), "--nnodes", "0"]) == 2

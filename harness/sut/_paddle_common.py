@@ -168,6 +168,11 @@ class PaddleAdapter(SutAdapter):
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         return init_runtime(rank, world_size, options)
 
+    def describe(self) -> dict[str, str]:
+        import paddle
+
+        return {"device": str(paddle.get_device()), "backend": "nccl" if paddle.is_compiled_with_cuda() else "gloo"}
+
     def mutate(self, handle: Any) -> None:
         for local in handle.tensors:
             scribble(local)

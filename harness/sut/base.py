@@ -56,6 +56,11 @@ class SutAdapter:
         """Initialise the framework's distributed runtime for this rank; return the names of active shims."""
         return []
 
+    def describe(self) -> dict[str, str]:
+        """After ``setup``: where this rank runs, e.g. {"device": "cuda:1", "backend": "cpu:gloo,cuda:nccl"};
+        reported in summaries so a GPU run shows it ran on GPUs."""
+        return {"device": "cpu"}
+
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
         """Save this rank's tensors as checkpoint ``name`` under ``root`` (collectively with the other ranks).
         Returns a handle for ``wait`` when ``use_async``."""

@@ -88,6 +88,11 @@ class TorchDcpSut(SutAdapter):
         self._pending: list[TorchHandle] = []
         return []
 
+    def describe(self) -> dict[str, str]:
+        import torch.distributed as dist
+
+        return {"device": str(self.device), "backend": str(dist.get_backend_config())}
+
     # --- save ------------------------------------------------------------------------------------------------
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
