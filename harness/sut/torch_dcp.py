@@ -10,6 +10,9 @@ device memory to the host before returning.
 
 Capabilities, honestly: no "flat" (DTensor has no flattened ranges), no "latest" (DCP has no notion of the newest
 checkpoint), no "same_dir" (one checkpoint per directory), no typed errors (any exception counts as clear).
+
+DeviceMeshes are kept per mesh shape for the life of the rank process: each one creates process groups, which
+torch cannot cheaply tear down. They hold no checkpoint state, so no case sees another's data through them.
 """
 
 from __future__ import annotations
