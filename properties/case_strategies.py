@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from hypothesis import strategies as st
 
 from reference.layout import Mesh, TensorLayout, flat_group
-from reference.moe import keyed_layouts, stacked_layout
+from reference.moe import expert_layouts
 
 from .case import SPECIAL_BITS, Case, Op, TensorCase
 from .strategies import DTYPE_NAMES, factorizations, shapes, sharded_layouts, state_layouts
@@ -167,27 +167,26 @@ def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (
 
 
 @st.composite
+def ep_meshes(draw, world: int) -> Mesh:
+    """A (dp, ep) mesh of ``world`` ranks, with any EP degree that divides it."""
+    ep = draw(st.sampled_from([d for d in range(1, world + 1) if world % d == 0]))
+    return Mesh((world // ep, ep), ("dp", "ep"))
+
+
+@st.composite
 def _moe_case(draw, sut: str, ranks: int, caps: Caps, seed: int, opts: dict) -> Case:
     """Experts on a (dp, ep) mesh of ``ranks`` ranks, loaded on another EP degree (global ids must hold)."""
 
-    def mesh(world: int) -> Mesh:
-        ep = draw(st.sampled_from([d for d in range(1, world + 1) if world % d == 0]))
-        return Mesh((world // ep, ep), ("dp", "ep"))
-
-    save_mesh = mesh(ranks)
-    load_mesh = mesh(draw(st.integers(1, ranks))) if caps.reshard else save_mesh
+    save_mesh = draw(ep_meshes(ranks))
+    load_mesh = draw(ep_meshes(draw(st.integers(1, ranks)))) if caps.reshard else save_mesh
     lcm = save_mesh.shape[1] * load_mesh.shape[1]
     experts = lcm * draw(st.integers(1, 2))
     encoding = draw(st.sampled_from(("stacked", "keyed")))
     dtype = draw(st.sampled_from(caps.dtypes))
     inner = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple))
 
-    def layouts(m: Mesh) -> dict[str, TensorLayout]:
-        if encoding == "stacked":
-            return {"model/moe.w1": stacked_layout(m, "ep", experts)}
-        return dict(keyed_layouts(m, "ep", experts, "model/moe", "w1"))
-
-    save, load = layouts(save_mesh), layouts(load_mesh)
+    save, load = (expert_layouts(m, "ep", experts, "model/moe", "w1", stacked=encoding == "stacked")
+                  for m in (save_mesh, load_mesh))
     shape = (experts, *inner) if encoding == "stacked" else inner
     tensors = tuple(TensorCase(n, dtype, shape, seed + i) for i, n in enumerate(sorted(save)))
     return Case(

@@ -14,12 +14,12 @@ from collections.abc import Iterable
 from hypothesis import strategies as st
 
 from reference.layout import Mesh, TensorLayout, flat_group, replicated
-from reference.moe import keyed_layouts, stacked_layout
+from reference.moe import expert_layouts
 from reference.namespaces import NAMESPACES, STEP_KEY
 from reference.training import PARAM_DTYPES, RNG_KEY, family_keys
 
 from .case import Case, Op, TensorCase
-from .case_strategies import Caps, mesh_of, options
+from .case_strategies import Caps, ep_meshes, mesh_of, options
 from .fault_strategies import faults, has_latest
 from .strategies import shapes, sharded_layouts
 
@@ -101,30 +101,21 @@ def _layouts(draw, caps: Caps, ranks: int, moe: bool):
         load = draw(_dense_layouts(dense, load_mesh, flat_ok)) if caps.reshard else save
         return dense, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh)
 
-    def ep_mesh(world: int) -> Mesh:
-        ep = draw(st.sampled_from([d for d in range(1, world + 1) if world % d == 0]))
-        return Mesh((world // ep, ep), ("dp", "ep"))
-
-    save_mesh = ep_mesh(save_world)
-    load_mesh = ep_mesh(load_world) if caps.reshard else save_mesh
+    save_mesh = draw(ep_meshes(save_world))
+    load_mesh = draw(ep_meshes(load_world)) if caps.reshard else save_mesh
     experts = save_mesh.shape[1] * load_mesh.shape[1] * draw(st.integers(1, 2))
     dtype = draw(st.sampled_from([d for d in caps.dtypes if d in PARAM_DTYPES]))
     inner = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple))
     seed = draw(st.integers(0, 2**16))
     stacked = draw(st.booleans())
-
-    def expert_layouts(mesh: Mesh) -> dict[str, TensorLayout]:
-        if stacked:
-            return {"moe.w1": stacked_layout(mesh, "ep", experts)}
-        return dict(keyed_layouts(mesh, "ep", experts, "moe", "w1"))
-
+    save_experts, load_experts = (expert_layouts(m, "ep", experts, "moe", "w1", stacked=stacked)
+                                  for m in (save_mesh, load_mesh))
     shape = (experts, *inner) if stacked else inner
-    names = sorted(expert_layouts(save_mesh))
-    params = dense + tuple(TensorCase(n, dtype, shape, seed + i) for i, n in enumerate(names))
+    params = dense + tuple(TensorCase(n, dtype, shape, seed + i) for i, n in enumerate(sorted(save_experts)))
     # Dense parameters are replicated over dp and ep (data parallel for them): the coordinator saves them, and
     # ranks with ep > 0 save their experts only.
-    save = {p.name: replicated(save_mesh) for p in dense} | expert_layouts(save_mesh)
-    load = {p.name: replicated(load_mesh) for p in dense} | expert_layouts(load_mesh)
+    save = {p.name: replicated(save_mesh) for p in dense} | save_experts
+    load = {p.name: replicated(load_mesh) for p in dense} | load_experts
     return params, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh)
 
 

@@ -47,6 +47,15 @@ def keyed_layouts(mesh: Mesh, ep_dim: int | str, num_experts: int, prefix: str, 
     }
 
 
+def expert_layouts(
+    mesh: Mesh, ep_dim: int | str, num_experts: int, prefix: str, suffix: str, *, stacked: bool
+) -> dict[str, Sharded]:
+    """Either encoding behind one call: ``{prefix}.{suffix}`` stacked, or one keyed tensor per expert."""
+    if stacked:
+        return {f"{prefix}.{suffix}": stacked_layout(mesh, ep_dim, num_experts)}
+    return keyed_layouts(mesh, ep_dim, num_experts, prefix, suffix)
+
+
 def local_expert_ids(mesh: Mesh, ep_dim: int | str, num_experts: int, rank: int) -> list[int]:
     """Global ids of the experts ``rank`` holds, in local-id order."""
     dim = mesh.dim(ep_dim)
