@@ -57,7 +57,7 @@ def test_adam_step_matches_the_textbook_in_float64() -> None:
     p = Param("w", "F32", (5,), 3)
     w0 = initial_state(spec, [p])["master/w"].values().astype(np.float64)
     s1 = trained_state(spec, [p], 1)
-    rng_out = _first_rng_output(spec)
+    (rng_out,) = _rng_outputs(spec, 1)
     g = gradient(p, rng_out).astype(np.float64)
     m = (1 - 0.9) * g
     v = (1 - 0.999) * g * g
@@ -70,20 +70,13 @@ def test_adam_step_matches_the_textbook_in_float64() -> None:
     assert int(s1[STEP_KEY].bits) == 1
 
 
-def _first_rng_output(spec: TrainingSpec) -> int:
-    words = initial_state(spec, [])[RNG_KEY].bits.copy()
-    from reference.training import _advance_rng
-
-    return _advance_rng(words)
-
-
 @pytest.mark.parametrize("every", [1, 2, 3])
 def test_ema_follows_zero_cost_checkpointing(every: int) -> None:
     """The EMA starts at zero and becomes c·ema + (1−c)·master every ``every`` steps while loss < threshold."""
     p = Param("w", "F32", (4,), 1)
     free = TrainingSpec(ema_every=every, ema_decay=0.5)
     gated = dataclasses.replace(free, loss_threshold=1.0)
-    losses = _losses(free, 8)
+    losses = [(o >> 11) * 2.0**-52 for o in _rng_outputs(free, 8)]
     ema = {True: np.zeros(4, np.float32), False: np.zeros(4, np.float32)}
     for t in range(1, 9):
         master = trained_state(free, [p], t)["master/w"].values()
@@ -95,11 +88,12 @@ def test_ema_follows_zero_cost_checkpointing(every: int) -> None:
     assert 0 < sum(loss < 1.0 for loss in losses) < 8  # the gate both skipped and passed updates
 
 
-def _losses(spec: TrainingSpec, steps: int) -> list[float]:
+def _rng_outputs(spec: TrainingSpec, steps: int) -> list[int]:
+    """The RNG's outputs for the first ``steps`` steps (they drive gradients and the loss)."""
     from reference.training import _advance_rng
 
     words = initial_state(spec, [])[RNG_KEY].bits.copy()
-    return [(_advance_rng(words) >> 11) * 2.0**-52 for _ in range(steps)]
+    return [_advance_rng(words) for _ in range(steps)]
 
 
 def test_bf16_cast_rounds_to_nearest_even_and_keeps_nans_quiet() -> None:

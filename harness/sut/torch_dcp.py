@@ -48,6 +48,7 @@ _CARRIERS: dict[str, tuple[str, str]] = {
     "BOOL": ("bool", "u1"),
 }
 SUPPORTED_DTYPES = tuple(_CARRIERS)
+_CODES = {name: code for code, (name, _) in _CARRIERS.items()}
 _INT_OF_WIDTH = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 EXECUTORS = ("thread", "process")
 COLLECTIVE_TIMEOUT = 30.0
@@ -264,8 +265,7 @@ def _from_torch(x: Any, shape: tuple[int, ...]) -> Tensor:
     """The bits of a torch tensor, with the dtype torch reports (a silently changed dtype shows as a mismatch)."""
     import torch
 
-    codes = {name: code for code, (name, _) in _CARRIERS.items()}
-    code = codes.get(str(x.dtype).removeprefix("torch."))
+    code = _CODES.get(str(x.dtype).removeprefix("torch."))
     if code is None:
         raise TypeError(f"torch returned a tensor of dtype {x.dtype}, which the harness has no code for")
     dt = dtype(code)
