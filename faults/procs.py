@@ -6,8 +6,33 @@ import contextlib
 import os
 import signal
 import subprocess
+import uuid
+from collections.abc import Mapping
+from typing import Any
 
 import psutil
+
+TREE_VAR = "CKPT_HARNESS_TREE"  # marks every process a launch starts, however far it strays from the tree
+
+
+def popen(argv: list[str], *, env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
+    """Start ``argv`` in a session of its own, with a token in its environment that every descendant inherits:
+    launchers put ranks in sessions of their own (Paddle's calls setsid), and a writer whose rank was killed
+    re-parents to init, so neither the tree nor the session reaches it; the token does (``kill_tree``)."""
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen(argv, env={**(os.environ if env is None else env), TREE_VAR: token},
+                            start_new_session=True, **kwargs)
+    proc.tree_token = token  # type: ignore[attr-defined]
+    return proc
+
+
+def _marked(token: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if p.pid != os.getpid() and p.environ().get(TREE_VAR) == token:
+                out.append(p)
+    return out
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
@@ -25,4 +50,9 @@ def kill_tree(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # the process was started with start_new_session=True
     proc.wait()
-    psutil.wait_procs(kids, timeout=5)
+    token = getattr(proc, "tree_token", None)
+    strays = _marked(token) if token else []  # orphaned writers, ranks in sessions of their own
+    for p in strays:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(kids + strays, timeout=5)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from .procs import kill_tree
+from .procs import kill_tree, popen
 
 DEFAULT_SYSCALLS: tuple[str, ...] = (
     "openat", "write", "pwrite64", "rename", "renameat", "renameat2", "fsync", "fdatasync", "unlink", "unlinkat",
@@ -199,8 +199,7 @@ def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None, cwd: st
     out, err = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
     t0 = time.monotonic()
     with open(out, "wb") as fo, open(err, "wb") as fe:
-        proc = subprocess.Popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                start_new_session=True)
+        proc = popen(argv, stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, env=env, cwd=cwd)
         timed_out = False
         try:
             rc: int | None = proc.wait(timeout=timeout)

@@ -19,6 +19,7 @@ from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
 from properties.drawing import drawable
 from properties.fault_strategies import FAULT_PROPERTIES, has_latest
+from properties.known import KnownFindingsError, read_known
 from properties.training_strategies import TRAINING_PROPERTIES
 
 from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
@@ -43,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--property", action="append", dest="properties", metavar="ID", help="restrict to property IDs")
     f.add_argument("--faults", action="store_true", help="turn the fault layer on")
     f.add_argument("--seed", type=int, default=None, help="campaign seed (default: random, recorded in summary)")
+    f.add_argument("--skip-known", type=Path, default=None, metavar="DIR",
+                   help="regression cases with a 'signature': failures they explain are counted, not shrunk")
     f.add_argument(
         "--launch", choices=MODES, default="pool", help="warm rank pool (default), fresh launch per case, or in-process"
     )
@@ -89,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return {"fuzz": _fuzz, "replay": _replay, "list": _list, "crashpoints": _crashpoints}[args.command](args)
-    except (HarnessError, UnknownSut, CaseError) as exc:
+    except (HarnessError, UnknownSut, CaseError, KnownFindingsError) as exc:
         print(f"ckpt-harness: error: {exc}", file=sys.stderr)
         return 2
     except PoolFailure as exc:  # ranks never came up: the harness cannot run, this is not a finding
@@ -123,7 +126,8 @@ def _fuzz(args: argparse.Namespace) -> int:
         from faults import strace
 
         campaign.ptrace = strace.available()  # without ptrace: psutil triggers instead of crash points
-    judge_case = Judge(_runners(args, args.sut), exploring=True)
+    known = read_known(args.skip_known) if args.skip_known is not None else []
+    judge_case = Judge(_runners(args, args.sut), exploring=True, known=known)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:

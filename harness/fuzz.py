@@ -21,6 +21,7 @@ from properties.atomic import judge_history
 from properties.case import Case, CaseError
 from properties.drawing import property_cases
 from properties.judge import judge, judge_diff
+from properties.known import Known, explained_by
 from properties.outcome import Outcome
 from properties.verdicts import Judgement, Verdict
 
@@ -82,18 +83,29 @@ class Campaign:
     unreplayable: int = 0  # drawn power-loss states skipped: the ranks never interleaved their IO as recorded
     faults: bool = False  # the campaign injects faults (fault properties; P-RESUME may crash a save)
     devices: list[str] = field(default_factory=list)  # where the ranks ran ("cuda:0 (cpu:gloo,cuda:nccl)", "cpu")
+    known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
 
 
 class Judge:
     """Runs a case and judges it; P-DIFF also runs the reference engine on the same case, in-process."""
 
-    def __init__(self, runners: Runners, *, exploring: bool = False) -> None:
+    def __init__(self, runners: Runners, *, exploring: bool = False, known: list[Known] | None = None) -> None:
         self.runners = runners
         self.exploring = exploring  # fuzzing: a power-loss state that cannot be replayed is skipped, not an error
         self.unreplayable = 0
+        self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
+        self.known_hits: Counter = Counter()
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
+        judgement, outcome = self._judge(case)
+        known = explained_by(self.known, case.sut, judgement)
+        if known is None:
+            return judgement, outcome
+        self.known_hits[known] += 1
+        return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",)), outcome
+
+    def _judge(self, case: Case) -> tuple[Judgement, Outcome]:
         if case.fault is not None and case.fault.get("kind") in ("point", "power"):
             from .faultrun import resolve
 
@@ -175,6 +187,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     campaign.launches = judge_case.runners.launches
     campaign.devices = sorted(judge_case.runners.devices)
     campaign.unreplayable = judge_case.unreplayable
+    campaign.known = dict(judge_case.known_hits)
     if progress:
         sys.stderr.write("\n")
     return campaign
@@ -265,6 +278,7 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "shims": sorted(campaign.shims),
         "devices": campaign.devices,
         "unreplayable_states": campaign.unreplayable,
+        "known_findings_skipped": campaign.known,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
@@ -284,6 +298,9 @@ def report(summary: dict, rows: list[dict]) -> str:
         "|---|---|",
         *[f"| {p} | {n} |" for p, n in summary["cases_run"].items()],
         *[f"| {p} | skipped: {why} |" for p, why in summary["skipped_properties"].items()],
+        "",
+        *[f"Cases explained by the known finding `{k}` (not shrunk): {n}." for k, n in
+          summary.get("known_findings_skipped", {}).items()],
         "",
     ]
     lines += findings_table(rows)

@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from faults.procs import kill_tree
+from faults.procs import kill_tree, popen
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -98,15 +98,7 @@ def launch_commands(
 
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
-        return subprocess.Popen(
-            cmd,
-            env=env,
-            cwd=str(REPO_ROOT),
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        return popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
 
 
 def kill_trees(procs: list[subprocess.Popen]) -> None:

@@ -12,6 +12,10 @@ the newest acknowledged save (the one issued last) or any save whose fate was st
 nothing acknowledged yet; "latest" in a fault case or behind an unacknowledged newer attempt (the newest checkpoint
 is incomplete); a checkpoint saved before a ``corrupt`` (which must still never load wrong data); a name that a
 ``rotate`` may have deleted, i.e. ``keep`` other saves may be newer — never the newest acknowledged one itself.
+A SUT that rotates inside every save (option ``keep_last``, as a Trainer's ``save_total_limit``) is judged as if
+each save were followed by ``rotate(keep_last)`` counting that save, finished or not. Where a rotation excuses a
+named acknowledged checkpoint that no longer loads, some newer save it counted must load: if every one of them was
+tried by name and failed, the rotation deleted the last complete checkpoint for an incomplete one (P-NOLOSS).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class _History:
     corrupted: list[int] = field(default_factory=list)  # a corruption hit every save with index <= each of these
     rotations: list[tuple[int, int]] = field(default_factory=list)  # (op index, keep)
     crashes: list[int] = field(default_factory=list)  # kill and restart op indices
+    loaded: set[int] = field(default_factory=set)  # op indices of saves some load gave back bitwise
+    failed_names: set[str] = field(default_factory=set)  # names whose load by name failed
+    rotation_excused: list[tuple[_Save, str]] = field(default_factory=list)  # (lost save, where) a rotation excused
 
     def pending(self) -> list[_Save]:
         return [s for s in self.saves if s.settled is None]
@@ -64,6 +71,20 @@ class _History:
             return "P-NOLOSS"  # acknowledged, then lost to a crash or a rotation
         return self.case.property
 
+    def nothing_left(self) -> Judgement | None:
+        """A rotation excused losing an acknowledged checkpoint, yet every newer save it could have counted was
+        tried by name and none loaded: the rotation deleted the last complete checkpoint (P-NOLOSS)."""
+        if self.corrupted:
+            return None  # a corruption may explain the newer failures
+        for lost, where in self.rotation_excused:
+            newer = [s for s in self.saves if s.index > lost.index and _open(s, lost)]
+            if newer and all(s.name in self.failed_names and s.index not in self.loaded for s in newer):
+                return Judgement("P-NOLOSS", Verdict.DATA_LOSS, (
+                    f"{where}: acknowledged version {lost.version} (op {lost.index}) was rotated away, and no newer "
+                    f"checkpoint loads either ({', '.join(str(s.name) for s in newer)}): the rotation deleted the last "
+                    "complete checkpoint while its successor was incomplete",))
+        return None
+
 
 def _open(save: _Save, ack: _Save) -> bool:
     """``save`` was still undecided when ``ack`` was issued, so it may have committed after it."""
@@ -76,6 +97,7 @@ def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | 
     typed errors); anything else a load raises about an unacknowledged or corrupted checkpoint is a loud failure."""
     fault_op = case.fault["op"] if case.fault is not None else None
     h = _History(case, fault_op, case.fault["kind"] if case.fault is not None else None)
+    keep_last = case.options.get("keep_last")
     fault_report = outcome.fault or {}
     results: list[Judgement | None] = []
     for op, rec in zip(case.ops, outcome.records):
@@ -89,6 +111,8 @@ def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | 
                 h.saves.append(_Save(op.name, op.version, rec.index, rec.index, acknowledged))
                 if not acknowledged:
                     results.append(_failed_op(h, rec, where, faulted, clear_errors))
+            if keep_last:  # the SUT's own rotation inside the save, which counts the save itself
+                h.rotations.append((rec.index + 1, keep_last))
         elif op.kind in ("wait", "kill", "restart"):
             for save in h.pending():
                 save.settled, save.acked = rec.index, op.kind == "wait" and rec.ok
@@ -106,6 +130,7 @@ def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | 
             results.append(_judge_load(h, op.name, rec, where, clear_errors))
         if faulted and h.kind == "corrupt":
             h.corrupted.append(rec.index)  # the fault corrupts the root after its op
+    results.append(h.nothing_left())
     if len(outcome.records) < len(case.ops):
         results.append(Judgement(case.property, Verdict.CRASH,
                                  (f"only {len(outcome.records)} of {len(case.ops)} ops ran",)))
@@ -164,7 +189,12 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
         clear = clear_errors is None or rec.error_type in clear_errors
         error = f"{where}: {rec.error_type}: {rec.error}"
         incomplete_latest = name is None and (h.kind is not None or any(not s.acked for s in undecided))
-        if ack is not None and not (corrupted or incomplete_latest or (name is not None and h.rotated_away(ack))):
+        rotated = name is not None and ack is not None and h.rotated_away(ack)
+        if name is not None:
+            h.failed_names.add(name)
+        if rotated and not (corrupted or incomplete_latest):
+            h.rotation_excused.append((ack, where))
+        if ack is not None and not (corrupted or incomplete_latest or rotated):
             if h.fault_op is not None and ack.index > h.fault_op:
                 return Judgement(case.property, Verdict.LOUD_FAILURE, (f"the save after the fault does not load: "
                                                                        f"{error}",))
@@ -176,6 +206,7 @@ def _judge_load(h: _History, name: str | None, rec: OpRecord, where: str,
                                                            f"checkpoint: {error}",))
     for save in allowed:
         if not mismatch(case, save.version, rec):
+            h.loaded.add(save.index)
             return None
     if not allowed:
         return Judgement(case.property, Verdict.SILENT_CORRUPTION,

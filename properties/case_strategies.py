@@ -12,13 +12,16 @@ from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
-from reference.layout import Mesh, TensorLayout, flat_group
+from reference.layout import Mesh, TensorLayout, flat_group, replicated
 from reference.moe import expert_layouts
+from reference.training import PARAM_DTYPES, family_keys
 
 from .case import SPECIAL_BITS, Case, Op, TensorCase
 from .strategies import DTYPE_NAMES, factorizations, shapes, sharded_layouts, state_layouts
 
 NAMES = ("model/w", "model/b", "model/emb", "optimizer/w.m1", "optimizer/w.m2", "master/w", "ema/w", "rng/state")
+PARAMS = ("w", "b", "emb", "layers.0.qkv")  # parameter names of a trainer's state ("trainer_state" SUTs)
+KEEP_LAST = (1, 2)  # rotation limits drawn for SUTs that rotate inside every save ("keep_last")
 
 CASE_PROPERTIES = (
     "P-ROUNDTRIP",
@@ -60,6 +63,11 @@ class Caps:
         self.tensor_kinds = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("tensor_kind:"))
         self.save_replicas = "save_replicas" in self.caps
         self.async_executors = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("async_executor:"))
+        # A trainer's state (model/<p> with its moments and, for BF16/F16, an FP32 master weight) rather than any
+        # tensors under any names; held whole on every rank (data parallel), never sharded.
+        self.trainer_state = "trainer_state" in self.caps
+        self.replicated_only = "replicated" in self.caps
+        self.keep_last = "keep_last" in self.caps
 
 
 @st.composite
@@ -73,21 +81,48 @@ def options(draw, caps: Caps) -> dict:
         out["save_replicas"] = True
     if caps.async_executors:
         out["async_executor"] = draw(st.sampled_from(caps.async_executors))
+    if caps.keep_last and draw(st.booleans()):
+        out["keep_last"] = draw(st.sampled_from(KEEP_LAST))
     return out
+
+
+def _bits(draw, dtype: str, shape: tuple[int, ...], edge: bool) -> tuple[int, ...] | None:
+    if not (edge and draw(st.booleans())):
+        return None
+    count = math.prod(shape)
+    return tuple(draw(st.lists(st.sampled_from(SPECIAL_BITS[dtype]), min_size=count, max_size=count)))
+
+
+@st.composite
+def trainer_state_cases(draw, caps: Caps, max_params: int = 3, min_params: int = 0, edge: bool = False):
+    """A trainer's state: per parameter its weights, both Adam moments (F32) and, for a BF16/F16 parameter, an FP32
+    master weight; each drawn whole (edge: special bit patterns in any of them)."""
+    dtypes = [d for d in caps.dtypes if d in PARAM_DTYPES]
+    names = draw(st.lists(st.sampled_from(PARAMS), min_size=min_params, max_size=max_params, unique=True))
+    out = []
+    for param in names:
+        dtype = draw(st.sampled_from(dtypes))
+        shape = draw(shapes(max_dims=2, max_side=5).filter(lambda s: caps.zero_size or 0 not in s))
+        keys = family_keys(param)
+        members = [(keys["model"], dtype), (keys["m1"], "F32"), (keys["m2"], "F32")]
+        if dtype != "F32":
+            members.append((keys["master"], "F32"))
+        for key, dt in members:
+            out.append(TensorCase(key, dt, shape, draw(st.integers(0, 2**16)), _bits(draw, dt, shape, edge)))
+    return tuple(out)
 
 
 @st.composite
 def tensor_cases(draw, caps: Caps, max_tensors: int = 4, min_tensors: int = 0, edge: bool = False):
+    if caps.trainer_state:
+        return draw(trainer_state_cases(caps, max_params=max(1, max_tensors // 2), min_params=min(min_tensors, 1),
+                                        edge=edge))
     names = draw(st.lists(st.sampled_from(NAMES), min_size=min_tensors, max_size=max_tensors, unique=True))
     out = []
     for name in names:
         dtype = draw(st.sampled_from(caps.dtypes))
         shape = draw(shapes(max_side=6).filter(lambda s: caps.zero_size or 0 not in s))
-        bits = None
-        if edge and draw(st.booleans()):
-            count = math.prod(shape)
-            bits = tuple(draw(st.lists(st.sampled_from(SPECIAL_BITS[dtype]), min_size=count, max_size=count)))
-        out.append(TensorCase(name, dtype, shape, draw(st.integers(0, 2**16)), bits))
+        out.append(TensorCase(name, dtype, shape, draw(st.integers(0, 2**16)), _bits(draw, dtype, shape, edge)))
     return tuple(out)
 
 
@@ -101,7 +136,12 @@ def _json(layouts: dict[str, TensorLayout]) -> dict[str, dict]:
 
 
 @st.composite
-def _layouts_for(draw, tensors: tuple[TensorCase, ...], mesh: Mesh, allow_flat: bool = True) -> dict[str, dict]:
+def _layouts_for(draw, tensors: tuple[TensorCase, ...], mesh: Mesh, caps: Caps,
+                 allow_flat: bool | None = None) -> dict[str, dict]:
+    """A layout per tensor within what the SUT holds (``allow_flat`` None: flattened where it claims "flat")."""
+    allow_flat = "flat" in caps.caps if allow_flat is None else allow_flat
+    if caps.replicated_only:
+        return _json({t.name: replicated(mesh) for t in tensors})
     fake = {t.name: t.build() for t in tensors}
     if allow_flat:
         return _json(draw(state_layouts(fake, mesh)))
@@ -123,14 +163,14 @@ def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (
     flat_ok = "flat" in caps.caps
 
     def same_or_other(tensors, allow_flat=flat_ok):
-        save = draw(_layouts_for(tensors, save_mesh, allow_flat))
-        return save, (draw(_layouts_for(tensors, load_mesh, allow_flat)) if caps.reshard else save)
+        save = draw(_layouts_for(tensors, save_mesh, caps, allow_flat))
+        return save, (draw(_layouts_for(tensors, load_mesh, caps, allow_flat)) if caps.reshard else save)
 
     if prop == "P-MOE":
         return draw(_moe_case(sut, ranks, caps, seed, opts))
     tensors = draw(tensor_cases(caps, edge=prop == "P-EDGE", min_tensors=0 if prop == "P-EDGE" else 1))
     if prop == "P-ROUNDTRIP":
-        layout = draw(_layouts_for(tensors, save_mesh, flat_ok))
+        layout = draw(_layouts_for(tensors, save_mesh, caps))
         return Case(prop, sut, tensors, layout, layout, _save_load(), opts, seed)
     if prop in ("P-RESHARD", "P-COVER", "P-EDGE", "P-DIFF"):
         save, load = same_or_other(tensors)
@@ -146,14 +186,14 @@ def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (
             save = flat(save_mesh)
             load = save
         elif draw(st.booleans()):  # flattened -> unflattened
-            save, load = flat(save_mesh), draw(_layouts_for(tensors, load_mesh, allow_flat=False))
+            save, load = flat(save_mesh), draw(_layouts_for(tensors, load_mesh, caps, allow_flat=False))
         else:  # unflattened -> flattened
-            save, load = draw(_layouts_for(tensors, save_mesh, allow_flat=False)), flat(load_mesh)
+            save, load = draw(_layouts_for(tensors, save_mesh, caps, allow_flat=False)), flat(load_mesh)
         return Case(prop, sut, tensors, save, load, _save_load(), opts, seed)
     if prop == "P-REPEAT":
         if "same_dir" in caps.caps:  # versions of one directory: the SUT's own notion of "latest"
             opts = {**opts, "same_dir": True}
-        layout = draw(_layouts_for(tensors, save_mesh, flat_ok))
+        layout = draw(_layouts_for(tensors, save_mesh, caps))
         versions = draw(st.integers(2, 4))
         ops = [Op("save", f"step-{v}", v) for v in range(versions)]
         ops.append(Op("load", None if caps.latest else f"step-{versions - 1}", versions - 1))

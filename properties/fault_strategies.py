@@ -83,7 +83,7 @@ def fault_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[st
     caps = Caps(capabilities)
     mesh = draw(mesh_of(ranks))
     tensors = draw(tensor_cases(caps, max_tensors=3, min_tensors=1))
-    layout = draw(_layouts_for(tensors, mesh, "flat" in caps.caps))
+    layout = draw(_layouts_for(tensors, mesh, caps))
     use_async = "async" in caps.caps and draw(st.booleans())
     fault = draw(faults(prop, ranks, use_async, ptrace))
     opts = draw(options(caps))

@@ -25,6 +25,7 @@ REGISTRY: dict[str, SutInfo] = {
     "paddle-dcp": SutInfo("paddle-dcp", "harness.sut.paddle_dcp:PaddleDcpSut", "paddle"),
     "paddle-save": SutInfo("paddle-save", "harness.sut.paddle_save:PaddleSaveSut", "paddle"),
     "torch-dcp": SutInfo("torch-dcp", "harness.sut.torch_dcp:TorchDcpSut", "torch"),
+    "paddleformers-uc": SutInfo("paddleformers-uc", "harness.sut.paddleformers_uc:PaddleFormersUcSut", "paddleformers"),
 }
 
 
