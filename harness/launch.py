@@ -6,6 +6,7 @@ can be found and killed with psutil, whatever state it is in.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -105,3 +106,27 @@ def kill_trees(procs: list[subprocess.Popen]) -> None:
     """Kill every process started by ``procs`` (their whole trees and sessions) and reap them."""
     for proc in procs:
         kill_tree(proc)
+
+
+SHM_VAR = "CKPT_HARNESS_SHM_DIR"  # where ranks list the /dev/shm segments they create (register_shm)
+
+
+def register_shm(names: list[str]) -> None:
+    """Called on a rank: these shared-memory segments are this process's. A rank killed by a fault cannot unlink
+    them, so the pool does when it closes (``release_shm``). Outside a pool it does nothing."""
+    directory = os.environ.get(SHM_VAR)
+    if directory and names:
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / str(os.getpid())).write_text("\n".join(names) + "\n", encoding="utf-8")
+
+
+def release_shm(directory: Path) -> None:
+    """Unlink every segment the ranks registered that is still there (plain names only, under /dev/shm)."""
+    if not directory.is_dir():
+        return
+    for listing in directory.iterdir():
+        for name in listing.read_text(encoding="utf-8").split():
+            if "/" not in name and name not in (".", ".."):
+                with contextlib.suppress(FileNotFoundError):
+                    (Path("/dev/shm") / name).unlink()

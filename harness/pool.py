@@ -16,7 +16,7 @@ import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
-from .launch import kill_trees, launch_commands, paddle_gpus, start
+from .launch import SHM_VAR, kill_trees, launch_commands, paddle_gpus, release_shm, start
 from .rankops import RankExecutor
 from .sut import resolve
 
@@ -110,6 +110,7 @@ class RankPool:
                 self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus, self.nnodes
             )
             for n, (cmd, env) in enumerate(commands):
+                env = {**env, SHM_VAR: str(self._dir / "shm")}
                 self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
             deadline = time.monotonic() + self.start_timeout
             pending: list[Connection] = []
@@ -167,6 +168,7 @@ class RankPool:
             conn.close()
         self.procs, self.conns, self.pids = [], {}, {}
         if self._dir is not None:
+            release_shm(self._dir / "shm")
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
 

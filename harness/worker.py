@@ -27,6 +27,19 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
+def _keep_control_from_children(fd: int) -> None:
+    """A SUT's forked writers would inherit the control socket and keep it open after their rank dies, so the
+    controller would wait for EOF until the op timed out and report a hang; in a forked child the descriptor is
+    pointed at /dev/null instead (the number stays valid, so nothing else is closed by mistake)."""
+
+    def in_child() -> None:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+
+    os.register_at_fork(after_in_child=in_child)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--control", required=True)
@@ -35,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank, world = rank_and_world()
     conn = Client(args.control, family="AF_UNIX")
+    _keep_control_from_children(conn.fileno())
     adapter = resolve(args.sut)()
     try:
         shims = adapter.setup(rank, world, json.loads(args.options))

@@ -272,8 +272,9 @@ def _mix(a: int, b: int) -> dict:
     return {0: _state(a)[0], 1: _state(b)[1]}
 
 
-def _judge(steps: list) -> str:
-    """Judge a history given as (op, result) pairs: result True (ok), a loaded state, or an error type name."""
+def _judge(steps: list, **changes) -> str:
+    """Judge a history given as (op, result) pairs: result True (ok), a loaded state, or an error type name;
+    ``changes`` replace fields of the case (options, fault)."""
     ops, recs = [], []
     for i, (op, result) in enumerate(steps):
         rec = OpRecord(i, op.kind, op.name)
@@ -283,7 +284,7 @@ def _judge(steps: list) -> str:
             rec.loaded = result
         ops.append(op)
         recs.append(rec)
-    case = dataclasses.replace(BASE, ops=tuple(ops))
+    case = dataclasses.replace(BASE, ops=tuple(ops), **changes)
     j = judge_history(case, Outcome("reference", recs), CLEAR)
     return j.verdict.value if j.ok else f"{j.verdict.value}/{j.property}"
 
@@ -350,6 +351,24 @@ def test_rotation_may_delete_only_what_keep_newer_saves_cover() -> None:
     assert _judge([*steps, (Op("load", "step-0"), _state(1))]) == "silent-corruption/P-ATOMIC"  # wrong data
     assert _judge([*steps, (Op("rotate", keep=1), True), (LATEST, _state(2))]) == "pass"
     assert _judge([*steps[:2], (Op("rotate", keep=1), "KeyError")]) == "loud-failure/P-ATOMIC"
+
+
+def test_rotation_inside_every_save_counts_the_save_itself() -> None:
+    """keep_last (a Trainer's save_total_limit): each save rotates, counting itself finished or not. Losing the
+    older checkpoint is allowed only while a newer one loads; a fault that leaves neither is P-NOLOSS data loss."""
+    keep1 = {"options": {"keep_last": 1}}
+    acked = [(save(0), True), (save(1), True)]
+    assert _judge([*acked, (Op("load", "step-0"), "CheckpointNotFound"), (LATEST, _state(1))], **keep1) == "pass"
+    assert _judge([*acked, (Op("load", "step-0"), "CheckpointNotFound")]) == "data-loss/P-ATOMIC"  # no keep_last
+    faulted = {**keep1, "fault": {"kind": "kill", "op": 1, "path": "x", "syscall": "openat", "k": 1}}
+    crashed = [(save(0), True), (save(1), "Killed")]
+    assert _judge([*crashed, (Op("load", "step-1"), _state(1)), (Op("load", "step-0"), "CheckpointNotFound")],
+                  **faulted) == "pass"  # the newer one committed before the crash
+    assert _judge([*crashed, (Op("load", "step-1"), "CheckpointIncomplete"), (Op("load", "step-0"), _state(0))],
+                  **faulted) == "pass"  # the rotation had not run yet
+    assert _judge([*crashed, (Op("load", "step-1"), "CheckpointIncomplete"),
+                   (Op("load", "step-0"), "CheckpointNotFound")], **faulted) == "data-loss/P-NOLOSS"
+    assert _judge([*crashed, (Op("load", "step-0"), "CheckpointNotFound")], **faulted) == "pass"  # step-1 untried
 
 
 def test_corruption_may_fail_clearly_but_never_load_wrong_data() -> None:

@@ -183,6 +183,7 @@ class PaddleFormersUcSut(PaddleAdapter):
             trainer._save_checkpoint(trainer.model, metrics=None)
         finally:
             trainer.args.unified_checkpoint_config = config
+            _register_segments(trainer)
         return SaveHandle(list(live.values()), job)
 
     def wait(self, handle: SaveHandle) -> None:
@@ -258,7 +259,8 @@ class PaddleFormersUcSut(PaddleAdapter):
 
     @classmethod
     def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:
-        """Every tensor UC's index files list, with its shape from the safetensors header, as the case names it."""
+        """Every tensor UC's index files list and its shard holds, with its shape from the safetensors header, as
+        the case names it."""
         import json
 
         from safetensors import safe_open
@@ -275,8 +277,11 @@ class PaddleFormersUcSut(PaddleAdapter):
                 case_key = _case_key(family, key)
                 if case_key is None:
                     continue
-                with safe_open(str(path / file), framework="numpy") as f:
-                    shape = tuple(f.get_slice(key).get_shape())
+                try:
+                    with safe_open(str(path / file), framework="numpy") as f:
+                        shape = tuple(f.get_slice(key).get_shape())
+                except Exception:  # listed before it landed (UC writes indexes first), or damaged: not written
+                    continue
                 regions = out.get(case_key, (shape, []))[1]
                 out[case_key] = (shape, [*regions, Box((0,) * len(shape), shape)])
         return out
@@ -389,6 +394,16 @@ def _writer_processes(trainer: Any) -> list[Any]:
     if handler is None:
         return []
     return [p for p in (getattr(handler, attr, None) for _, _, attr in _WRITERS) if p is not None]
+
+
+def _register_segments(trainer: Any) -> None:
+    """The async writers' shared memory outlives a rank killed by a fault; the pool unlinks what is listed."""
+    from harness.launch import register_shm
+
+    handler = _async_handler(trainer)
+    if handler is not None:
+        register_shm([shm.name for kind, _, _ in _WRITERS
+                      if (shm := getattr(handler, f"_shm_{kind}", None)) is not None])
 
 
 def _stop_writers(trainer: Any) -> None:
