@@ -43,11 +43,10 @@ def resolve(name: str) -> type:
             "package.module:ClassName"
         )
     if info is not None and not framework_available(info):
-        raise UnknownSut(
-            f"SUT {name!r} needs the Python package {info.framework!r}, which is not installed: "
-            f"pip install -e '.[{info.framework}]'" + (" (or paddlepaddle-gpu on a GPU runner)"
-                                                        if info.framework == "paddle" else "")
-        )
+        how = {"paddle": "pip install -e '.[paddle]' (or paddlepaddle-gpu on a GPU runner)",
+               "paddleformers": "run it from the environment `bash .ci/paddleformers-env` builds (README: "
+                                "PaddleFormers)"}.get(info.framework, f"pip install -e '.[{info.framework}]'")
+        raise UnknownSut(f"SUT {name!r} needs the Python package {info.framework!r}, which is not installed: {how}")
     module_name, _, class_name = target.partition(":")
     if info is None and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # external adapters may live in the user's working tree

@@ -129,6 +129,7 @@ class PaddleFormersUcSut(PaddleAdapter):
 
         self._rank, self._world = rank, world_size
         paddle.set_device("cpu")  # CPU wheels only here (docs/gpu.md); TrainingArguments inits the collective
+        _register_new_segments()
         return []
 
     # --- the Trainer ------------------------------------------------------------------------------------------
@@ -183,7 +184,6 @@ class PaddleFormersUcSut(PaddleAdapter):
             trainer._save_checkpoint(trainer.model, metrics=None)
         finally:
             trainer.args.unified_checkpoint_config = config
-            _register_segments(trainer)
         return SaveHandle(list(live.values()), job)
 
     def wait(self, handle: SaveHandle) -> None:
@@ -396,14 +396,31 @@ def _writer_processes(trainer: Any) -> list[Any]:
     return [p for p in (getattr(handler, attr, None) for _, _, attr in _WRITERS) if p is not None]
 
 
-def _register_segments(trainer: Any) -> None:
-    """The async writers' shared memory outlives a rank killed by a fault; the pool unlinks what is listed."""
+_segments: list[str] = []
+
+
+def _register_new_segments() -> None:
+    """UC's writers' shared memory outlives a rank killed mid-save (its resource tracker dies with the job), so
+    every segment this process creates is listed for the pool to unlink when it closes. Bookkeeping only: the
+    class UC instantiates behaves exactly as before. Once per process."""
+    from multiprocessing import shared_memory
+
     from harness.launch import register_shm
 
-    handler = _async_handler(trainer)
-    if handler is not None:
-        register_shm([shm.name for kind, _, _ in _WRITERS
-                      if (shm := getattr(handler, f"_shm_{kind}", None)) is not None])
+    base = shared_memory.SharedMemory
+    if getattr(base, "_ckpt_harness_registers", False):
+        return
+
+    class RegisteredSharedMemory(base):  # type: ignore[misc, valid-type]
+        _ckpt_harness_registers = True
+
+        def __init__(self, name: str | None = None, create: bool = False, size: int = 0, **kwargs: Any) -> None:
+            super().__init__(name, create, size, **kwargs)
+            if create:
+                _segments.append(self.name)
+                register_shm(_segments)
+
+    shared_memory.SharedMemory = RegisteredSharedMemory
 
 
 def _stop_writers(trainer: Any) -> None:
