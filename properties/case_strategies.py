@@ -68,6 +68,7 @@ class Caps:
         self.trainer_state = "trainer_state" in self.caps
         self.replicated_only = "replicated" in self.caps
         self.keep_last = "keep_last" in self.caps
+        self.flags = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("flag:"))  # boolean options
 
 
 @st.composite
@@ -83,6 +84,9 @@ def options(draw, caps: Caps) -> dict:
         out["async_executor"] = draw(st.sampled_from(caps.async_executors))
     if caps.keep_last and draw(st.booleans()):
         out["keep_last"] = draw(st.sampled_from(KEEP_LAST))
+    for flag in caps.flags:
+        if draw(st.booleans()):
+            out[flag] = True
     return out
 
 

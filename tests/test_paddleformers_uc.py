@@ -38,7 +38,8 @@ needs_uc = pytest.mark.skipif(not framework_available(REGISTRY[SUT]),
 
 def test_capabilities_are_declared_honestly() -> None:
     assert {"flat", "moe", "same_dir", "save_replicas"}.isdisjoint(CAPS)  # DP only: no TP/ZeRO layouts on CPU
-    assert {"trainer_state", "replicated", "reshard", "async", "latest", "rotate", "kill_writer", "keep_last"} <= CAPS
+    assert {"trainer_state", "replicated", "reshard", "async", "latest", "rotate", "kill_writer", "keep_last",
+            "flag:pdc"} <= CAPS
     assert {d.split(":")[1] for d in CAPS if d.startswith("dtype:")} == {"F32", "BF16", "F16"}
     assert not {"P-FLAT", "P-MOE", "P-EMA", "P-RESUME"} & set(PROPS)
 
@@ -75,7 +76,7 @@ def test_strategies_draw_whole_trainer_states(data: st.DataObject) -> None:
             assert specs[param].dtype != "F32"
     for layouts in (case.save_layout, case.load_layout):
         assert all(lay["placements"] == ["R"] * len(lay["mesh"]["shape"]) for lay in layouts.values())
-    assert case.options.get("keep_last") in (None, 1, 2)
+    assert case.options.get("keep_last") in (None, 1, 2) and case.options.get("pdc") in (None, True)
 
 
 # --- real UC saves and resumes -----------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class PaddleFormersUcSut(PaddleAdapter):
     framework = "paddleformers"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"trainer_state", "replicated", "reshard", "async", "zero_size", "repeat", "latest", "rotate",
-         "kill_writer", "keep_last"}
+         "kill_writer", "keep_last", "flag:pdc"}
         | {f"dtype:{d}" for d in PARAM_DTYPES}
     )
 
@@ -168,6 +168,10 @@ class PaddleFormersUcSut(PaddleAdapter):
     # --- save ------------------------------------------------------------------------------------------------
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
+        with _pdc(options):
+            return self._save(root, name, tensors, use_async=use_async, options=options)
+
+    def _save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
         _whole(tensors)
         state = {key: rt.local.tensor for key, rt in tensors.items()}
         job = self._job_for(root, state, options)
@@ -227,6 +231,11 @@ class PaddleFormersUcSut(PaddleAdapter):
     # --- load ------------------------------------------------------------------------------------------------
 
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
+        with _pdc(options):
+            return self._load(root, name, targets, options=options)
+
+    def _load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *,
+              options: dict) -> dict[str, Tensor]:
         from paddleformers.trainer.trainer_utils import get_last_checkpoint
 
         _whole(targets)
@@ -288,6 +297,22 @@ class PaddleFormersUcSut(PaddleAdapter):
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _pdc(options: dict) -> Any:
+    """``options["pdc"]``: run as on PaddleCloud (``FLAG_LLM_PDC=True``), where sync saves end with a
+    ``.checkpoint_done`` marker and ``get_last_checkpoint`` skips directories without one. The Trainer reads the
+    variable at each call, so it is set around each save and load only."""
+    previous = os.environ.get("FLAG_LLM_PDC")
+    os.environ["FLAG_LLM_PDC"] = "True" if options.get("pdc") else "False"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("FLAG_LLM_PDC", None)
+        else:
+            os.environ["FLAG_LLM_PDC"] = previous
+
 
 def _dir_name(name: str) -> str:
     return f"checkpoint-{trailing_int(name)}"
