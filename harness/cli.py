@@ -64,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("case", type=Path, help="a case or finding file; its tensors and layouts, or its own fault op")
     c.add_argument("--async", dest="use_async", action="store_true", help="crash an async save (and its writer)")
     c.add_argument("--states", action="store_true", help="power-loss crash states instead of process kills")
-    c.add_argument("--limit", type=int, default=None, help="at most this many crash states (a deterministic spread)")
+    c.add_argument("--limit", type=int, default=None,
+                   help="at most this many crash points or states (a deterministic spread, first and last included)")
     c.add_argument("--launch", choices=MODES, default="pool")
     c.add_argument("--op-timeout", type=float, default=120.0)
     for p in (f, r, c):
@@ -187,7 +188,7 @@ def _crashpoints(args: argparse.Namespace) -> int:
     try:
         if args.states:
             return _print_states(*crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case))
-        return _print_points(crashpoints(case, judge_case))
+        return _print_points(crashpoints(case, judge_case, sample=args.limit))
     finally:
         judge_case.close()
 
