@@ -188,7 +188,11 @@ def _crashpoints(args: argparse.Namespace) -> int:
     try:
         if args.states:
             return _print_states(*crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case))
-        return _print_points(crashpoints(case, judge_case, sample=args.limit))
+        def progress(n: int, r) -> None:  # a long run reports each point as it is judged
+            print(f"point {n}: {r.fault['syscall']} {r.fault['path']} -> {r.judgement.verdict.value}", file=sys.stderr,
+                  flush=True)
+
+        return _print_points(crashpoints(case, judge_case, sample=args.limit, on_result=progress))
     finally:
         judge_case.close()
 

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -141,17 +142,21 @@ class PointResult:
     report: dict
 
 
-def crashpoints(case: Case, judge: Judge, sample: int | None = None) -> list[PointResult]:
+def crashpoints(case: Case, judge: Judge, sample: int | None = None,
+                on_result: Callable[[int, PointResult], None] | None = None) -> list[PointResult]:
     """SIGKILL the fault op at every syscall it makes under the root (one fresh run per point) and judge each;
-    ``sample``: only that many points, evenly spread (first and last included)."""
+    ``sample``: only that many points, evenly spread (first and last included); ``on_result`` sees each result as
+    it comes (a long run reports as it goes)."""
     root, recording, _ = record(case, judge)
     faults = kill_faults(root, recording, fault_op_of(case))
     if sample is not None and len(faults) > sample > 1:
         faults = [faults[round(i * (len(faults) - 1) / (sample - 1))] for i in range(sample)]
     results = []
-    for fault in faults:
+    for n, fault in enumerate(faults):
         judgement, outcome = judge(dataclasses.replace(case, fault=fault))
         results.append(PointResult(fault, judgement, outcome.fault or {}))
+        if on_result is not None:
+            on_result(n, results[-1])
     return results
 
 

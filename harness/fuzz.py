@@ -137,8 +137,8 @@ class Judge:
         here, so fault campaigns are not swamped by, and do not shrink towards, bugs that need no fault."""
         control = dataclasses.replace(case, fault=None)
         control_outcome = run_case(control, self.runners)
-        plain = (judge_history(control, control_outcome, self.runners.cls.clear_errors) if control.sequence
-                 else judge(control, control_outcome))
+        # The same history rules as the faulted run (rotation, latest, ...), only without the fault.
+        plain = judge_history(control, control_outcome, self.runners.cls.clear_errors)
         if plain.ok:
             return judgement
         return Judgement(case.property, Verdict.PASS,
