@@ -423,10 +423,16 @@ def fs_ops(recording: Recording | Sequence[Syscall], root: str | os.PathLike[str
     return parser.finish()
 
 
+# A random temporary name (Python's tempfile, the Rust tempfile crate safetensors writes through): another name in
+# every run for the same op, so the shape sees only that a temporary file is there.
+_TEMP_NAME = re.compile(r"(^|/)(\.?tmp)[A-Za-z0-9_]{6,10}(?=$|/)")
+
+
 def ops_shape(ops: Sequence[FsOp]) -> str:
     """A short digest of the ops' kinds and paths in order: a state replays only on a trace of the same shape (the
-    state's op indices mean the same ops there)."""
-    return hashlib.sha256("\0".join(f"{op.kind} {op.path}" for op in ops).encode()).hexdigest()[:16]
+    state's op indices mean the same ops there). Random temporary names are masked."""
+    text = "\0".join(op.kind + " " + _TEMP_NAME.sub(r"\1\2*", op.path) for op in ops)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 # --- crash states ------------------------------------------------------------------------------------------
