@@ -86,7 +86,7 @@ def fault_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[st
     layout = draw(_layouts_for(tensors, mesh, caps))
     use_async = "async" in caps.caps and draw(st.booleans())
     fault = draw(faults(prop, ranks, use_async, ptrace))
-    opts = draw(options(caps))
+    opts = draw(options(caps, rotation=True))
     if "same_dir" in caps.caps and draw(st.booleans()):
         opts["same_dir"] = True  # versions of one directory: the SUT's own notion of "latest"
     latest = has_latest(caps.caps, opts)
