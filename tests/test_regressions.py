@@ -26,7 +26,9 @@ def test_finding_still_reproduces(path: Path) -> None:
     case, finding = read_case_file(path)
     info = REGISTRY.get(case.sut)
     if info is not None and not framework_available(info):
-        pytest.skip(f"{case.sut} needs {info.framework}: pip install -e '.[{info.framework}]'")
+        how = ("its own environment (README: PaddleFormers)" if info.framework == "paddleformers"
+               else f"pip install -e '.[{info.framework}]'")
+        pytest.skip(f"{case.sut} needs {info.framework}: {how}")
     judge_case = Judge(Runners(case.sut, mode="fresh"))
     try:
         judgement, _ = judge_case(case)

@@ -388,8 +388,9 @@ def _slots(trainer: Any, params: dict[str, Any], state: dict[str, Tensor]) -> di
         master = optimizer._master_weights.get(params[param].name)
         if family == "master":
             out[key] = master
-        else:  # AdamW keys a multi-precision parameter's moments by its master weight
-            out[key] = optimizer._accumulators[slot][(master if master is not None else params[param]).name]
+        else:  # AdamW keys a BF16/F16 parameter's moments by its master weight (UC also lists F32 ones there)
+            low = master is not None and str(params[param].dtype) != "paddle.float32"
+            out[key] = optimizer._accumulators[slot][(master if low else params[param]).name]
     return out
 
 
