@@ -25,7 +25,7 @@ import contextlib
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -97,11 +97,10 @@ def _slot(key: str) -> tuple[str, str, str]:
 
 @dataclass
 class Job:
-    """One case's training job on this rank: a Trainer over the case's model, and what its saves handed out."""
+    """One case's training job on this rank: a Trainer over the case's model."""
 
     trainer: Any
     params: dict[str, Any]  # structured name -> paddle parameter
-    handed: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -120,14 +119,11 @@ class PaddleFormersUcSut(PaddleAdapter):
     )
 
     def __init__(self) -> None:
-        self._rank = 0
-        self._world = 1
         self._job: Job | None = None
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         import paddle
 
-        self._rank, self._world = rank, world_size
         paddle.set_device("cpu")  # CPU wheels only here (docs/gpu.md); TrainingArguments inits the collective
         _register_new_segments()
         return []
@@ -254,12 +250,6 @@ class PaddleFormersUcSut(PaddleAdapter):
         _first_step_accumulators(trainer.optimizer, params)
         live = _slots(trainer, params, zeros)
         return {key: from_paddle(target, tuple(zeros[key].shape)) for key, target in live.items()}
-
-    def mutate(self, handle: Any) -> None:
-        from ._paddle_common import scribble
-
-        for x in handle.tensors:
-            scribble(x)
 
     def end_case(self) -> None:
         job, self._job = self._job, None
