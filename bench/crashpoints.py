@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from faults import strace
 from harness.faultrun import crashpoints, crashstates, standard_case
-from harness.fuzz import Judge
-from harness.run import Runners
+from harness.judge import Judge
+from harness.runners import Runners
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,13 +13,14 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).adapter_class().parent.parent))
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from harness.run import Runners, run_case
-from harness.sut import resolve
+from harness.run import run_case
+from harness.runners import Runners
+from harness.sut import adapter_class
 from properties.case import Case
 from properties.case_strategies import cases
 from properties.judge import judge
@@ -31,7 +32,7 @@ HEALTHY = frozenset({"dtype:F32", "dtype:BF16", "dtype:I32", "format:pickle"})
 
 def draw_cases(sut: str, ranks: int, count: int, seed: int) -> list[Case]:
     """Small round-trip cases, drawn reproducibly (no Hypothesis in the timed loop)."""
-    caps = HEALTHY & resolve(sut).capabilities
+    caps = HEALTHY & adapter_class(sut).capabilities
     out: list[Case] = []
 
     @settings(max_examples=count, database=None, suppress_health_check=list(HealthCheck), deadline=None)
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sut = args.sut
     try:
-        resolve(sut)
+        adapter_class(sut)
     except LookupError as exc:
         print(f"# {exc}; benchmarking the reference instead")
         sut = "reference"

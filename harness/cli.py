@@ -22,11 +22,13 @@ from properties.fault_strategies import FAULT_PROPERTIES, has_latest
 from properties.known import KnownFindingsError, read_known
 from properties.training_strategies import TRAINING_PROPERTIES
 
-from .fuzz import Campaign, Judge, default_seed, findings_table, fuzz, write_results
+from .campaign import Campaign, default_seed, fuzz
 from .inject import FaultSpec
-from .pool import PoolFailure
-from .run import DEVICES, MODES, Runners
-from .sut import REGISTRY, UnknownSut, resolve
+from .judge import Judge
+from .report import findings_table, write_results
+from .runner import PoolFailure
+from .runners import DEVICES, MODES, Runners
+from .sut import REGISTRY, UnknownSut, adapter_class
 
 
 class HarnessError(Exception):
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _fuzz(args: argparse.Namespace) -> int:
-    cls = resolve(args.sut)
+    cls = adapter_class(args.sut)
     caps = frozenset(getattr(cls, "capabilities", ()))
     default = list(CASE_PROPERTIES) + list(TRAINING_PROPERTIES) + (list(FAULT_PROPERTIES) if args.faults else [])
     requested = args.properties or default
@@ -177,7 +179,7 @@ def _crashpoints(args: argparse.Namespace) -> int:
     from .faultrun import as_fault_case, crashpoints, crashstates
 
     case, _ = _read_case(args.case)
-    cls = resolve(case.sut)
+    cls = adapter_class(case.sut)
     if not strace.available():
         raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace); "
                            "use `fuzz --faults`, whose kill-when faults need only psutil")
@@ -229,7 +231,7 @@ def _list(args: argparse.Namespace) -> int:
     print("SUTs:")
     for name in sorted(REGISTRY):
         try:
-            cls, state = resolve(name), "importable"
+            cls, state = adapter_class(name), "importable"
         except UnknownSut as exc:
             cls, state = None, f"unavailable: {exc}"
         caps = ", ".join(sorted(getattr(cls, "capabilities", ()))) if cls else ""

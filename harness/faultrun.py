@@ -16,7 +16,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from faults.crashpoints import enumerate_points
 from faults.interleave import schedule_of
@@ -28,10 +28,16 @@ from properties.outcome import Outcome
 from properties.verdicts import Judgement, Verdict
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
-from .run import Runners, run_ops
+from .run import run_ops
+from .runners import Runners
 
-if TYPE_CHECKING:  # fuzz imports this module; the judge only passes through here
-    from .fuzz import Judge
+
+class CaseJudge(Protocol):
+    """What crash-point runs need of harness.judge.Judge (named here so this module never imports the judge)."""
+
+    runners: Runners
+
+    def __call__(self, case: Case) -> tuple[Judgement, Outcome]: ...
 
 FAULT_OP = 1  # the faulted save in fault_ops
 
@@ -86,11 +92,11 @@ def _trace_fault_op(case: Case, runners: Runners, tmp: Path, *, capture: bool = 
     return outcome
 
 
-def record(case: Case, judge: Judge) -> tuple[str, Recording, Outcome]:
+def record(case: Case, runners: Runners) -> tuple[str, Recording, Outcome]:
     """(root it ran in, the fault op's syscalls, outcome) of a traced run of ``case`` up to its fault op."""
     tmp = Path(tempfile.mkdtemp(prefix="ckh-record-"))
     try:
-        outcome = _trace_fault_op(case, judge.runners, tmp)
+        outcome = _trace_fault_op(case, runners, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return outcome.trace[0], outcome.trace[1], outcome
@@ -114,14 +120,14 @@ def _under(root: str, path: str | None) -> str | None:
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else None
 
 
-def resolve(case: Case, judge: Judge) -> Case | None:
+def concrete_fault(case: Case, runners: Runners) -> Case | None:
     """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
     fault it picks from a recording of this very case (modulo how many there are); None when the op made no IO
     under the root. Findings carry the concrete fault, so a replay needs no recording."""
     assert case.fault is not None
     kind, op, index = case.fault["kind"], int(case.fault["op"]), int(case.fault["index"])
     if kind == "point":
-        root, recording, _ = record(case, judge)
+        root, recording, _ = record(case, runners)
         faults = kill_faults(root, recording, op)
         wanted = set(case.fault.get("syscalls") or ())
         faults = [f for f in faults if not wanted or f["syscall"] in wanted]
@@ -130,7 +136,7 @@ def resolve(case: Case, judge: Judge) -> Case | None:
             faults = [{**f, "kind": "error", "errno": action} for f in faults]
         return dataclasses.replace(case, fault=faults[index % len(faults)]) if faults else None
     if kind == "power":
-        results, _ = crashstates(case, judge.runners, only=index)
+        results, _ = crashstates(case, runners, only=index)
         return dataclasses.replace(case, fault=results[0].fault) if results else None
     raise ValueError(f"fault kind {kind!r} needs no resolving")
 
@@ -142,12 +148,12 @@ class PointResult:
     report: dict
 
 
-def crashpoints(case: Case, judge: Judge, sample: int | None = None,
+def crashpoints(case: Case, judge: CaseJudge, sample: int | None = None,
                 on_result: Callable[[int, PointResult], None] | None = None) -> list[PointResult]:
     """SIGKILL the fault op at every syscall it makes under the root (one fresh run per point) and judge each;
     ``sample``: only that many points, evenly spread (first and last included); ``on_result`` sees each result as
     it comes (a long run reports as it goes)."""
-    root, recording, _ = record(case, judge)
+    root, recording, _ = record(case, judge.runners)
     faults = kill_faults(root, recording, fault_op_of(case))
     if sample is not None and len(faults) > sample > 1:
         faults = [faults[round(i * (len(faults) - 1) / (sample - 1))] for i in range(sample)]
@@ -168,11 +174,11 @@ class StateResult:
     confirmed: bool | None = None  # for failures: does a replay in fresh processes reproduce it?
 
 
-def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: Judge | None = None,
+def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: CaseJudge | None = None,
                 only: int | None = None) -> tuple[list[StateResult], int]:
     """Record the fault op's IO once, then for every power-loss state of it (faults.crashstates): materialise it in
     a fresh directory and run the remaining ops there. Returns the results and the number of IO ops modelled.
-    ``only``: just state number ``only`` (modulo their count), unjudged — what ``resolve`` needs.
+    ``only``: just state number ``only`` (modulo their count), unjudged — what ``concrete_fault`` needs.
 
     Loads of all states share warm ranks that never saw any other state's directory; a failing state is replayed
     as its own case in fresh processes (``confirm``) before it counts."""

@@ -21,7 +21,8 @@ Kinds (``op`` is the index of the operation the fault hits; paths are relative t
   then carries the concrete plan, which the finding keeps).
 * ``point``: crash point number ``index`` of a recording of this very case, hit with ``action`` (``kill``, or an
   errno name for an ``error``); ``power``: power-loss state number ``index`` of it. Both are resolved into the
-  concrete ``kill`` / ``error`` / ``state`` first (harness.faultrun.resolve), so findings carry the concrete fault.
+  concrete ``kill`` / ``error`` / ``state`` first (harness.faultrun.concrete_fault), so findings carry the concrete
+  fault.
 * ``record``: no fault; trace the operation's IO (with the written bytes when ``capture``; a copy of the root as
   it was before the op beside it when ``keep_base``) for enumerating crash points and crash states. The ranks
   still restart after it, like after any fault.
@@ -180,7 +181,7 @@ class ArmedFault:
             else:
                 self._injector = Stall(self._targets(), duration=p["duration"], **trigger)
         elif kind in ("point", "power"):
-            raise FaultSpecError(f"a {kind} fault must be resolved (harness.faultrun.resolve) before it runs")
+            raise FaultSpecError(f"a {kind} fault must be resolved (harness.faultrun.concrete_fault) before it runs")
         if self._injector is not None:
             self._stack.enter_context(self._injector)
         return self

@@ -1,8 +1,6 @@
-"""Runners execute one op of a case on every rank of a world and return the per-rank records.
-
-``RankPool`` launches real ranks once and feeds them many cases over Unix sockets (fresh directory per case; the
-adapter's ``end_case`` drops per-case state), relaunching after a crash or a hang. ``InProcessRunner`` plays the
-ranks inside the controller: world size 1 for any SUT, any world size for SUTs that need no collectives.
+"""The warm rank pool: real ranks launched once and fed many cases over Unix sockets (fresh directory per case;
+the adapter's ``end_case`` drops per-case state), relaunched after a crash or a hang. A fresh launch per case is
+the same pool, closed after each case (``Runners(mode="fresh")``).
 """
 
 from __future__ import annotations
@@ -17,69 +15,23 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from .launch import SHM_VAR, kill_trees, launch_commands, paddle_gpus, release_shm, start
-from .rankops import RankExecutor
-from .sut import resolve
+from .runner import PoolFailure, Runner
+from .sut import adapter_class
 
 
-class PoolFailure(Exception):
-    """The ranks could not be started or stopped answering; ``kind`` is "crash", "hang" or "setup".
-
-    ``replies`` holds what the ranks that did answer said (a fault run judges the survivors of a killed rank);
-    ``dead`` and ``silent`` name the ranks that died or never answered."""
-
-    def __init__(self, kind: str, message: str, replies: list[dict] | None = None, dead: tuple[int, ...] = (),
-                 silent: tuple[int, ...] = ()) -> None:
-        super().__init__(message)
-        self.kind, self.replies, self.dead, self.silent = kind, replies or [], dead, silent
-
-
-class InProcessRunner:
-    mode = "in-process"
-
-    def __init__(self, sut: str, world: int, options: dict) -> None:
-        cls = resolve(sut)
-        self.executors = []
-        self.shims: list[str] = []
-        self.info: dict[int, dict] = {}
-        for rank in range(world):
-            adapter = cls()
-            self.shims = adapter.setup(rank, world, options)
-            self.info[rank] = adapter.describe()
-            self.executors.append(RankExecutor(adapter, rank, world))
-        # Play the coordinator (rank 0) last, so file-based rendezvous (the reference) finds the others done.
-        self.order = list(reversed(self.executors))
-
-    def begin(self, case_json: dict, root: str) -> None:
-        for ex in self.executors:
-            ex.begin(case_json, root)
-
-    def op(self, index: int, timeout: float, fail_fast: bool = True) -> list[dict]:
-        return sorted((ex.op(index) for ex in self.order), key=lambda r: r["rank"])
-
-    def end(self) -> None:
-        for ex in self.executors:
-            ex.end()
-
-    def close(self, graceful: bool = True) -> None:
-        for ex in self.executors:
-            ex.adapter.close()
-
-
-class RankPool:
+class RankPool(Runner):
     """A warm pool of ``world`` real ranks running ``sut``."""
 
     mode = "warm-pool"
+    launched = True
 
     def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0, nnodes: int = 1) -> None:
+        super().__init__()
         self.sut, self.world, self.options, self.nnodes = sut, world, options, nnodes
         self.start_timeout = start_timeout
-        self.launcher = resolve(sut).launcher
+        self.launcher = adapter_class(sut).launcher
         self.procs: list = []
         self.conns: dict[int, Connection] = {}
-        self.pids: dict[int, int] = {}  # rank -> pid of the rank process (a fault attaches to these)
-        self.info: dict[int, dict] = {}  # rank -> where it runs (SutAdapter.describe)
-        self.shims: list[str] = []
-        self.launches = 0
         self._dir: Path | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------------------

@@ -14,10 +14,10 @@ from multiprocessing.connection import Client
 from pathlib import Path
 
 if __package__ in (None, ""):  # started as a script by a framework launcher
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.path.insert(0, str(Path(__file__).adapter_class().parent.parent))
 
 from harness.rankops import RankExecutor
-from harness.sut import resolve
+from harness.sut import adapter_class
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = rank_and_world()
     conn = Client(args.control, family="AF_UNIX")
     _keep_control_from_children(conn.fileno())
-    adapter = resolve(args.sut)()
+    adapter = adapter_class(args.sut)()
     try:
         shims = adapter.setup(rank, world, json.loads(args.options))
     except Exception as exc:

@@ -5,7 +5,7 @@ async save, typed errors.
 """
 
 from .async_save import AsyncSave, AsyncSaver, async_save
-from .commit import committed_checkpoints, read_latest, resolve
+from .commit import checkpoint_dir, committed_checkpoints, read_latest
 from .dtypes import DTYPES, DType, dtype
 from .engine import (
     CheckpointInfo,

@@ -150,7 +150,7 @@ def set_latest(root: Path, name: str, save_id: str) -> None:
     fsync_dir(root)
 
 
-def resolve(root: Path, name: str | None = None) -> Path:
+def checkpoint_dir(root: Path, name: str | None = None) -> Path:
     """Directory of checkpoint ``name`` (or of the latest one), which must be committed."""
     if name is not None:
         ckpt = root / check_safe_name(name, "checkpoint name", root)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .commit import collect_garbage, committed_checkpoints, protocol, resolve, rotate, set_latest
+from .commit import checkpoint_dir, collect_garbage, committed_checkpoints, protocol, rotate, set_latest
 from .dtypes import DType, dtype
 from .errors import (
     CheckpointIncomplete,
@@ -372,7 +372,7 @@ def _needed_blocks(
 
 
 def open_checkpoint(root: str | Path, name: str | None = None) -> tuple[Path, Index]:
-    ckpt = resolve(Path(root), name)
+    ckpt = checkpoint_dir(Path(root), name)
     index = read_index(ckpt)
     if index.name != ckpt.name:
         raise CorruptCheckpoint(f"index names checkpoint {index.name!r} but lives in {ckpt.name!r}", ckpt)

@@ -58,8 +58,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def sut_judge(request: pytest.FixtureRequest):
     """A warm rank pool (per xdist worker) running the SUT chosen with --sut, closed at the end of the session."""
-    from harness.fuzz import Judge
-    from harness.run import Runners
+    from harness.judge import Judge
+    from harness.runners import Runners
     from harness.sut import UnknownSut
 
     name = request.config.getoption("--sut")

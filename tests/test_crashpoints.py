@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from faults import strace
-from harness.faultrun import crashpoints, crashstates, resolve, standard_case
-from harness.fuzz import Judge
-from harness.run import Runners
+from harness.faultrun import concrete_fault, crashpoints, crashstates, standard_case
+from harness.judge import Judge
+from harness.runners import Runners
 from properties.case import read_case_file
 
 needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
@@ -75,7 +75,7 @@ def test_reference_survives_every_power_loss_state(judge_case, use_async: bool) 
 @needs_strace
 def test_a_drawn_state_resolves_and_replays_on_another_interleaving(judge_case) -> None:
     drawn = dataclasses.replace(standard_case(), fault={"kind": "power", "op": 1, "index": 40})
-    concrete = resolve(drawn, judge_case)
+    concrete = concrete_fault(drawn, judge_case.runners)
     assert concrete is not None and concrete.fault["kind"] == "state"
     assert {0, 1} <= set(concrete.fault["schedule"])  # both ranks' IO, in the recorded order
     for _ in range(3):  # ranks interleave differently each run; the schedule puts the IO back in recorded order
@@ -87,7 +87,7 @@ def test_a_drawn_state_resolves_and_replays_on_another_interleaving(judge_case) 
 @needs_strace
 def test_a_drawn_error_point_resolves_to_a_concrete_syscall_error(judge_case) -> None:
     drawn = dataclasses.replace(standard_case(), fault={"kind": "point", "op": 1, "index": 7, "action": "ENOSPC"})
-    concrete = resolve(drawn, judge_case)
+    concrete = concrete_fault(drawn, judge_case.runners)
     assert concrete.fault["kind"] == "error" and concrete.fault["errno"] == "ENOSPC"
     judgement, outcome = judge_case(concrete)
     assert outcome.fault["fired"], outcome.fault

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from harness.fuzz import Judge
-from harness.run import Runners
-from harness.sut import resolve
+from harness.judge import Judge
+from harness.runners import Runners
+from harness.sut import adapter_class
 from properties.case import Case
 from properties.drawing import property_cases
 from properties.fault_strategies import fault_cases
@@ -43,7 +43,7 @@ def test_properties_on_gpus(sut: str, ranks: int) -> None:
     pytest.importorskip("torch")
     if _gpus() < ranks:
         pytest.skip(f"needs {ranks} GPUs")
-    caps = frozenset(resolve(sut).capabilities)
+    caps = frozenset(adapter_class(sut).capabilities)
     runners = Runners(sut, mode="pool", device="gpu" if sut == "torch-dcp" else "auto")
     judge = Judge(runners, exploring=True)
     try:
@@ -65,7 +65,7 @@ def test_rank_killed_mid_async_save_on_gpus(ranks: int) -> None:
     pytest.importorskip("torch")
     if _gpus() < ranks:
         pytest.skip(f"needs {ranks} GPUs")
-    caps = frozenset(resolve("torch-dcp").capabilities)
+    caps = frozenset(adapter_class("torch-dcp").capabilities)
     judge = Judge(Runners("torch-dcp", mode="pool", device="gpu"), exploring=True)
     try:
         strategy = fault_cases("P-ATOMIC", "torch-dcp", ranks, caps, ptrace=False).filter(survivable)

@@ -8,10 +8,10 @@ import importlib.util
 
 import pytest
 
-from harness.fuzz import Judge
+from harness.judge import Judge
 from harness.launch import launch_commands
 from harness.pool import RankPool
-from harness.run import Runners
+from harness.runners import Runners
 from properties.case import Case, Op, TensorCase
 from reference.layout import Mesh, Shard, Sharded, replicated
 

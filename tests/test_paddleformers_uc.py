@@ -83,8 +83,8 @@ def test_strategies_draw_whole_trainer_states(data: st.DataObject) -> None:
 
 @pytest.fixture(scope="module")
 def uc_judge():
-    from harness.fuzz import Judge
-    from harness.run import Runners
+    from harness.judge import Judge
+    from harness.runners import Runners
 
     judge = Judge(Runners(SUT, mode="pool"), exploring=True, known=read_known(REGRESSIONS))
     yield judge

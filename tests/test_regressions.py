@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.fuzz import Judge
-from harness.run import Runners
+from harness.judge import Judge
+from harness.runners import Runners
 from harness.sut import REGISTRY, framework_available
 from properties.case import read_case_file
 

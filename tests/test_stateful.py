@@ -30,8 +30,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from faults.corrupt import KINDS as CORRUPTIONS
 from harness.faultrun import standard_case
-from harness.run import Runners, run_ops
-from harness.sut import resolve
+from harness.run import run_ops
+from harness.runners import Runners
+from harness.sut import adapter_class
 from properties.atomic import judge_history
 from properties.case import Case, CaseError, Op
 from properties.case_strategies import Caps, tensor_cases
@@ -40,7 +41,7 @@ from properties.strategies import sharded_layouts
 from reference.engine import local_tensors
 from reference.layout import Mesh
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).adapter_class().parent.parent
 NIGHTLY = settings.default.max_examples >= 1000  # the nightly profile scales the machine up
 EXAMPLES, STEPS = (300, 30) if NIGHTLY else (15, 12)
 MESH = Mesh((2,))
@@ -70,7 +71,7 @@ def job_machine(sut: str, case_dir: Path, stats: dict | None = None) -> type[Rul
     """The machine for ``sut``: rules the SUT cannot do (by its capabilities) are never enabled. Each rule runs
     its op at once (harness.run.run_ops, incrementally, on one root and live in-process ranks), so a detached save
     is really in flight while later rules run."""
-    caps = frozenset(resolve(sut).capabilities)
+    caps = frozenset(adapter_class(sut).capabilities)
     stats = {} if stats is None else stats
 
     class TrainingJob(RuleBasedStateMachine):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from harness.sut import resolve
+from harness.sut import adapter_class
 from properties.case import Case
 from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.drawing import drawable, property_cases
@@ -19,7 +19,7 @@ from properties.training_strategies import TRAINING_PROPERTIES
 def test_property_holds(prop: str, sut_judge, request: pytest.FixtureRequest) -> None:
     name = request.config.getoption("--sut")
     ranks = request.config.getoption("--ranks")
-    caps = frozenset(resolve(name).capabilities)
+    caps = frozenset(adapter_class(name).capabilities)
     if not applicable(prop, caps):
         pytest.skip(f"{name} does not claim {REQUIRES[prop]!r}")
     if not drawable(prop, caps):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from harness.fuzz import Judge
-from harness.run import Runners
-from harness.sut import resolve
+from harness.judge import Judge
+from harness.runners import Runners
+from harness.sut import adapter_class
 from properties.case import Case, Op, TensorCase
 from properties.case_strategies import CASE_PROPERTIES, applicable
 from properties.drawing import drawable, property_cases
@@ -21,7 +21,7 @@ from tests.regressions_known import survivable
 pytest.importorskip("torch")
 
 SUT = "torch-dcp"
-CAPS = frozenset(resolve(SUT).capabilities)
+CAPS = frozenset(adapter_class(SUT).capabilities)
 PROPS = [p for p in CASE_PROPERTIES + TRAINING_PROPERTIES if applicable(p, CAPS) and drawable(p, CAPS)]
 
 

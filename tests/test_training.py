@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.fuzz import Judge
-from harness.run import Runners, run_ops
+from harness.judge import Judge
+from harness.run import run_ops
+from harness.runners import Runners
 from harness.sut.reference import ReferenceSut
 from properties.case import Case, CaseError, Op, TensorCase
 from properties.case_strategies import Caps

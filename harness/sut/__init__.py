@@ -33,7 +33,7 @@ def framework_available(info: SutInfo) -> bool:
     return info.framework is None or importlib.util.find_spec(info.framework) is not None
 
 
-def resolve(name: str) -> type:
+def adapter_class(name: str) -> type:
     """The adapter class for ``name``; raises UnknownSut with a message that says what to do."""
     info = REGISTRY.get(name)
     target = info.target if info else name

@@ -1,0 +1,113 @@
+"""Run one case and judge it: the one entry point ``fuzz``, ``replay``, ``crashpoints`` and the tests share.
+
+The judge picks the checker (the oracle, P-DIFF against the reference engine, or the history checker for fault
+cases and sequences), turns a drawn crash point or power-loss state into the concrete fault it names, charges a
+fault case's failure to the fault only if the same ops pass without it, and excuses failures that a known finding
+explains. A judgement of verdict ``pass`` carries its excuse where it is not a plain pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from faults.errors import TraceMismatch
+from properties.atomic import judge_history
+from properties.case import Case, CaseError
+from properties.judge import judge, judge_diff
+from properties.known import Known, explained_by
+from properties.outcome import Outcome
+from properties.verdicts import Judgement, Verdict
+
+from .faultrun import concrete_fault
+from .run import run_case
+from .runners import Runners
+
+STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
+DRAWN_FAULTS = ("point", "power")  # faults drawn as an index into a recording of the case itself
+
+
+class Unreplayable(Exception):
+    """A drawn power-loss state whose IO interleaving did not recur (fuzzing skips it; replay reports it)."""
+
+
+class Judge:
+    """Runs a case and judges it; P-DIFF also runs the reference engine on the same case, in-process."""
+
+    def __init__(self, runners: Runners, *, exploring: bool = False, known: list[Known] | None = None) -> None:
+        self.runners = runners
+        self.exploring = exploring  # fuzzing: a power-loss state that cannot be replayed is skipped, not an error
+        self.unreplayable = 0
+        self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
+        self.known_hits: Counter = Counter()
+        self._reference: Runners | None = None
+
+    def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
+        judgement, outcome = self._judge(case)
+        known = explained_by(self.known, case.sut, judgement)
+        if known is None:
+            return judgement, outcome
+        self.known_hits[known] += 1
+        return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",)), outcome
+
+    def _judge(self, case: Case) -> tuple[Judgement, Outcome]:
+        if case.fault is not None and case.fault.get("kind") in DRAWN_FAULTS:
+            return self._drawn(case)
+        outcome = self._run(case)
+        if case.fault is not None:
+            judgement = judge_history(case, outcome, self.runners.cls.clear_errors)
+            return (judgement if judgement.ok else self._attributed(case, judgement)), outcome
+        if case.sequence or case.property == "P-ATOMIC":  # a job's life: saves, waits, kills, restarts, ...
+            return judge_history(case, outcome, self.runners.cls.clear_errors), outcome
+        if case.property != "P-DIFF":
+            return judge(case, outcome), outcome
+        if self._reference is None:
+            self._reference = Runners("reference", mode="in-process")
+        ref = run_case(dataclasses.replace(case, sut="reference"), self._reference)
+        return judge_diff(case, outcome, ref), outcome
+
+    def _drawn(self, case: Case) -> tuple[Judgement, Outcome]:
+        """A drawn fault, judged as the concrete fault it picks from a recording of this very case."""
+        concrete = concrete_fault(case, self.runners)
+        if concrete is None:
+            return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",)), Outcome(case.sut)
+        try:
+            judgement, outcome = self(concrete)
+        except Unreplayable as exc:
+            return Judgement(case.property, Verdict.PASS, (f"skipped: {exc}",)), Outcome(case.sut)
+        outcome.resolved_fault = concrete.fault
+        return judgement, outcome
+
+    def _attributed(self, case: Case, judgement: Judgement) -> Judgement:
+        """A fault case's failure counts only if the fault caused it: the same ops without the fault must pass.
+        Otherwise the SUT fails the case anyway (a fault-free property finds that bug) and it is not reported
+        here, so fault campaigns are not swamped by, and do not shrink towards, bugs that need no fault."""
+        control = dataclasses.replace(case, fault=None)
+        control_outcome = run_case(control, self.runners)
+        # The same history rules as the faulted run (rotation, latest, ...), only without the fault.
+        plain = judge_history(control, control_outcome, self.runners.cls.clear_errors)
+        if plain.ok:
+            return judgement
+        return Judgement(case.property, Verdict.PASS,
+                         (f"not attributed to the fault: the case fails without it too ({plain.verdict.value}: "
+                          f"{'; '.join(plain.details)[:300]})",))
+
+    def _run(self, case: Case) -> Outcome:
+        """Run the case; a power-loss state needs the save's IO in the order it was enumerated from, and ranks
+        interleave differently from run to run, so such a case is retried a bounded number of times."""
+        for attempt in range(STATE_ATTEMPTS):
+            try:
+                return run_case(case, self.runners)
+            except TraceMismatch as exc:
+                if attempt == STATE_ATTEMPTS - 1 and self.exploring:
+                    self.unreplayable += 1
+                    raise Unreplayable(str(exc)) from None
+                if attempt == STATE_ATTEMPTS - 1:
+                    raise CaseError(f"{exc} (in {STATE_ATTEMPTS} runs the ranks never interleaved their IO as "
+                                    "recorded; the state cannot be replayed on this machine)") from None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.runners.close()
+        if self._reference is not None:
+            self._reference.close()

@@ -1,0 +1,98 @@
+"""What a campaign leaves behind (a contract, docs/design.md §8): one JSON file per finding, ``summary.json``,
+``report.md``, and the findings table printed at the end of ``fuzz``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+from properties.verdicts import Verdict
+
+from .campaign import Campaign, Finding
+
+
+def finding_json(finding: Finding, replay: str) -> dict:
+    """A finding as its JSON file (a contract: docs/design.md §12)."""
+    details = list(finding.judgement.details)
+    return {
+        "property": finding.judgement.property,
+        "sut": finding.case.sut,
+        "verdict": finding.judgement.verdict.value,
+        "error": details[0] if details else "",
+        "details": details,
+        "shims": list(finding.shims),
+        "traceback": finding.traceback,
+        "fault": finding.fault,
+        "case": finding.case.to_json(),
+        "replay": replay,
+    }
+
+
+def write_results(campaign: Campaign, out: Path) -> list[dict]:
+    findings_dir = out / "findings"
+    findings_dir.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for n, finding in enumerate(campaign.findings):
+        safe_sut = re.sub(r"[^A-Za-z0-9._-]", "_", campaign.sut)
+        path = findings_dir / f"{n:03d}-{finding.judgement.property}-{safe_sut}.json"
+        data = finding_json(finding, f"ckpt-harness replay {path}")
+        path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        rows.append(data)
+    verdicts = Counter(f.judgement.verdict.value for f in campaign.findings)
+    summary = {
+        "sut": campaign.sut,
+        "ranks": campaign.ranks,
+        "seed": campaign.seed,
+        "cases_run": dict(sorted(campaign.cases_run.items())),
+        "skipped_properties": campaign.skipped,
+        "findings": {v.value: verdicts.get(v.value, 0) for v in Verdict if v is not Verdict.PASS},
+        "wall_time_s": round(campaign.wall, 3),
+        "sut_share": round(campaign.sut_seconds / campaign.wall, 3) if campaign.wall else 0.0,
+        "launch_mode": campaign.mode,
+        "launches": campaign.launches,
+        "shims": sorted(campaign.shims),
+        "devices": campaign.devices,
+        "unreplayable_states": campaign.unreplayable,
+        "known_findings_skipped": campaign.known,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
+    return rows
+
+
+def report(summary: dict, rows: list[dict]) -> str:
+    shims = ", ".join(summary["shims"]) or "none"
+    lines = [
+        f"# ckpt-harness report: {summary['sut']}",
+        "",
+        f"{sum(summary['cases_run'].values())} cases in {summary['wall_time_s']} s on {summary['ranks']} rank(s), "
+        f"launch mode {summary['launch_mode']} ({summary['launches']} launches), seed {summary['seed']}, "
+        f"shims: {shims}, devices: {', '.join(summary.get('devices', [])) or 'unknown'}.",
+        "",
+        "| property | cases |",
+        "|---|---|",
+        *[f"| {p} | {n} |" for p, n in summary["cases_run"].items()],
+        *[f"| {p} | skipped: {why} |" for p, why in summary["skipped_properties"].items()],
+        "",
+        *[f"Cases explained by the known finding `{k}` (not shrunk): {n}." for k, n in
+          summary.get("known_findings_skipped", {}).items()],
+        "",
+    ]
+    lines += findings_table(rows)
+    return "\n".join(lines) + "\n"
+
+
+def findings_table(rows: list[dict]) -> list[str]:
+    if not rows:
+        return ["No findings."]
+    out = ["| property | SUT | verdict | error | replay |", "|---|---|---|---|---|"]
+    for r in rows:
+        error = r["error"].replace("|", "\\|").replace("\n", " ")
+        if len(error) > 160:
+            error = error[:157] + "..."
+        out.append(f"| {r['property']} | {r['sut']} | {r['verdict']} | {error} | `{r['replay']}` |")
+    return out
+
+

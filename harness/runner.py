@@ -1,0 +1,62 @@
+"""The one interface every runner implements: run one op of a case on every rank of a world.
+
+A runner is warm: begun once per case, fed that case's ops one at a time, ended, and reused for the next case.
+``run.run_ops`` and ``runners.Runners`` use nothing else, so a new way to host ranks (a pool, a fresh launch per
+case, ranks inside this process, virtual ranks) is one class implementing this, with no ``isinstance`` anywhere.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class PoolFailure(Exception):
+    """The ranks could not be started or stopped answering; ``kind`` is "crash", "hang" or "setup".
+
+    ``replies`` holds what the ranks that did answer said (a fault run judges the survivors of a killed rank);
+    ``dead`` and ``silent`` name the ranks that died or never answered."""
+
+    def __init__(self, kind: str, message: str, replies: list[dict] | None = None, dead: tuple[int, ...] = (),
+                 silent: tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.kind, self.replies, self.dead, self.silent = kind, replies or [], dead, silent
+
+
+class Runner(ABC):
+    """Ranks of one world running one SUT. ``launched``: the ranks are real processes whose ``pids`` a fault can
+    attach to (and whose failures may leave the group out of step, so a failed op is checked with ``healthy``)."""
+
+    mode: str
+    launched: bool
+
+    def __init__(self) -> None:
+        self.pids: dict[int, int] = {}  # rank -> pid of the rank process (real ranks only)
+        self.info: dict[int, dict] = {}  # rank -> where it runs (SutAdapter.describe)
+        self.shims: list[str] = []  # CPU shims the adapter applied
+        self.launches = 0  # rank launches so far (a pool relaunches after a crash)
+
+    @abstractmethod
+    def begin(self, case_json: dict, root: str) -> None:
+        """Hand every rank the case and the directory its checkpoints live in."""
+
+    @abstractmethod
+    def op(self, index: int, timeout: float, fail_fast: bool = True) -> list[dict]:
+        """Run op ``index`` on every rank; one reply per rank, sorted by rank. Raises PoolFailure when a rank dies
+        (at once, or with ``fail_fast=False`` once the survivors answered) or stays silent past ``timeout``."""
+
+    @abstractmethod
+    def end(self) -> None:
+        """End the case: the ranks drop its state (in-flight async saves included)."""
+
+    @abstractmethod
+    def close(self, graceful: bool = True) -> None:
+        """Stop the ranks; ``graceful=False`` ends them at once, as a crash of the job would."""
+
+    def healthy(self, timeout: float = 15.0) -> bool:
+        """Whether the ranks still agree about where they are (after a failed op); True where nothing can drift."""
+        return True
+
+    def devices(self) -> set[str]:
+        """Where the ranks ran, as "device (backend)" strings (a GPU run shows cuda:N here)."""
+        return {f"{i.get('device', '?')} ({i['backend']})" if "backend" in i else i.get("device", "?")
+                for i in self.info.values()}
