@@ -1,4 +1,4 @@
-"""Benchmark of the reference engine's I/O against what the disk and memory can do (DESIGN.md §10).
+"""Benchmark of the reference engine's I/O against what the disk and memory can do (docs/design.md §10).
 
 Prints ratios, each the median over ``--repeat`` paired runs (reference and baseline run back to back in
 every repeat, so drift in disk or cache state hits both alike; within a repeat, loads and async timings are the

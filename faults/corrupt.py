@@ -1,4 +1,4 @@
-"""Post-commit corruption injectors (DESIGN.md §6): bit flips, truncation, appended garbage, deleted files, stale
+"""Post-commit corruption injectors (docs/design.md §6): bit flips, truncation, appended garbage, deleted files, stale
 lock/marker files and zeroed byte ranges, applied to a committed checkpoint directory.
 
 Format-agnostic on purpose (§1): an injector sees a directory of files, never a safetensors header or an index.

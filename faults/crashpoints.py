@@ -1,4 +1,4 @@
-"""Deterministic crash points: "SIGKILL the process at its k-th <syscall> on <path>" (DESIGN §6).
+"""Deterministic crash points: "SIGKILL the process at its k-th <syscall> on <path>" (docs/design.md §6).
 
 A point is derived from a :class:`~faults.strace.Recording` so that replaying it with
 ``strace -P <path> -e inject=<syscall>:signal=KILL:when=<k>`` hits the same call again. strace counts ``when=k``

@@ -1,4 +1,4 @@
-"""Crash states after a power loss, ALICE-style (DESIGN §6 "Crash states"); format-agnostic.
+"""Crash states after a power loss, ALICE-style (docs/design.md §6 "Crash states"); format-agnostic.
 
 A SIGKILL (faults/crashpoints.py) can only leave a *prefix* of a save's syscalls on disk. A power loss can leave
 more: the page cache is gone, so whatever was not yet durable may be missing while later operations survived.

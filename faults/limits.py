@@ -1,4 +1,4 @@
-"""RLIMIT_FSIZE on running processes: writes past a size fail, as on a full quota (DESIGN §6, syscall errors).
+"""RLIMIT_FSIZE on running processes: writes past a size fail, as on a full quota (docs/design.md §6, syscall errors).
 
 No ptrace needed: the limit is set from outside with prlimit(2) (psutil ``rlimit``), which needs the same uid.
 """

@@ -1,4 +1,4 @@
-"""Stragglers: SIGSTOP a running rank and its descendants for a while, then SIGCONT (DESIGN §6).
+"""Stragglers: SIGSTOP a running rank and its descendants for a while, then SIGCONT (docs/design.md §6).
 
 Same trigger machinery as :mod:`faults.triggers` (one polling thread, a different action), so a rank can be
 stalled e.g. right after its shard file appears, while its peers wait in a collective.

@@ -1,4 +1,4 @@
-"""Record and fault-inject file-IO syscalls of a process tree with strace (DESIGN §6, §9).
+"""Record and fault-inject file-IO syscalls of a process tree with strace (docs/design.md §6, §9).
 
 This module knows processes, syscalls and paths; it knows nothing about checkpoint formats.
 

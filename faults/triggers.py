@@ -1,4 +1,4 @@
-"""ptrace-free crash points: SIGKILL running processes when a trigger is met (DESIGN §6, the strace fallback).
+"""ptrace-free crash points: SIGKILL running processes when a trigger is met (docs/design.md §6, the strace fallback).
 
 A background thread polls a :class:`Trigger` (a file appears, N bytes written, a delay passed) and, once it is
 met, acts on the process tree. :class:`Watcher` is that one polling mechanism; :class:`KillWhen` (here) and

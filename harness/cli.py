@@ -1,4 +1,4 @@
-"""``ckpt-harness``: fuzz, replay and list (DESIGN.md §8, a contract).
+"""``ckpt-harness``: fuzz, replay and list (docs/design.md §8, a contract).
 
 Exit codes: 0 clean, 1 findings or a reproduced failure, 2 harness error (one line on stderr saying what is
 wrong and what to do).

@@ -1,4 +1,4 @@
-"""The property catalogue (DESIGN.md §5): stable IDs used by reports and case files."""
+"""The property catalogue (docs/design.md §5): stable IDs used by reports and case files."""
 
 from __future__ import annotations
 

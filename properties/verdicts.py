@@ -1,4 +1,4 @@
-"""Verdicts (DESIGN.md §7, a contract): names and severity order, worst first."""
+"""Verdicts (docs/design.md §7, a contract): names and severity order, worst first."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The checkpoint index (format contract, DESIGN.md §3): parse and validate untrusted JSON into typed records.
+"""The checkpoint index (format contract, docs/design.md §3): parse and validate untrusted JSON into typed records.
 
 Everything read from disk is treated as hostile: names are checked before they touch the filesystem, regions
 are bounds-checked against global shapes, and every tensor's slices must cover it exactly once.

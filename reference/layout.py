@@ -1,4 +1,4 @@
-"""The layout model (DESIGN.md §2): meshes, placements, and which slice of each tensor a rank holds.
+"""The layout model (docs/design.md §2): meshes, placements, and which slice of each tensor a rank holds.
 
 Conventions follow Paddle and torch DTensor: ranks map to mesh coordinates row-major; an uneven split uses
 chunk = ceil(n / k), so trailing chunks may be smaller or empty; several mesh dims sharding one tensor dim split

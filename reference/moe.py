@@ -1,4 +1,4 @@
-"""Mixture-of-experts layouts (DESIGN.md §2): expert parallelism, global expert ids, DP-MoE replicas.
+"""Mixture-of-experts layouts (docs/design.md §2): expert parallelism, global expert ids, DP-MoE replicas.
 
 Global expert id = ep_rank * (E / EP) + local_id. Two encodings: *stacked* (one ``[E, ...]`` tensor sharded on
 dim 0 over the EP mesh dim) and *keyed* (one tensor per expert whose key carries the global id, owned by one EP

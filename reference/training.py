@@ -1,5 +1,5 @@
 """A miniature training loop, deterministic to the bit, that every rank runs on its own pieces and the oracle runs
-on whole tensors (P-EMA, P-RESUME; DESIGN.md §5).
+on whole tensors (P-EMA, P-RESUME; docs/design.md §5).
 
 Why a slice trained on its own equals that slice of the whole run, bit for bit: every update is elementwise
 (Adam in FP32 master weights, the cast to the parameter's dtype, the EMA), float32 + − × ÷ √ are correctly rounded,

@@ -18,7 +18,7 @@ from reference.moe import global_expert_id, keyed_layouts, local_expert_ids, sta
 @pytest.mark.parametrize(
     ("n", "parts", "expected"),
     [
-        (5, 4, [(0, 2), (2, 4), (4, 5), (5, 5)]),  # DESIGN.md: 5 over 4 -> 2,2,1,0
+        (5, 4, [(0, 2), (2, 4), (4, 5), (5, 5)]),  # docs/design.md §2: 5 over 4 -> 2,2,1,0
         (4, 4, [(0, 1), (1, 2), (2, 3), (3, 4)]),
         (0, 3, [(0, 0), (0, 0), (0, 0)]),
         (1, 3, [(0, 1), (1, 1), (1, 1)]),

@@ -1,4 +1,4 @@
-"""Systems under test: selection by name or by ``package.module:ClassName`` (DESIGN.md §4, a contract)."""
+"""Systems under test: selection by name or by ``package.module:ClassName`` (docs/design.md §4, a contract)."""
 
 from __future__ import annotations
 

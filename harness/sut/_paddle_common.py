@@ -96,7 +96,7 @@ def scribble(x: Any) -> None:
 
 
 def apply_cpu_shims(options: dict) -> list[str]:
-    """DESIGN.md §9: on a CPU-only Paddle, ``Tensor.cuda`` -> a CPU copy and ``device.synchronize`` -> no-op, so
+    """docs/design.md §9: on a CPU-only Paddle, ``Tensor.cuda`` -> a CPU copy and ``device.synchronize`` -> no-op, so
     flex checkpoint's reshard and async paths run. Process-wide, applied once; never when CUDA is compiled in."""
     global _shims
     import paddle

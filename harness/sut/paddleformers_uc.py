@@ -1,6 +1,6 @@
 """PaddleFormers' Unified Checkpoint (UC), driven through its Trainer, as a system under test.
 
-A case's tensors are a trainer's state (DESIGN.md §4): ``model/<p>`` is parameter ``<p>`` of a small
+A case's tensors are a trainer's state (docs/design.md §4): ``model/<p>`` is parameter ``<p>`` of a small
 ``PretrainedModel`` built from the names (``layers.0.qkv`` nests), ``optimizer/<p>.m1`` / ``.m2`` are AdamW's
 moments of it and ``master/<p>`` its FP32 master weight (AdamW with ``multi_precision``: BF16/F16 parameters have
 one). A save sets those values into the live model and optimizer and calls ``Trainer._save_checkpoint`` at
