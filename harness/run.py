@@ -86,7 +86,7 @@ class _Job:
         try:
             self.begin(runner)
             if faulted:
-                self.case.faulted_op(runner, rec)
+                self.faulted_op(runner, rec)
             else:
                 self.ranks_op(runner, op, rec)
         except PoolFailure as failure:
