@@ -127,9 +127,9 @@ def concrete_fault(case: Case, runners: Runners) -> Case | None:
     if isinstance(fault, PointFault):
         root, recording, _ = record(case, runners)
         wanted = set(fault.syscalls or ())
-        faults: list[Fault] = [f for f in kill_faults(root, recording, fault.op) if not wanted or f.syscall in wanted]
-        if fault.action not in (None, "kill"):
-            faults = [ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=fault.action) for f in faults]
+        kills = [f for f in kill_faults(root, recording, fault.op) if not wanted or f.syscall in wanted]
+        faults: list[Fault] = list(kills) if fault.action in (None, "kill") else [
+            ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=fault.action) for f in kills]
         return dataclasses.replace(case, fault=faults[fault.index % len(faults)]) if faults else None
     if isinstance(fault, PowerFault):
         results, _ = crashstates(case, runners, only=fault.index)
