@@ -13,7 +13,6 @@ import sys
 import threading
 from pathlib import Path
 
-from faults.errors import FaultSpecError
 from properties.case import CaseError, read_case_file
 from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
 from properties.catalogue import PROPERTIES
@@ -23,7 +22,6 @@ from properties.known import KnownFindingsError, read_known
 from properties.training_strategies import TRAINING_PROPERTIES
 
 from .campaign import Campaign, default_seed, fuzz
-from .inject import FaultSpec
 from .judge import Judge
 from .report import findings_table, write_results
 from .runner import PoolFailure
@@ -144,15 +142,13 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _read_case(path: Path):
-    """A case file, its fault checked too (a bad fault is bad input, named in one line)."""
+    """A case file, its fault checked too (a bad fault is bad input, named in one line: reading the case parses
+    it, and a fault must hit an op that runs on the ranks)."""
     case, finding = read_case_file(path)
     if case.fault is not None:
-        try:
-            spec = FaultSpec.parse(case.fault, len(case.ops))
-        except FaultSpecError as exc:
-            raise HarnessError(f"{path}: bad fault: {exc}") from None
-        if case.ops[spec.op].kind not in ("save", "load"):
-            raise HarnessError(f"{path}: bad fault: op {spec.op} is a {case.ops[spec.op].kind!r}; a fault hits a save "
+        op = case.fault.op
+        if case.ops[op].kind not in ("save", "load"):
+            raise HarnessError(f"{path}: bad fault: op {op} is a {case.ops[op].kind!r}; a fault hits a save "
                                "or a load, which run on the ranks")
     return case, finding
 
@@ -191,7 +187,7 @@ def _crashpoints(args: argparse.Namespace) -> int:
         if args.states:
             return _print_states(*crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case))
         def progress(n: int, r) -> None:  # a long run reports each point as it is judged
-            print(f"point {n}: {r.fault['syscall']} {r.fault['path']} -> {r.judgement.verdict.value}", file=sys.stderr,
+            print(f"point {n}: {r.fault.syscall} {r.fault.path} -> {r.judgement.verdict.value}", file=sys.stderr,
                   flush=True)
 
         return _print_points(crashpoints(case, judge_case, sample=args.limit, on_result=progress))
@@ -204,12 +200,12 @@ def _print_points(results: list) -> int:
     print("|---|---|---|---|---|---|")
     for n, r in enumerate(results):
         f = r.fault
-        print(f"| {n} | {f['syscall']} | {f['k']} | {f['path']} | {'yes' if r.report.get('fired') else 'no'} | "
+        print(f"| {n} | {f.syscall} | {f.k} | {f.path} | {'yes' if r.report.get('fired') else 'no'} | "
               f"{r.judgement.verdict.value} |")
     bad = [(n, r) for n, r in enumerate(results) if not r.judgement.ok]
     for n, r in bad:
         print(f"point {n}: {r.judgement.property} {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
-        print(f"  fault: {json.dumps(r.fault, sort_keys=True)}")
+        print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}")
     print(f"{len(results)} crash points, {sum(1 for r in results if r.report.get('fired'))} fired, {len(bad)} failing")
     return 1 if bad else 0
 

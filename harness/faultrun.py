@@ -20,6 +20,7 @@ from typing import Protocol
 
 from faults.crashpoints import enumerate_points
 from faults.interleave import schedule_of
+from faults.spec import ErrorFault, Fault, KillFault, PointFault, PowerFault, RecordFault, StateFault
 from faults.strace import Recording
 from properties.atomic import judge_history
 from properties.case import Case, TensorCase
@@ -38,8 +39,6 @@ class CaseJudge(Protocol):
     runners: Runners
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]: ...
-
-FAULT_OP = 1  # the faulted save in fault_ops
 
 
 def as_fault_case(case: Case, prop: str = "P-ATOMIC", *, latest: bool, use_async: bool = False) -> Case:
@@ -68,7 +67,7 @@ def fault_op_of(case: Case) -> int:
     """The case's fault op; without a fault, the save whose result the first load checks (the last save before
     it, or the last save)."""
     if case.fault is not None:
-        return int(case.fault["op"])
+        return case.fault.op
     first_load = next((i for i, op in enumerate(case.ops) if op.kind == "load"), len(case.ops))
     saves = [i for i, op in enumerate(case.ops[:first_load]) if op.kind == "save"] or [
         i for i, op in enumerate(case.ops) if op.kind == "save"]
@@ -84,7 +83,7 @@ def _trace_fault_op(case: Case, runners: Runners, tmp: Path, *, capture: bool = 
     f = fault_op_of(case)
     root = tmp / "ckpt"
     root.mkdir()
-    fault = {"kind": "record", "op": f, **({"capture": True, "keep_base": True} if capture else {})}
+    fault = RecordFault(op=f, capture=True, keep_base=True) if capture else RecordFault(op=f)
     outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
     run_ops(dataclasses.replace(case, fault=fault), runners, root, range(f + 1), outcome)
     if outcome.trace is None or outcome.trace[1] is None or len(outcome.records) <= f:
@@ -102,13 +101,13 @@ def record(case: Case, runners: Runners) -> tuple[str, Recording, Outcome]:
     return outcome.trace[0], outcome.trace[1], outcome
 
 
-def kill_faults(root: str, recording: Recording, op: int) -> list[dict]:
+def kill_faults(root: str, recording: Recording, op: int) -> list[KillFault]:
     """Every syscall the op made on a path under ``root``, as a replayable ``kill`` fault (path relative)."""
     faults = []
     for point in enumerate_points(recording):
         rel = _under(root, point.path)
         if rel is not None:
-            faults.append({"kind": "kill", "op": op, "syscall": point.syscall, "k": point.k, "path": rel})
+            faults.append(KillFault(op=op, syscall=point.syscall, k=point.k, path=rel))
     return faults
 
 
@@ -124,26 +123,23 @@ def concrete_fault(case: Case, runners: Runners) -> Case | None:
     """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
     fault it picks from a recording of this very case (modulo how many there are); None when the op made no IO
     under the root. Findings carry the concrete fault, so a replay needs no recording."""
-    assert case.fault is not None
-    kind, op, index = case.fault["kind"], int(case.fault["op"]), int(case.fault["index"])
-    if kind == "point":
+    fault = case.fault
+    if isinstance(fault, PointFault):
         root, recording, _ = record(case, runners)
-        faults = kill_faults(root, recording, op)
-        wanted = set(case.fault.get("syscalls") or ())
-        faults = [f for f in faults if not wanted or f["syscall"] in wanted]
-        action = case.fault.get("action", "kill")
-        if action != "kill":
-            faults = [{**f, "kind": "error", "errno": action} for f in faults]
-        return dataclasses.replace(case, fault=faults[index % len(faults)]) if faults else None
-    if kind == "power":
-        results, _ = crashstates(case, runners, only=index)
+        wanted = set(fault.syscalls or ())
+        kills = [f for f in kill_faults(root, recording, fault.op) if not wanted or f.syscall in wanted]
+        faults: list[Fault] = list(kills) if fault.action in (None, "kill") else [
+            ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=fault.action) for f in kills]
+        return dataclasses.replace(case, fault=faults[fault.index % len(faults)]) if faults else None
+    if isinstance(fault, PowerFault):
+        results, _ = crashstates(case, runners, only=fault.index)
         return dataclasses.replace(case, fault=results[0].fault) if results else None
-    raise ValueError(f"fault kind {kind!r} needs no resolving")
+    raise ValueError(f"fault kind {None if fault is None else fault.kind!r} needs no resolving")
 
 
 @dataclass
 class PointResult:
-    fault: dict
+    fault: KillFault
     judgement: Judgement
     report: dict
 
@@ -168,7 +164,7 @@ def crashpoints(case: Case, judge: CaseJudge, sample: int | None = None,
 
 @dataclass
 class StateResult:
-    fault: dict
+    fault: StateFault
     description: str
     judgement: Judgement
     confirmed: bool | None = None  # for failures: does a replay in fresh processes reproduce it?
@@ -193,8 +189,8 @@ def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confi
         schedule = schedule_of(ops, recording, tid_stream)
 
         def state_case(state) -> Case:
-            return dataclasses.replace(case, fault={"kind": "state", "op": f, "state": json.loads(state.to_json()),
-                                                    "schedule": schedule})
+            return dataclasses.replace(case, fault=StateFault(op=f, state=json.loads(state.to_json()),
+                                                              schedule=schedule))
 
         results: list[StateResult] = []
         states = enumerate_states(ops, limit=limit)

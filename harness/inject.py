@@ -1,194 +1,80 @@
-"""A case's ``fault``: parsed from the case file, armed around one operation on the live ranks, and undone after.
+"""A case's fault (a faults.spec.Fault) armed around one operation on the live ranks, and undone after.
 
-The fault layer (``faults/``) knows processes, syscalls and files; this module maps a case's fault onto them: the
-ranks' pids, the case's checkpoint root, the operation the fault hits. Every fault is plain JSON in the case, so a
-finding replays the same fault (kind, target, syscall and k, or the crash state) exactly.
-
-Kinds (``op`` is the index of the operation the fault hits; paths are relative to the checkpoint root):
-
-* ``kill``: SIGKILL whichever rank process or child (async writer) makes its ``k``-th ``syscall`` on ``path``
-  (strace attached to the warm ranks; counting starts at the operation).
-* ``error``: that call fails with ``errno`` (ENOSPC, EIO, EDQUOT) instead.
-* ``fsize``: RLIMIT_FSIZE of ``limit`` bytes on the ranks for the operation (a write past it fails with EFBIG).
-* ``kill-when``: psutil fallback where ptrace is not allowed: kill rank ``rank``'s tree (or only its ``children``)
-  when ``file_appears`` (a glob) matches, after ``bytes_written`` bytes, or after ``delay`` seconds.
-* ``stall``: SIGSTOP rank ``rank`` for ``duration`` seconds when one of those triggers fires (a straggler).
-* ``state``: record the operation's IO, then replace the root by the power-loss ``state`` (faults.crashstates)
-  built from that trace before the next operation; ``schedule`` (the rank of each IO op as recorded) rearranges
-  this run's IO into the recorded interleaving first (faults.interleave).
-* ``corrupt``: apply the corruption ``plan`` (faults.corrupt) to the root after the operation; or plan one from
-  ``seed``, ``corruption`` (a kind of faults.corrupt) and ``region`` on the files the operation left (the report
-  then carries the concrete plan, which the finding keeps).
-* ``point``: crash point number ``index`` of a recording of this very case, hit with ``action`` (``kill``, or an
-  errno name for an ``error``); ``power``: power-loss state number ``index`` of it. Both are resolved into the
-  concrete ``kill`` / ``error`` / ``state`` first (harness.faultrun.concrete_fault), so findings carry the concrete
-  fault.
-* ``record``: no fault; trace the operation's IO (with the written bytes when ``capture``; a copy of the root as
-  it was before the op beside it when ``keep_base``) for enumerating crash points and crash states. The ranks
-  still restart after it, like after any fault.
+The fault layer (``faults/``) knows processes, syscalls and files, and the kinds of fault (faults.spec: one type
+per kind, with its fields); this module maps a case's fault onto the live job: the ranks' pids, the case's
+checkpoint root, the operation the fault hits. ``ARMING`` holds how each fault type runs: the injector it enters
+around the op (strace, psutil triggers, a stall, RLIMIT_FSIZE, or none), what it reports, and the root it leaves
+for the next ops (a power-loss state, a corrupted root). Drawn faults (``point``, ``power``) are resolved into the
+concrete ``kill`` / ``error`` / ``state`` first (harness.faultrun.concrete_fault), so findings carry the concrete
+fault; a ``record`` fault only traces the op's IO, and the ranks still restart after it, like after any fault.
 """
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from faults.corrupt import KINDS as CORRUPTIONS
-from faults.corrupt import Corruption, apply, check_relpath, corrupt
 from faults.crashstates import CrashState, fs_ops, materialize
 from faults.errors import FaultSpecError
 from faults.interleave import follow, streams
 from faults.limits import FileSizeLimit
+from faults.spec import (
+    CorruptFault,
+    DrawnFault,
+    ErrorFault,
+    Fault,
+    FsizeFault,
+    KillFault,
+    KillWhenFault,
+    PointFault,
+    PowerFault,
+    RecordFault,
+    StallFault,
+    StateFault,
+    SyscallFault,
+    TriggerFault,
+)
 from faults.stall import Stall
-from faults.strace import ERRNO_NAMES, Attached
+from faults.strace import Attached
 from faults.triggers import KillWhen
-
-KINDS = ("kill", "error", "fsize", "kill-when", "stall", "state", "corrupt", "point", "power", "record")
-_FIELDS: dict[str, tuple[set[str], set[str]]] = {  # kind -> (required, optional) besides kind and op
-    "kill": ({"syscall", "k"}, {"path"}),
-    "error": ({"syscall", "k", "errno"}, {"path"}),
-    "fsize": ({"limit"}, set()),
-    "kill-when": (set(), {"rank", "target", "file_appears", "bytes_written", "delay"}),
-    "stall": ({"duration"}, {"rank", "file_appears", "bytes_written", "delay"}),
-    "state": ({"state"}, {"schedule"}),
-    "corrupt": (set(), {"plan", "seed", "corruption", "region"}),
-    "point": ({"index"}, {"syscalls", "action"}),
-    "power": ({"index"}, set()),
-    "record": (set(), {"capture", "keep_base"}),
-}
-_TRIGGERS = ("file_appears", "bytes_written", "delay")
-
-
-@dataclass(frozen=True)
-class FaultSpec:
-    kind: str
-    op: int
-    params: dict = field(default_factory=dict)
-
-    @classmethod
-    def parse(cls, raw: object, n_ops: int) -> FaultSpec:
-        """Validate a case's ``fault`` object; every problem is a FaultSpecError naming the field."""
-        if not isinstance(raw, dict):
-            raise FaultSpecError(f"fault must be an object, got {type(raw).__name__}")
-        kind = raw.get("kind")
-        if kind not in _FIELDS:
-            raise FaultSpecError(f"fault kind {kind!r} is not one of {', '.join(KINDS)}")
-        op = raw.get("op")
-        if not isinstance(op, int) or isinstance(op, bool) or not 0 <= op < n_ops:
-            raise FaultSpecError(f"fault op must be the index of one of the case's {n_ops} ops, got {op!r}")
-        required, optional = _FIELDS[kind]
-        params = {k: v for k, v in raw.items() if k not in ("kind", "op")}
-        missing, unknown = required - params.keys(), params.keys() - required - optional
-        if missing or unknown:
-            raise FaultSpecError(f"{kind} fault: missing {sorted(missing)}, unknown {sorted(unknown)}")
-        spec = cls(kind, op, params)
-        spec._check()
-        return spec
-
-    def _check(self) -> None:
-        p = self.params
-        if self.kind in ("kill", "error"):
-            if not isinstance(p["syscall"], str) or not p["syscall"].isidentifier():
-                raise FaultSpecError(f"syscall must be a syscall name, got {p['syscall']!r}")
-            _int(p["k"], "k")
-            if p.get("path") not in (None, "."):  # "." is the root directory itself
-                check_relpath(p["path"])
-        if self.kind == "error" and p["errno"] not in ERRNO_NAMES:
-            raise FaultSpecError(f"errno must be one of {ERRNO_NAMES}, got {p['errno']!r}")
-        if self.kind == "fsize":
-            _int(p["limit"], "limit")
-        if self.kind in ("kill-when", "stall"):
-            given = [t for t in _TRIGGERS if p.get(t) is not None]
-            if len(given) != 1:
-                raise FaultSpecError(f"{self.kind} fault needs exactly one trigger of {_TRIGGERS}, got {given}")
-            if p.get("file_appears") is not None:
-                check_relpath(p["file_appears"])
-            if p.get("rank") is not None:
-                _int(p["rank"], "rank", low=0)
-        if self.kind in ("point", "power"):
-            _int(p["index"], "index", low=0)
-        if self.kind == "point" and p.get("action", "kill") not in ("kill", *ERRNO_NAMES):
-            raise FaultSpecError(f"point action must be kill or one of {ERRNO_NAMES}, got {p['action']!r}")
-        if self.kind == "stall" and (not isinstance(p["duration"], int | float) or not 0 < p["duration"] <= 600):
-            raise FaultSpecError(f"stall duration must be a number of seconds in (0, 600], got {p['duration']!r}")
-        if self.kind == "corrupt":
-            if ("plan" in p) == ("seed" in p or "corruption" in p):
-                raise FaultSpecError("corrupt fault: give either a plan, or a seed and a corruption kind")
-            if "plan" not in p:
-                _int(p.get("seed"), "seed", low=0)
-                if p.get("corruption") not in CORRUPTIONS:
-                    raise FaultSpecError(f"corruption must be one of {CORRUPTIONS}, got {p.get('corruption')!r}")
-
-    def to_json(self) -> dict:
-        return {"kind": self.kind, "op": self.op, **self.params}
-
-
-def _int(value: object, name: str, low: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise FaultSpecError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 class ArmedFault:
-    """The fault of a case around its operation on live ranks: ``with ArmedFault(spec, pids, root): op()``, then
+    """The fault of a case around its operation on live ranks: ``with ArmedFault(fault, pids, root): op()``, then
     ``after()`` for the root the next operations use, and ``report`` for the finding (what fired, and how)."""
 
-    def __init__(self, spec: FaultSpec, pids: dict[int, int], root: Path) -> None:
-        self.spec, self.pids, self.root = spec, dict(pids), root
-        self.report: dict[str, Any] = {"kind": spec.kind}
+    def __init__(self, fault: Fault, pids: dict[int, int], root: Path) -> None:
+        self.fault, self.pids, self.root = fault, dict(pids), root
+        self.report: dict[str, Any] = {"kind": fault.kind}
+        self._arming = ARMING[type(fault)]
         self._stack = ExitStack()
         self._injector: Any = None
-        self._base: Path | None = None
+        self.base: Path | None = None  # a copy of the root as it was before the op (kinds that need it)
         self.recording = None  # the operation's trace, for kinds that attach strace
-        self.resolved: dict | None = None  # the concrete fault, when the spec named one by seed
+        self.resolved: Fault | None = None  # the concrete fault, when the case's fault named one by seed
         self.tid_stream: dict[int, int] = {}  # traced thread id -> rank (faults.interleave)
 
-    def _targets(self) -> list[int]:
-        rank = self.spec.params.get("rank")
+    def targets(self, rank: int | None = None) -> list[int]:
+        """The pids a fault hits: rank ``rank``'s, or every rank's."""
         if rank is None:
             return [self.pids[r] for r in sorted(self.pids)]
         if rank not in self.pids:
             raise FaultSpecError(f"fault rank {rank} is not one of the ranks {sorted(self.pids)}")
         return [self.pids[rank]]
 
+    def keep_base(self) -> None:
+        self.base = self.root.parent / (self.root.name + ".before")
+        shutil.copytree(self.root, self.base, symlinks=True)
+
     def __enter__(self) -> ArmedFault:
-        p, kind = self.spec.params, self.spec.kind
-        if kind in ("kill", "error"):
-            path = None if p.get("path") is None else str(self.root if p["path"] == "." else self.root / p["path"])
-            action = "signal=KILL" if kind == "kill" else f"error={p['errno']}"
-            self._injector = Attached(self._targets(), syscalls=(p["syscall"],),
-                                      inject=(p["syscall"], p["k"], action, path))
-            self.report.update(mechanism="strace", syscall=p["syscall"], k=p["k"], path=p.get("path"))
-        elif kind == "record":
-            if p.get("keep_base"):
-                self._keep_base()
-            self._injector = Attached(self._targets(), capture_data=bool(p.get("capture")))
-        elif kind == "state":
-            self._keep_base()
-            self._injector = Attached(self._targets(), capture_data=True)
-            self.report.update(mechanism="strace", state=p["state"])
-        elif kind == "fsize":
-            self._injector = FileSizeLimit(self._targets(), p["limit"])
-        elif kind in ("kill-when", "stall"):
-            trigger = {t: p[t] for t in _TRIGGERS if p.get(t) is not None}
-            if "file_appears" in trigger:
-                trigger["file_appears"] = str(self.root / trigger["file_appears"])
-            if kind == "kill-when":
-                self._injector = KillWhen(self._targets(), target=p.get("target", "tree"), **trigger)
-            else:
-                self._injector = Stall(self._targets(), duration=p["duration"], **trigger)
-        elif kind in ("point", "power"):
-            raise FaultSpecError(f"a {kind} fault must be resolved (harness.faultrun.concrete_fault) before it runs")
+        self._injector = self._arming.arm(self, self.fault)
         if self._injector is not None:
             self._stack.enter_context(self._injector)
         return self
-
-    def _keep_base(self) -> None:
-        self._base = self.root.parent / (self.root.name + ".before")
-        shutil.copytree(self.root, self._base, symlinks=True)
 
     def __exit__(self, *exc: object) -> None:
         self._stack.close()
@@ -198,15 +84,12 @@ class ArmedFault:
             rank_of = {pid: rank for rank, pid in self.pids.items()}
             roots = {tid: rank_of[pid] for tid, pid in inj.initial_tids.items() if pid in rank_of}
             self.tid_stream = streams(inj.recording, roots)
-            if self.spec.kind in ("kill", "error"):
-                call = inj.injected_call
-                self.report.update(fired=call is not None,
-                                   hit=None if call is None else f"{call.name} on {call.path} (pid {call.pid})",
-                                   target=None if call is None else self._role(call.pid, inj.initial_tids))
         elif inj is not None:
             self.report.update(inj.report())
+        if self._arming.settled is not None:
+            self._arming.settled(self, inj)
 
-    def _role(self, pid: int, initial_tids: dict[int, int]) -> str:
+    def role(self, pid: int, initial_tids: dict[int, int]) -> str:
         """Which process the fault hit, in the case's terms (pids differ from run to run)."""
         for rank, rank_pid in self.pids.items():
             if pid == rank_pid:
@@ -217,25 +100,113 @@ class ArmedFault:
 
     def after(self) -> Path:
         """Apply post-operation faults; returns the root the remaining operations use."""
-        p = self.spec.params
-        if self.spec.kind == "corrupt":
-            if "plan" in p:
-                corruption = Corruption.from_json(p["plan"])
-                apply(self.root, corruption)
-            else:
-                corruption = corrupt(self.root, p["corruption"], p["seed"], p.get("region", "any"))
-                self.resolved = {"kind": "corrupt", "op": self.spec.op, "plan": corruption.to_json()}
-            self.report.update(mechanism="file", fired=True, plan=corruption.to_json())
-            return self.root
-        if self.spec.kind == "state":
-            assert isinstance(self._injector, Attached) and self._injector.recording is not None
-            ops = fs_ops(self.recording, str(self.root))
-            if p.get("schedule") is not None:
-                ops = follow(ops, self.recording, self.tid_stream, p["schedule"])
-            state = CrashState.from_json(p["state"])
-            dest = self.root.parent / (self.root.name + ".state")
-            materialize(ops, state, dest, base=self._base)
-            # A save counts as acknowledged only in states where all of its IO had been issued (it returned).
-            self.report.update(fired=True, acknowledged=state.prefix >= len(ops))
-            return dest
-        return self.root
+        return self._arming.after(self, self.fault)
+
+
+# --- one arming per fault type ----------------------------------------------------------------------------------
+
+
+def _strace_injection(armed: ArmedFault, fault: SyscallFault) -> Attached:
+    path = None if fault.path is None else str(armed.root if fault.path == "." else armed.root / fault.path)
+    action = f"error={fault.errno}" if isinstance(fault, ErrorFault) else "signal=KILL"
+    injector = Attached(armed.targets(), syscalls=(fault.syscall,), inject=(fault.syscall, fault.k, action, path))
+    armed.report.update(mechanism="strace", syscall=fault.syscall, k=fault.k, path=fault.path)
+    return injector
+
+
+def _injected_call(armed: ArmedFault, injector: Attached) -> None:
+    call = injector.injected_call
+    armed.report.update(fired=call is not None,
+                        hit=None if call is None else f"{call.name} on {call.path} (pid {call.pid})",
+                        target=None if call is None else armed.role(call.pid, injector.initial_tids))
+
+
+def _recording(armed: ArmedFault, fault: RecordFault) -> Attached:
+    if fault.keep_base:
+        armed.keep_base()
+    return Attached(armed.targets(), capture_data=bool(fault.capture))
+
+
+def _state_recording(armed: ArmedFault, fault: StateFault) -> Attached:
+    armed.keep_base()
+    armed.report.update(mechanism="strace", state=fault.state)
+    return Attached(armed.targets(), capture_data=True)
+
+
+def _power_loss(armed: ArmedFault, fault: StateFault) -> Path:
+    """Replace the root by the crash state of the op's recorded IO (rearranged into the recorded schedule)."""
+    assert armed.recording is not None
+    ops = fs_ops(armed.recording, str(armed.root))
+    if fault.schedule is not None:
+        ops = follow(ops, armed.recording, armed.tid_stream, fault.schedule)
+    state = CrashState.from_json(fault.state)
+    dest = armed.root.parent / (armed.root.name + ".state")
+    materialize(ops, state, dest, base=armed.base)
+    # A save counts as acknowledged only in states where all of its IO had been issued (it returned).
+    armed.report.update(fired=True, acknowledged=state.prefix >= len(ops))
+    return dest
+
+
+def _fsize(armed: ArmedFault, fault: FsizeFault) -> FileSizeLimit:
+    return FileSizeLimit(armed.targets(), fault.limit)
+
+
+def _trigger(armed: ArmedFault, fault: TriggerFault) -> dict[str, Any]:
+    trigger = fault.trigger()
+    if "file_appears" in trigger:
+        trigger["file_appears"] = str(armed.root / trigger["file_appears"])
+    return trigger
+
+
+def _kill_when(armed: ArmedFault, fault: KillWhenFault) -> KillWhen:
+    target = fault.target if fault.given("target") else "tree"
+    return KillWhen(armed.targets(fault.rank), target=target, **_trigger(armed, fault))
+
+
+def _stall(armed: ArmedFault, fault: StallFault) -> Stall:
+    return Stall(armed.targets(fault.rank), duration=fault.duration, **_trigger(armed, fault))
+
+
+def _corruption(armed: ArmedFault, fault: CorruptFault) -> Path:
+    """Corrupt the root after the op; a drawn plan is reported and kept as the resolved (concrete) fault."""
+    corruption = fault.inflict(armed.root)
+    if not fault.given("plan"):
+        armed.resolved = CorruptFault(op=fault.op, plan=corruption.to_json())
+    armed.report.update(mechanism="file", fired=True, plan=corruption.to_json())
+    return armed.root
+
+
+def _unresolved(armed: ArmedFault, fault: DrawnFault) -> None:
+    raise FaultSpecError(f"a {fault.kind} fault must be resolved (harness.faultrun.concrete_fault) before it runs")
+
+
+def _nothing(armed: ArmedFault, fault: Fault) -> None:
+    return None
+
+
+def _same_root(armed: ArmedFault, fault: Fault) -> Path:
+    return armed.root
+
+
+@dataclass(frozen=True)
+class Arming:
+    """How one fault type runs: ``arm`` returns the injector entered around the op (or None); ``settled`` sees it
+    once it has exited; ``after`` returns the root the next ops use."""
+
+    arm: Callable[[ArmedFault, Any], Any]
+    after: Callable[[ArmedFault, Any], Path] = _same_root
+    settled: Callable[[ArmedFault, Any], None] | None = None
+
+
+ARMING: dict[type[Fault], Arming] = {
+    KillFault: Arming(_strace_injection, settled=_injected_call),
+    ErrorFault: Arming(_strace_injection, settled=_injected_call),
+    FsizeFault: Arming(_fsize),
+    KillWhenFault: Arming(_kill_when),
+    StallFault: Arming(_stall),
+    StateFault: Arming(_state_recording, after=_power_loss),
+    CorruptFault: Arming(_nothing, after=_corruption),
+    PointFault: Arming(_unresolved),
+    PowerFault: Arming(_unresolved),
+    RecordFault: Arming(_recording),
+}

@@ -24,7 +24,6 @@ from .run import run_case
 from .runners import Runners
 
 STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
-DRAWN_FAULTS = ("point", "power")  # faults drawn as an index into a recording of the case itself
 
 
 class Unreplayable(Exception):
@@ -51,7 +50,7 @@ class Judge:
         return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",)), outcome
 
     def _judge(self, case: Case) -> tuple[Judgement, Outcome]:
-        if case.fault is not None and case.fault.get("kind") in DRAWN_FAULTS:
+        if case.fault is not None and case.fault.drawn:
             return self._drawn(case)
         outcome = self._run(case)
         if case.fault is not None:

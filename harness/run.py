@@ -6,15 +6,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from faults.corrupt import corrupt
 from faults.errors import FaultSpecError
 from properties.case import HARNESS_KINDS, Case, Op
 from properties.outcome import OpRecord, Outcome
 
-from .inject import ArmedFault, FaultSpec
+from .inject import ArmedFault
 from .rankops import unpack
 from .runner import PoolFailure, Runner
 from .runners import Runners
@@ -72,15 +71,11 @@ class _Job:
     root: Path
     outcome: Outcome
     active: list[Runner]
-    fault: FaultSpec | None = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.fault = FaultSpec.parse(self.case.fault, len(self.case.ops)) if self.case.fault is not None else None
 
     def step(self, i: int) -> tuple[OpRecord, bool]:
         """Op ``i``'s record, and whether the case stops there (its ranks died or hung without a fault)."""
         op = self.case.ops[i]
-        faulted = self.fault is not None and self.fault.op == i
+        faulted = self.case.fault is not None and self.case.fault.op == i
         if op.kind in HARNESS_KINDS:
             if faulted:
                 raise FaultSpecError(f"fault op {i} is a {op.kind}: a fault needs an op that runs on the ranks")
@@ -119,7 +114,7 @@ class _Job:
         _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners)))
         if op.kind == "save" and rec.ok:
             rec.written = self.runners.cls.written(self.root, op.name) or {}
-        if self.fault is not None and not rec.ok and runner.launched:
+        if self.case.fault is not None and not rec.ok and runner.launched:
             # After a fault every op is judged on its own: a failed op may leave the group wedged
             # (one rank raised, one waits), which must not be charged to the next op.
             self.drop(runner)
@@ -128,8 +123,8 @@ class _Job:
         """Run the fault's op with the fault armed, then restart the job: the next ops see only what is on disk
         (the root the fault left). A rank killed by the fault is recorded, not raised; P-LIVENESS cases wait for
         the survivors (up to the op timeout) to see whether they turn the death into an error or hang."""
-        assert self.fault is not None
-        armed = ArmedFault(self.fault, runner.pids, self.root)
+        assert self.case.fault is not None
+        armed = ArmedFault(self.case.fault, runner.pids, self.root)
         try:
             with armed:
                 try:
@@ -150,15 +145,15 @@ class _Job:
 
     def harness_op(self, op: Op, index: int) -> OpRecord:
         """``restart``: the job dies (its ranks are killed, in-process ranks lose their in-flight async saves) and
-        the next op runs in fresh processes. ``corrupt``: a seeded faults.corrupt plan drawn on the root's files
-        now, applied; the record keeps the concrete plan (or why there was nothing to corrupt)."""
+        the next op runs in fresh processes. ``corrupt``: the seeded corrupt fault it stands for, inflicted on the
+        root now; the record keeps the concrete plan (or why there was nothing to corrupt)."""
         rec = OpRecord(index, op.kind, op.name)
         if op.kind == "restart":
             for runner in list(self.active):
                 self.drop(runner)
             return rec
         try:
-            rec.applied = corrupt(self.root, op.corruption, op.seed).to_json()
+            rec.applied = op.corruption_fault(index).inflict(self.root).to_json()
         except (FaultSpecError, OSError) as exc:  # e.g. nothing eligible yet: the root stays as it was
             rec.applied = {"skipped": f"{type(exc).__name__}: {exc}"}
         return rec

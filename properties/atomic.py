@@ -95,8 +95,8 @@ def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | 
     """Judge a fault case's or a sequence's ops in order. ``clear_errors`` names the exception types that count
     as a clear "incomplete/corrupt checkpoint" error (None: any exception the SUT raises counts, for SUTs without
     typed errors); anything else a load raises about an unacknowledged or corrupted checkpoint is a loud failure."""
-    fault_op = case.fault["op"] if case.fault is not None else None
-    h = _History(case, fault_op, case.fault["kind"] if case.fault is not None else None)
+    fault_op = case.fault.op if case.fault is not None else None
+    h = _History(case, fault_op, case.fault.kind if case.fault is not None else None)
     keep_last = case.options.get("keep_last")
     fault_report = outcome.fault or {}
     results: list[Judgement | None] = []

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from faults.corrupt import KINDS as CORRUPTIONS
+from faults.errors import FaultSpecError
+from faults.spec import CorruptFault, Fault, parse_fault
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
 from reference.layout import TensorLayout, layout_from_json
@@ -116,6 +118,10 @@ class Op:
     seed: int = 0  # corrupt: seed of the faults.corrupt plan drawn on the root's files at that point
     corruption: str = "bitflip"  # corrupt: a kind of faults.corrupt
 
+    def corruption_fault(self, index: int) -> CorruptFault:
+        """A ``corrupt`` op (at op ``index``) is a seeded corrupt fault applied between two ops."""
+        return CorruptFault(op=index, seed=self.seed, corruption=self.corruption)
+
     def to_json(self) -> dict:
         """The sequence fields are left out at their defaults, so save/load case files read as before."""
         defaults = {f.name: f.default for f in fields(self)}
@@ -154,10 +160,15 @@ class Case:
     options: dict = field(default_factory=dict)
     seed: int = 0
     version: int = CASE_VERSION
-    #: The fault injected into one of the ops (harness.faultspec parses it); None for a fault-free case.
-    fault: dict | None = None
+    #: The fault injected into one of the ops; None for a fault-free case. Given as its JSON object, it is parsed
+    #: (faults.spec.parse_fault; a malformed one raises FaultSpecError) when the case is made.
+    fault: Fault | None = None
     #: A training case's loop (reference.training.TrainingSpec as JSON); None for saves of fixed versions.
     training: dict | None = None
+
+    def __post_init__(self) -> None:
+        if self.fault is not None:
+            object.__setattr__(self, "fault", parse_fault(self.fault, len(self.ops)))
 
     @property
     def sequence(self) -> bool:
@@ -212,6 +223,8 @@ class Case:
         for optional in ("fault", "training"):
             if data[optional] is None:
                 del data[optional]
+        if self.fault is not None:
+            data["fault"] = self.fault.to_json()
         data["tensors"] = [{k: v for k, v in asdict(t).items() if v is not None} for t in self.tensors]
         data["ops"] = [op.to_json() for op in self.ops]
         return data
@@ -237,6 +250,7 @@ class Case:
                 for t in data["tensors"]
             )
             ops = tuple(Op(**op) for op in data["ops"])
+            fault = _fault(data.get("fault"))
             case = cls(
                 str(data["property"]),
                 str(data["sut"]),
@@ -246,7 +260,6 @@ class Case:
                 ops,
                 dict(data.get("options", {})),
                 int(data.get("seed", 0)),
-                fault=_fault(data.get("fault")),
                 training=_training(data.get("training")),
             )
             for t in tensors:
@@ -261,10 +274,17 @@ class Case:
                     op.check()
                 except ValueError as exc:
                     raise ValueError(f"ops[{n}]: {exc}") from None
+            if fault is not None:
+                try:
+                    case = replace(case, fault=fault)
+                except FaultSpecError as exc:
+                    raise CaseError(f"{source}: bad fault: {exc}") from None
             if case.training is not None:
                 _check_training(case)
             elif any(op.kind == "train" for op in ops):
                 raise ValueError("a 'train' op needs a training case (a 'training' object)")
+        except CaseError:
+            raise
         except (KeyError, TypeError, ValueError, LayoutError) as exc:
             raise CaseError(f"{source}: malformed case ({type(exc).__name__}: {exc})") from None
         return case
@@ -324,7 +344,7 @@ def _check_training(case: Case) -> None:
                              f"{'unknown (train first)' if live is None else live}")
         elif op.kind == "load":
             live = None if (op.name is None or partial) else op.version
-        if op.kind == "restart" or (case.fault is not None and case.fault.get("op") == n):
+        if op.kind == "restart" or (case.fault is not None and case.fault.op == n):
             live = 0  # fresh ranks (a restart, or the one after a fault) start over from the seeds
         if op.kind in ("train", "save") and partial and case.op_layouts(n) == "load":
             raise ValueError(f"ops[{n}]: the load layouts hold part of the state, so nothing can train or save "

@@ -1,7 +1,7 @@
 """Fault cases: the standard fault scenario (``fault_ops``) over drawn tensors and layouts, with a fault drawn per
-property. Faults are plain JSON (harness.inject documents the kinds); crash points and power-loss states are drawn
-as indices that the harness resolves against a recording of the case itself, so shrinking moves towards the first
-crash point and the first state.
+property (a faults.spec type; plain JSON in the case). Crash points and power-loss states are drawn as indices
+that the harness resolves against a recording of the case itself, so shrinking moves towards the first crash point
+and the first state.
 """
 
 from __future__ import annotations
@@ -10,13 +10,16 @@ from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
+from faults.corrupt import KINDS as CORRUPTIONS
+from faults.corrupt import REGIONS
+from faults.spec import CorruptFault, Fault, FsizeFault, KillWhenFault, PointFault, PowerFault, StallFault
+from faults.strace import ERRNO_NAMES
+
 from .case import Case, Op
 from .case_strategies import Caps, _layouts_for, mesh_of, options, tensor_cases
 
 FAULT_PROPERTIES = ("P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS")
 FAULT_OP = 1  # the save the fault hits in fault_ops
-ERRNOS = ("ENOSPC", "EIO", "EDQUOT")
-CORRUPTIONS = ("bitflip", "truncate", "append", "delete", "stale_marker", "zero_range")
 
 
 def fault_ops(*, latest: bool, use_async: bool = False) -> tuple[Op, ...]:
@@ -47,34 +50,32 @@ def _psutil_trigger(draw) -> dict:
 
 
 @st.composite
-def faults(draw, prop: str, ranks: int, use_async: bool, ptrace: bool, op: int = FAULT_OP) -> dict:
+def faults(draw, prop: str, ranks: int, use_async: bool, ptrace: bool, op: int = FAULT_OP) -> Fault:
     """One fault for ``prop`` on op ``op``; ``ptrace`` says whether strace may attach here (else the psutil
     fallbacks)."""
-    op = {"op": op}
     rank = draw(st.integers(0, ranks - 1))
     if prop == "P-ATOMIC":
         if ptrace and draw(st.booleans()):
-            return {"kind": "power", **op, "index": draw(st.integers(0, 400))}
+            return PowerFault(op=op, index=draw(st.integers(0, 400)))
         if ptrace:
-            return {"kind": "point", **op, "index": draw(st.integers(0, 400))}
+            return PointFault(op=op, index=draw(st.integers(0, 400)))
         target = draw(st.sampled_from(("tree", "children") if use_async else ("tree",)))
-        return {"kind": "kill-when", **op, "rank": rank, "target": target, **_psutil_trigger(draw)}
+        return KillWhenFault(op=op, rank=rank, target=target, **_psutil_trigger(draw))
     if prop == "P-NOLOSS":
         if ptrace and draw(st.booleans()):
-            return {"kind": "point", **op, "index": draw(st.integers(0, 400)), "action": draw(st.sampled_from(ERRNOS))}
+            return PointFault(op=op, index=draw(st.integers(0, 400)), action=draw(st.sampled_from(ERRNO_NAMES)))
         if ptrace and draw(st.booleans()):
-            return {"kind": "point", **op, "index": draw(st.integers(0, 400))}
-        return {"kind": "fsize", **op, "limit": draw(st.sampled_from((1, 64, 1024, 16384)))}
+            return PointFault(op=op, index=draw(st.integers(0, 400)))
+        return FsizeFault(op=op, limit=draw(st.sampled_from((1, 64, 1024, 16384))))
     if prop == "P-CORRUPT":
-        return {"kind": "corrupt", **op, "seed": draw(st.integers(0, 2**16)),
-                "corruption": draw(st.sampled_from(CORRUPTIONS)),
-                "region": draw(st.sampled_from(("any", "head", "tail")))}
+        return CorruptFault(op=op, seed=draw(st.integers(0, 2**16)), corruption=draw(st.sampled_from(CORRUPTIONS)),
+                            region=draw(st.sampled_from(REGIONS)))
     if prop == "P-LIVENESS":
         if draw(st.booleans()):
-            return {"kind": "stall", **op, "rank": rank, "duration": draw(st.sampled_from((0.5, 1.0, 3.0))),
-                    **_psutil_trigger(draw)}
+            return StallFault(op=op, rank=rank, duration=draw(st.sampled_from((0.5, 1.0, 3.0))),
+                              **_psutil_trigger(draw))
         target = draw(st.sampled_from(("tree", "children") if use_async else ("tree",)))
-        return {"kind": "kill-when", **op, "rank": rank, "target": target, **_psutil_trigger(draw)}
+        return KillWhenFault(op=op, rank=rank, target=target, **_psutil_trigger(draw))
     raise ValueError(f"no fault strategy for property {prop!r}")
 
 

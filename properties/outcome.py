@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from faults.spec import Fault
 from reference.layout import Region
 from reference.tensor import Tensor
 
@@ -35,7 +36,7 @@ class Outcome:
     shims: tuple[str, ...] = ()
     launch_mode: str = "in-process"
     fault: dict | None = None  # what the case's fault did (kind, mechanism, whether and where it fired)
-    resolved_fault: dict | None = None  # a "point" fault as the concrete kill it resolved to
+    resolved_fault: Fault | None = None  # a drawn fault (or a seeded corruption) as the concrete one it resolved to
     trace: tuple[str, Any, dict] | None = None  # (root, strace recording of the faulted op, tid -> rank)
 
     @property

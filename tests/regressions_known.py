@@ -3,6 +3,7 @@ FINDINGS.md), so that a test meant to find new bugs does not stop at an old one.
 
 from __future__ import annotations
 
+from faults.spec import KillWhenFault
 from properties.case import Case
 
 
@@ -11,5 +12,5 @@ def survivable(case: Case) -> bool:
     living rank (torch-dcp-killed-process-writer-hangs.json: every future then hangs)."""
     if not case.ops[1].use_async:
         return False
-    fault = case.fault or {}
-    return not (case.options.get("async_executor") == "process" and fault.get("target") == "children")
+    writer_killed = isinstance(case.fault, KillWhenFault) and case.fault.target == "children"
+    return not (case.options.get("async_executor") == "process" and writer_killed)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from faults import strace
+from faults.spec import ErrorFault, StateFault
 from harness.faultrun import concrete_fault, crashpoints, crashstates, standard_case
 from harness.judge import Judge
 from harness.runners import Runners
@@ -54,7 +55,7 @@ def _check_points(results: list, use_async: bool, exhaustive: bool = True) -> No
     failing = [(r.fault, r.judgement.details) for r in results if not r.judgement.ok]
     assert not failing, failing
     if exhaustive:
-        assert {r.fault["syscall"] for r in results} >= {"write", "fsync", "rename", "openat"}
+        assert {r.fault.syscall for r in results} >= {"write", "fsync", "rename", "openat"}
     targets = {r.report["target"] for r in results}
     if use_async:  # the writer process the rank spawns for the save does the IO, and is what dies
         assert any(t.endswith("(an async writer)") for t in targets), targets
@@ -67,7 +68,7 @@ def _check_points(results: list, use_async: bool, exhaustive: bool = True) -> No
 def test_reference_survives_every_power_loss_state(judge_case, use_async: bool) -> None:
     results, n_ops = crashstates(standard_case(use_async=use_async), judge_case.runners, confirm=judge_case)
     assert n_ops >= 30 and len(results) >= n_ops
-    kinds = {r.fault["state"]["kind"] for r in results}
+    kinds = {r.fault.state["kind"] for r in results}
     assert {"prefix", "torn-half", "torn-zero", "lost-dirent"} <= kinds
     assert not [(r.description, r.judgement.details) for r in results if not r.judgement.ok]
 
@@ -76,8 +77,8 @@ def test_reference_survives_every_power_loss_state(judge_case, use_async: bool) 
 def test_a_drawn_state_resolves_and_replays_on_another_interleaving(judge_case) -> None:
     drawn = dataclasses.replace(standard_case(), fault={"kind": "power", "op": 1, "index": 40})
     concrete = concrete_fault(drawn, judge_case.runners)
-    assert concrete is not None and concrete.fault["kind"] == "state"
-    assert {0, 1} <= set(concrete.fault["schedule"])  # both ranks' IO, in the recorded order
+    assert concrete is not None and isinstance(concrete.fault, StateFault)
+    assert {0, 1} <= set(concrete.fault.schedule)  # both ranks' IO, in the recorded order
     for _ in range(3):  # ranks interleave differently each run; the schedule puts the IO back in recorded order
         judgement, outcome = judge_case(concrete)
         assert judgement.ok, judgement.details
@@ -88,7 +89,7 @@ def test_a_drawn_state_resolves_and_replays_on_another_interleaving(judge_case) 
 def test_a_drawn_error_point_resolves_to_a_concrete_syscall_error(judge_case) -> None:
     drawn = dataclasses.replace(standard_case(), fault={"kind": "point", "op": 1, "index": 7, "action": "ENOSPC"})
     concrete = concrete_fault(drawn, judge_case.runners)
-    assert concrete.fault["kind"] == "error" and concrete.fault["errno"] == "ENOSPC"
+    assert isinstance(concrete.fault, ErrorFault) and concrete.fault.errno == "ENOSPC"
     judgement, outcome = judge_case(concrete)
     assert outcome.fault["fired"], outcome.fault
     assert not outcome.records[1].ok  # the save saw the error and said so
@@ -108,7 +109,7 @@ def test_reference_passes_ptrace_free_faults(judge_case, fault: dict) -> None:
     assert judgement.ok, (judgement.details, outcome.fault)
     assert outcome.fault["mechanism"] in ("psutil", "file")
     if fault["kind"] == "corrupt":
-        assert outcome.resolved_fault["plan"]["kind"] == "bitflip"  # the finding would carry the concrete plan
+        assert outcome.resolved_fault.plan["kind"] == "bitflip"  # the finding would carry the concrete plan
 
 
 @needs_strace

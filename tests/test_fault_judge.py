@@ -1,5 +1,5 @@
 """The one rule fault cases are judged by (properties.atomic.judge_history), on synthetic outcomes, and the typed
-errors a malformed fault gets (harness.inject.FaultSpec, the CLI)."""
+errors a malformed fault gets (faults.spec.parse_fault, the CLI)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from faults.errors import FaultSpecError
+from faults.spec import parse_fault
 from harness.faultrun import standard_case
-from harness.inject import FaultSpec
 from properties.atomic import judge_history
 from properties.outcome import OpRecord, Outcome
 from reference.engine import local_tensors
@@ -139,7 +139,7 @@ def test_a_non_kill_fault_must_not_kill_a_rank() -> None:
 ])
 def test_malformed_faults_are_typed_errors(fault, message: str) -> None:
     with pytest.raises(FaultSpecError, match=message.replace("[", r"\[").replace("(", r"\(")):
-        FaultSpec.parse(fault, 6)
+        parse_fault(fault, 6)
 
 
 def test_cli_names_a_malformed_fault_in_one_line(tmp_path: Path) -> None:
