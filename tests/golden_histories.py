@@ -167,6 +167,9 @@ def rotation(seed: int) -> tuple[Case, Outcome, tuple[str, ...]]:
         roll = rng.random()
         if roll < 0.4:
             rec.loaded = state(v)
+        elif roll < 0.5:
+            failure = rng.choice(("hang", "crash"))
+            rec.ok, rec.failure, rec.error_type, rec.error = False, failure, failure, f"rank 1 did not finish op {i}"
         else:
             rec.ok, rec.error_type, rec.error = False, rng.choice(CLEAR[:2]), f"rank 0: e{i}"
         recs.append(rec)
