@@ -418,3 +418,19 @@ def _difference(data: dict[str, Any]) -> Difference:
 
 def _subclasses(cls: type) -> list[type]:
     return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
+def field_names(cls: type[Anomaly]) -> frozenset[str]:
+    """The keys ``to_json`` gives for anomalies of ``cls`` (any kind of tensor difference's, for a difference)."""
+    names = {"anomaly", "verdict"}
+    for f in dataclasses.fields(cls):
+        if f.name == "at":
+            names |= {"op", "op_kind", "name"}
+        elif f.name in ("error", "sut", "reference"):
+            prefix = "" if f.name == "error" else f"{f.name}_"
+            names |= {prefix + k for k in ("error_type", "message", "failure")}
+        elif f.name == "difference":
+            names |= {"difference", *(g.name for c in _subclasses(Difference) for g in dataclasses.fields(c))}
+        else:
+            names.add(f.name)
+    return frozenset(names)
