@@ -1,10 +1,21 @@
 """Known findings, so a campaign can look past them (``fuzz --skip-known DIR``).
 
 A campaign keeps one shrunk finding per property, so the first bug a property meets hides every other one behind
-it. A regression case may carry a ``signature``: a regular expression that every detail line of a judgement
-caused by that bug matches (e.g. BF16 NaN payloads that come back as another NaN). A failure of the same SUT and
-verdict whose every detail line matches a known signature is counted as known instead of being shrunk. A failure
-that shows anything else on any line still counts, so a new bug on top of a known one is not hidden.
+it. A regression case may carry a ``signature`` that recognises the failures that bug causes. A failure of the
+same SUT and verdict whose every anomaly (properties.anomalies) matches a known signature is counted as known
+instead of being shrunk; a failure that shows anything else on top still counts, so a new bug on top of a known
+one is not hidden.
+
+A signature is a JSON object naming an anomaly type and fields it must have::
+
+    {"anomaly": "op-failed", "op_kind": "save", "error_type": "ValueError",
+     "message": {"regex": "'size' must be a positive number"}}
+
+Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say).
+Signatures match what was found, not how it reads, so rewording a detail line does not break them.
+
+Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
+the judgement must match.
 """
 
 from __future__ import annotations
@@ -13,7 +24,9 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from .anomalies import TYPES, Anomaly, field_names
 from .verdicts import Judgement
 
 
@@ -22,15 +35,67 @@ class KnownFindingsError(ValueError):
 
 
 @dataclass(frozen=True)
+class Signature:
+    """An anomaly type and the fields an anomaly of it must have (exact values, or patterns for strings)."""
+
+    kind: str
+    fields: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def parse(cls, data: dict) -> Signature:
+        """Raise ValueError (or re.error) naming what is wrong with a signature object."""
+        kind = data.get("anomaly")
+        if kind not in TYPES:
+            raise ValueError(f"signature: 'anomaly' must be one of {', '.join(sorted(TYPES))}, got {kind!r}")
+        unknown = sorted(data.keys() - field_names(TYPES[kind]))
+        if unknown:
+            raise ValueError(f"signature: {kind} anomalies have no fields {unknown}")
+        fields = []
+        for key, want in sorted(data.items()):
+            if key == "anomaly":
+                continue
+            if isinstance(want, dict):
+                if want.keys() != {"regex"} or not isinstance(want["regex"], str):
+                    raise ValueError(f"signature: field {key!r} must be a JSON value or {{\"regex\": \"...\"}}")
+                want = re.compile(want["regex"])
+            fields.append((key, want))
+        return cls(kind, tuple(fields))
+
+    def matches(self, anomaly: Anomaly) -> bool:
+        if anomaly.kind != self.kind:
+            return False
+        got = anomaly.to_json()
+        return all(_field_matches(got.get(key), want) for key, want in self.fields)
+
+
+def _field_matches(got: Any, want: Any) -> bool:
+    if isinstance(want, re.Pattern):
+        return isinstance(got, str) and want.search(got) is not None
+    return got == want
+
+
+@dataclass(frozen=True)
 class Known:
     case_file: str
     sut: str
     verdict: str
-    signature: re.Pattern[str]
+    signature: Signature | re.Pattern[str]  # a pattern: the legacy form, over detail lines
 
     def explains(self, sut: str, judgement: Judgement) -> bool:
-        return (sut == self.sut and judgement.verdict.value == self.verdict and bool(judgement.details)
-                and all(self.signature.search(line) for line in judgement.details))
+        if sut != self.sut or judgement.verdict.value != self.verdict:
+            return False
+        if isinstance(self.signature, re.Pattern):
+            return bool(judgement.details) and all(self.signature.search(line) for line in judgement.details)
+        return bool(judgement.anomalies) and all(self.signature.matches(a) for a in judgement.anomalies)
+
+
+def read_signature(raw: object) -> Signature | re.Pattern[str]:
+    """A case file's ``signature``: an object (anomaly type and fields) or a string (legacy: a line pattern)."""
+    if isinstance(raw, str):
+        return re.compile(raw)
+    if isinstance(raw, dict):
+        return Signature.parse(raw)
+    raise TypeError(f"signature must be an object or a string, got {type(raw).__name__}")
 
 
 def read_known(directory: Path) -> list[Known]:
@@ -43,7 +108,7 @@ def read_known(directory: Path) -> list[Known]:
             data = json.loads(path.read_text(encoding="utf-8"))
             if "signature" not in data:
                 continue
-            out.append(Known(path.name, str(data["sut"]), str(data["verdict"]), re.compile(data["signature"])))
+            out.append(Known(path.name, str(data["sut"]), str(data["verdict"]), read_signature(data["signature"])))
         except (OSError, ValueError, KeyError, TypeError, re.error) as exc:
             raise KnownFindingsError(f"--skip-known: {path}: {type(exc).__name__}: {exc}") from None
     return out

@@ -20,13 +20,25 @@ class Verdict(str, Enum):
         return list(Verdict).index(self)
 
 
+class Excuse(str, Enum):
+    """Why a verdict of "pass" is not a real pass: a known finding explained the failure, the case was skipped
+    (it could not run or replay here), or a fault case failed without its fault too (not attributed to it)."""
+
+    KNOWN = "known"
+    SKIPPED = "skipped"
+    UNATTRIBUTED = "unattributed"
+
+
 @dataclass(frozen=True)
 class Judgement:
-    """A checker's answer: the verdict, the property it judged, and lines explaining any failure."""
+    """A checker's answer: the verdict, the property it judged, and lines explaining any failure; ``anomalies``
+    are the typed findings the lines were rendered from (properties.anomalies), ``excuse`` why a pass is not one."""
 
     property: str
     verdict: Verdict
     details: tuple[str, ...] = field(default=())
+    anomalies: tuple = field(default=())
+    excuse: str | None = None
 
     @property
     def ok(self) -> bool:

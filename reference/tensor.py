@@ -69,12 +69,82 @@ def _infer(array: np.ndarray) -> DType:
     raise TypeError(f"cannot infer a checkpoint dtype from numpy {array.dtype}; pass dtype_name")
 
 
-def diff(name: str, expected: Tensor, actual: Tensor) -> str | None:
-    """None when bitwise equal, else one line naming the tensor, the first differing index and both bits."""
+@dataclass(frozen=True)
+class Difference:
+    """One way a tensor of a state differs from what was expected; ``render`` is its line in a diff."""
+
+    tensor: str
+
+    what = ""  # stable name of the kind of difference
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+    def fields(self) -> dict:
+        """Plain JSON values, for matching (the bits as hex strings of the dtype's width, as rendered)."""
+        return {"difference": self.what, **{k: list(v) if isinstance(v, tuple) else v for k, v in vars(self).items()}}
+
+
+@dataclass(frozen=True)
+class Missing(Difference):
+    what = "missing"
+
+    def render(self) -> str:
+        return f"{self.tensor}: missing"
+
+
+@dataclass(frozen=True)
+class Unexpected(Difference):
+    what = "unexpected"
+
+    def render(self) -> str:
+        return f"{self.tensor}: unexpected"
+
+
+@dataclass(frozen=True)
+class DtypeDiffers(Difference):
+    expected: str
+    got: str
+    what = "dtype"
+
+    def render(self) -> str:
+        return f"{self.tensor}: dtype {self.got} != expected {self.expected}"
+
+
+@dataclass(frozen=True)
+class ShapeDiffers(Difference):
+    expected: tuple[int, ...]
+    got: tuple[int, ...]
+    what = "shape"
+
+    def render(self) -> str:
+        return f"{self.tensor}: shape {self.got} != expected {self.expected}"
+
+
+@dataclass(frozen=True)
+class BitsDiffer(Difference):
+    """Same dtype and shape, ``count`` of ``size`` elements differ; the first at ``index`` (bits as hex)."""
+
+    count: int
+    size: int
+    index: tuple[int, ...]
+    expected_bits: str
+    got_bits: str
+    expected_value: str
+    got_value: str
+    what = "bits"
+
+    def render(self) -> str:
+        return (f"{self.tensor}: {self.count} of {self.size} elements differ; first at index {list(self.index)}: "
+                f"expected {self.expected_bits} ({self.expected_value}), got {self.got_bits} ({self.got_value})")
+
+
+def difference(name: str, expected: Tensor, actual: Tensor) -> Difference | None:
+    """None when bitwise equal, else how ``actual`` differs: dtype, shape, or the first differing element."""
     if expected.dtype != actual.dtype:
-        return f"{name}: dtype {actual.dtype.name} != expected {expected.dtype.name}"
+        return DtypeDiffers(name, expected.dtype.name, actual.dtype.name)
     if expected.shape != actual.shape:
-        return f"{name}: shape {actual.shape} != expected {expected.shape}"
+        return ShapeDiffers(name, expected.shape, actual.shape)
     mismatch = expected.bits != actual.bits
     count = int(np.count_nonzero(mismatch))
     if count == 0:
@@ -84,19 +154,27 @@ def diff(name: str, expected: Tensor, actual: Tensor) -> str | None:
     width = expected.dtype.itemsize * 2
     e_bits = int(expected.bits.reshape(-1)[flat])
     a_bits = int(actual.bits.reshape(-1)[flat])
-    return (
-        f"{name}: {count} of {expected.bits.size} elements differ; first at index {list(index)}: "
-        f"expected 0x{e_bits:0{width}x} ({expected.dtype.decode(e_bits)}), "
-        f"got 0x{a_bits:0{width}x} ({actual.dtype.decode(a_bits)})"
-    )
+    return BitsDiffer(name, count, int(expected.bits.size), index, f"0x{e_bits:0{width}x}", f"0x{a_bits:0{width}x}",
+                      str(expected.dtype.decode(e_bits)), str(actual.dtype.decode(a_bits)))
+
+
+def diff(name: str, expected: Tensor, actual: Tensor) -> str | None:
+    """None when bitwise equal, else one line naming the tensor, the first differing index and both bits."""
+    found = difference(name, expected, actual)
+    return found.render() if found is not None else None
+
+
+def differences(expected: dict[str, Tensor], actual: dict[str, Tensor]) -> list[Difference]:
+    """All differences between two state dicts, missing and extra keys first."""
+    out: list[Difference] = [Missing(k) for k in sorted(expected.keys() - actual.keys())]
+    out += [Unexpected(k) for k in sorted(actual.keys() - expected.keys())]
+    for key in sorted(expected.keys() & actual.keys()):
+        found = difference(key, expected[key], actual[key])
+        if found is not None:
+            out.append(found)
+    return out
 
 
 def diff_states(expected: dict[str, Tensor], actual: dict[str, Tensor]) -> list[str]:
-    """All differences between two state dicts, missing and extra keys included."""
-    problems = [f"{k}: missing" for k in sorted(expected.keys() - actual.keys())]
-    problems += [f"{k}: unexpected" for k in sorted(actual.keys() - expected.keys())]
-    for key in sorted(expected.keys() & actual.keys()):
-        line = diff(key, expected[key], actual[key])
-        if line:
-            problems.append(line)
-    return problems
+    """All differences between two state dicts, missing and extra keys included, one line each."""
+    return [d.render() for d in differences(expected, actual)]

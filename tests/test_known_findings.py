@@ -3,6 +3,7 @@ failure that shows anything else still counts, and bad input is named in one lin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -10,14 +11,23 @@ from pathlib import Path
 
 import pytest
 
+from properties.anomalies import At, TensorDiffers, judged
 from properties.known import KnownFindingsError, explained_by, read_known
 from properties.verdicts import Judgement, Verdict
+from reference.tensor import BitsDiffer
 
 REGRESSIONS = Path(__file__).parent / "regressions"
-NAN = ("op 1 (load step-1), rank 0: model/b: 3 of 4 elements differ; first at index [0]: expected 0x7fc1 (nan), "
-       "got 0x7fc0 (nan)")
-OTHER = ("op 1 (load step-1), rank 1: model/w: 1 of 3 elements differ; first at index [2]: expected 0x3f80 (1.0), "
-         "got 0x0000 (0.0)")
+LOAD = At(1, "load", "step-1")
+NAN = TensorDiffers("P-ROUNDTRIP", LOAD, 0, BitsDiffer("model/b", 3, 4, (0,), "0x7fc1", "0x7fc0", "nan", "nan"))
+OTHER = TensorDiffers("P-ROUNDTRIP", LOAD, 1, BitsDiffer("model/w", 1, 3, (2,), "0x3f80", "0x0000", "1.0", "0.0"))
+
+
+def test_the_examples_read_as_a_real_diff_does() -> None:
+    assert judged([NAN, OTHER]).details == (
+        "op 1 (load step-1), rank 0: model/b: 3 of 4 elements differ; first at index [0]: expected 0x7fc1 (nan), "
+        "got 0x7fc0 (nan)",
+        "op 1 (load step-1), rank 1: model/w: 1 of 3 elements differ; first at index [2]: expected 0x3f80 (1.0), "
+        "got 0x0000 (0.0)")
 
 
 def test_the_uc_findings_carry_signatures() -> None:
@@ -29,13 +39,15 @@ def test_the_uc_findings_carry_signatures() -> None:
 def test_a_failure_is_known_only_if_every_line_is_explained() -> None:
     known = read_known(REGRESSIONS)
     silent = Verdict.SILENT_CORRUPTION
-    assert explained_by(known, "paddleformers-uc", Judgement("P-ROUNDTRIP", silent, (NAN,))) == \
-        "paddleformers-uc-bf16-nan-payload-sync-save.json"
-    assert explained_by(known, "paddleformers-uc", Judgement("P-EDGE", silent, (NAN, NAN.replace("rank 0", "rank 1"))))
-    assert explained_by(known, "paddleformers-uc", Judgement("P-ROUNDTRIP", silent, (NAN, OTHER))) is None
-    assert explained_by(known, "paddle-dcp", Judgement("P-ROUNDTRIP", silent, (NAN,))) is None  # another SUT
-    assert explained_by(known, "paddleformers-uc", Judgement("P-ROUNDTRIP", Verdict.DATA_LOSS, (NAN,))) is None
+    assert explained_by(known, "paddleformers-uc", judged([NAN])) == "paddleformers-uc-bf16-nan-payload-sync-save.json"
+    assert explained_by(known, "paddleformers-uc", judged([NAN, dataclasses.replace(NAN, rank=1)]))
+    assert explained_by(known, "paddleformers-uc", judged([NAN, OTHER])) is None
+    assert explained_by(known, "paddle-dcp", judged([NAN])) is None  # another SUT
+    lost = judged([NAN])
+    assert explained_by(known, "paddleformers-uc", dataclasses.replace(lost, verdict=Verdict.DATA_LOSS)) is None
     assert explained_by(known, "paddleformers-uc", Judgement("P-ROUNDTRIP", Verdict.PASS)) is None
+    bare = Judgement("P-ROUNDTRIP", silent, lost.details)  # lines without anomalies: nothing to match
+    assert explained_by(known, "paddleformers-uc", bare) is None
 
 
 def test_bad_known_findings_are_named(tmp_path: Path) -> None:
@@ -47,6 +59,14 @@ def test_bad_known_findings_are_named(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(KnownFindingsError, match=r"bad\.json: JSONDecodeError"):
         read_known(tmp_path)
+    for signature, message in [({"anomaly": "meteor"}, "must be one of"),
+                               ({"anomaly": "rank-hung", "colour": "red"}, r"no fields \['colour'\]"),
+                               ({"anomaly": "rank-hung", "message": {"regex": "(unclosed"}}, "error"),
+                               ({"anomaly": "rank-hung", "message": {"glob": "*"}}, "regex"),
+                               (3, "TypeError")]:
+        (tmp_path / "bad.json").write_text(json.dumps({"sut": "x", "verdict": "hang", "signature": signature}))
+        with pytest.raises(KnownFindingsError, match=message):
+            read_known(tmp_path)
     (tmp_path / "bad.json").write_text(json.dumps({"sut": "x", "verdict": "hang"}))  # no signature: left out
     assert read_known(tmp_path) == []
 

@@ -1,0 +1,436 @@
+"""Anomalies: what a judge found wrong, as typed facts (the op, the SUT's own error, versions, bits), each with the
+property it breaks and its verdict. A judgement's detail lines are rendered from them, and known findings match
+their types and fields (properties.known), so rewording a message never changes which failures are recognised.
+
+``kind`` names a type for good (kebab-case, used in regression files); ``render`` gives the detail line users read
+(``lines`` where an anomaly explains itself over several); ``to_json`` gives flat fields for matching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from reference.tensor import Difference
+
+from .verdicts import Judgement, Verdict
+
+# --- the facts anomalies cite -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class At:
+    """The op an anomaly is about, as its record names it."""
+
+    op: int
+    kind: str
+    name: str | None
+
+    def render(self) -> str:
+        return f"op {self.op} ({self.kind} {self.name or 'latest'})"
+
+
+@dataclass(frozen=True)
+class SutError:
+    """What a failed op said: the SUT's exception type and message, or the harness's "hang"/"crash" (``failure``)
+    when a rank stopped answering or died."""
+
+    error_type: str | None
+    message: str | None
+    failure: str | None = None
+
+    def render(self) -> str:
+        return f"{self.error_type}: {self.message}"
+
+
+def _prefix(at: At | None) -> str:
+    return f"{at.render()}: " if at is not None else ""
+
+
+# --- the anomaly types --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Anomaly:
+    """Base: the property broken; subclasses add the facts they cite and say how they read."""
+
+    property: str
+
+    kind: ClassVar[str] = ""
+    verdict_is: ClassVar[Verdict] = Verdict.SILENT_CORRUPTION
+
+    @property
+    def verdict(self) -> Verdict:
+        return self.verdict_is
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+    def lines(self) -> tuple[str, ...]:
+        return (self.render(),)
+
+    def fields(self) -> dict[str, Any]:
+        """Flat JSON values: an op as op/op_kind/name, an error as error_type/message/failure, a tensor difference
+        as its own fields, nested anomalies as lists of their JSON."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            _flatten(out, f.name, getattr(self, f.name))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"anomaly": self.kind, "verdict": self.verdict.value, **self.fields()}
+
+
+@dataclass(frozen=True)
+class _OpError(Anomaly):
+    """An op that failed: where and what the SUT (or the harness, for a hang or a crash) said."""
+
+    at: At | None
+    error: SutError
+
+    def render(self) -> str:
+        return f"{_prefix(self.at)}{self.error.render()}"
+
+
+@dataclass(frozen=True)
+class OpFailed(_OpError):
+    kind = "op-failed"
+    verdict_is = Verdict.LOUD_FAILURE
+
+
+@dataclass(frozen=True)
+class RankHung(_OpError):
+    kind = "rank-hung"
+    verdict_is = Verdict.HANG
+
+
+@dataclass(frozen=True)
+class RankDied(_OpError):
+    kind = "rank-died"
+    verdict_is = Verdict.CRASH
+
+
+def op_failure(prop: str, at: At | None, error: SutError) -> _OpError:
+    """The anomaly of a failed op by how it failed: a hang, a dead rank, or an error the SUT raised."""
+    cls = {"hang": RankHung, "crash": RankDied}.get(error.failure or "", OpFailed)
+    return cls(prop, at, error)
+
+
+@dataclass(frozen=True)
+class FailedAfterFault(_OpError):
+    """A fault case's op after the faulted one failed: the job must recover."""
+
+    kind = "failed-after-fault"
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.CRASH if self.error.failure else Verdict.LOUD_FAILURE
+
+    def render(self) -> str:
+        return f"after the fault: {super().render()}"
+
+
+@dataclass(frozen=True)
+class FaultKilledRank(_OpError):
+    """A fault meant to make an op fail (an IO error, a stall, ...) killed a rank instead."""
+
+    fault: str
+    kind = "fault-killed-rank"
+    verdict_is = Verdict.CRASH
+
+    def render(self) -> str:
+        return f"a {self.fault} fault killed a rank instead of an error: {super().render()}"
+
+
+@dataclass(frozen=True)
+class LoadStopped(_OpError):
+    """A load whose rank hung or died (the history checker names it by the harness's message alone)."""
+
+    kind = "load-stopped"
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.HANG if self.error.failure == "hang" else Verdict.CRASH
+
+    def render(self) -> str:
+        return f"{_prefix(self.at)}{self.error.message}"
+
+
+@dataclass(frozen=True)
+class _LostSave(_OpError):
+    """A load of an acknowledged save (``version``, saved by op ``save_op``) that failed."""
+
+    version: int
+    save_op: int
+
+
+@dataclass(frozen=True)
+class SaveAfterFaultLost(_LostSave):
+    kind = "save-after-fault-lost"
+    verdict_is = Verdict.LOUD_FAILURE
+
+    def render(self) -> str:
+        return f"the save after the fault does not load: {super().render()}"
+
+
+@dataclass(frozen=True)
+class AcknowledgedLost(_LostSave):
+    kind = "acknowledged-lost"
+    verdict_is = Verdict.DATA_LOSS
+
+    def render(self) -> str:
+        return f"acknowledged version {self.version} (op {self.save_op}) no longer loads: {super().render()}"
+
+
+@dataclass(frozen=True)
+class UnclearError(_OpError):
+    """A load of an unacknowledged or damaged checkpoint failed, but not with one of the SUT's clear errors."""
+
+    kind = "unclear-error"
+    verdict_is = Verdict.LOUD_FAILURE
+
+    def render(self) -> str:
+        return f"unclear error about an incomplete or damaged checkpoint: {super().render()}"
+
+
+@dataclass(frozen=True)
+class LoadedUnsaved(Anomaly):
+    """A load gave data although nothing was ever acknowledged or attempted under its name."""
+
+    at: At
+    kind = "loaded-unsaved"
+
+    def render(self) -> str:
+        return f"{self.at.render()}: loaded data although no checkpoint was ever acknowledged or attempted"
+
+
+@dataclass(frozen=True)
+class OlderCameBack(Anomaly):
+    """A load gave an older checkpoint (``older_version`` of op ``older_op``) instead of the acknowledged one."""
+
+    at: At
+    version: int
+    save_op: int
+    older_version: int
+    older_op: int
+    kind = "older-came-back"
+    verdict_is = Verdict.DATA_LOSS
+
+    def render(self) -> str:
+        return (f"{self.at.render()}: an older checkpoint came back instead of acknowledged version {self.version} "
+                f"(op {self.save_op})")
+
+
+@dataclass(frozen=True)
+class CorruptionRedirected(OlderCameBack):
+    """After a corruption, the load gave an older checkpoint: wrong data, however genuine its bits."""
+
+    kind = "corruption-redirected"
+    verdict_is = Verdict.SILENT_CORRUPTION
+
+    def render(self) -> str:
+        return (f"{self.at.render()}: after a corruption, the older version {self.older_version} (op "
+                f"{self.older_op}) loaded silently instead of acknowledged version {self.version} (op {self.save_op})")
+
+
+@dataclass(frozen=True)
+class TensorDiffers(Anomaly):
+    """One tensor of one rank differs from what it must be (``against`` the oracle's "expected" state, or what the
+    "reference" engine's run gave)."""
+
+    at: At | None
+    rank: int | None
+    difference: Difference
+    against: str = "expected"
+    kind = "tensor-differs"
+
+    def render(self) -> str:
+        head = ", ".join(p for p in (self.at.render() if self.at else "",
+                                     f"rank {self.rank}" if self.rank is not None else "") if p)
+        head += " vs reference" if self.against == "reference" else ""
+        return f"{head}: {self.difference.render()}" if head else self.difference.render()
+
+
+@dataclass(frozen=True)
+class LoadedNoVersion(Anomaly):
+    """A load gave a state that is none of the allowed ``versions`` (a mix, or garbage); the differences are against
+    version ``closest`` (the first eight lines of them)."""
+
+    at: At
+    versions: tuple[int, ...]
+    closest: int
+    differences: tuple[TensorDiffers, ...]
+    kind = "loaded-none-of-versions"
+
+    def render(self) -> str:
+        return "\n".join(self.lines())
+
+    def lines(self) -> tuple[str, ...]:
+        return (f"{self.at.render()}: loaded state is none of versions {list(self.versions)} (diff against version "
+                f"{self.closest}):", *(d.render() for d in self.differences))
+
+
+@dataclass(frozen=True)
+class ResumedRunDiffers(Anomaly):
+    """A resumed training run's state at ``step`` differs from the uninterrupted run's (first eight lines)."""
+
+    at: At
+    step: int
+    differences: tuple[TensorDiffers, ...]
+    kind = "resumed-run-differs"
+
+    def render(self) -> str:
+        return "\n".join(self.lines())
+
+    def lines(self) -> tuple[str, ...]:
+        return (f"{self.at.render()}: the resumed run differs from the uninterrupted run at step {self.step}:",
+                *(d.render() for d in self.differences))
+
+
+@dataclass(frozen=True)
+class RotationDeletedLast(Anomaly):
+    """A rotation excused losing acknowledged ``version`` (op ``save_op``; the load at ``at`` failed), but every
+    newer save it counted (``newer``, by name) failed to load too."""
+
+    at: At
+    version: int
+    save_op: int
+    newer: tuple[str | None, ...]
+    kind = "rotation-deleted-last"
+    verdict_is = Verdict.DATA_LOSS
+
+    def render(self) -> str:
+        return (f"{self.at.render()}: acknowledged version {self.version} (op {self.save_op}) was rotated away, and no "
+                f"newer checkpoint loads either ({', '.join(str(n) for n in self.newer)}): the rotation deleted the "
+                "last complete checkpoint while its successor was incomplete")
+
+
+@dataclass(frozen=True)
+class CoverViolated(Anomaly):
+    """What a save wrote does not cover a tensor exactly once (``error_type``: MissingSlices, OverlappingSlices)."""
+
+    at: At | None
+    tensor: str
+    error_type: str
+    message: str
+    kind = "cover-violated"
+
+    def render(self) -> str:
+        return f"{_prefix(self.at)}{self.message}"
+
+
+@dataclass(frozen=True)
+class OutcomeDiffers(Anomaly):
+    """The SUT and the reference engine disagree on whether an op succeeded (None: it did)."""
+
+    at: At
+    sut: SutError | None
+    reference: SutError | None
+    kind = "outcome-differs-from-reference"
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.LOUD_FAILURE if self.sut is not None else Verdict.SILENT_CORRUPTION
+
+    def render(self) -> str:
+        said = self.sut.render() if self.sut is not None else "succeeded"
+        theirs = self.reference.render() if self.reference is not None else "succeeded"
+        return f"{self.at.render()}: SUT {said}; reference {theirs}"
+
+
+@dataclass(frozen=True)
+class OpsMissing(Anomaly):
+    """Fewer ops ran than the case has: the run stopped early."""
+
+    ran: int
+    total: int
+    kind = "ops-missing"
+    verdict_is = Verdict.CRASH
+
+    def render(self) -> str:
+        return f"only {self.ran} of {self.total} ops ran"
+
+
+TYPES: dict[str, type[Anomaly]] = {cls.kind: cls for cls in (
+    OpFailed, RankHung, RankDied, FailedAfterFault, FaultKilledRank, LoadStopped, SaveAfterFaultLost,
+    AcknowledgedLost, UnclearError, LoadedUnsaved, OlderCameBack, CorruptionRedirected, TensorDiffers,
+    LoadedNoVersion, ResumedRunDiffers, RotationDeletedLast, CoverViolated, OutcomeDiffers, OpsMissing)}
+
+
+# --- judgements from anomalies ------------------------------------------------------------------------------------
+
+
+def judged(anomalies: Sequence[Anomaly]) -> Judgement:
+    """The judgement these anomalies make (they agree on property and verdict): their lines are its details."""
+    first = anomalies[0]
+    if any((a.property, a.verdict) != (first.property, first.verdict) for a in anomalies):
+        raise ValueError("anomalies of one judgement must agree on property and verdict")
+    return Judgement(first.property, first.verdict, tuple(line for a in anomalies for line in a.lines()),
+                     tuple(anomalies))
+
+
+# --- JSON ---------------------------------------------------------------------------------------------------------
+
+
+def _flatten(out: dict[str, Any], name: str, value: Any) -> None:
+    if name == "at":
+        out.update(op=value.op if value else None, op_kind=value.kind if value else None,
+                   name=value.name if value else None)
+    elif name in ("error", "sut", "reference"):
+        prefix = "" if name == "error" else f"{name}_"
+        for key in ("error_type", "message", "failure"):
+            out[prefix + key] = getattr(value, key) if value is not None else None
+    elif name == "difference":
+        out.update(value.fields())
+    elif name == "differences":
+        out[name] = [d.to_json() for d in value]
+    else:
+        out[name] = list(value) if isinstance(value, tuple) else value
+
+
+def from_json(data: dict[str, Any]) -> Anomaly:
+    """The anomaly ``to_json`` gave (round trip)."""
+    cls = TYPES[data["anomaly"]]
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name == "at":
+            kwargs[f.name] = At(data["op"], data["op_kind"], data["name"]) if data["op"] is not None else None
+        elif f.name in ("error", "sut", "reference"):
+            prefix = "" if f.name == "error" else f"{f.name}_"
+            parts = [data[prefix + k] for k in ("error_type", "message", "failure")]
+            kwargs[f.name] = None if parts == [None, None, None] else SutError(*parts)
+        elif f.name == "difference":
+            kwargs[f.name] = _difference(data)
+        elif f.name == "differences":
+            kwargs[f.name] = tuple(from_json(d) for d in data[f.name])
+        else:
+            kwargs[f.name] = tuple(data[f.name]) if isinstance(data[f.name], list) else data[f.name]
+    return cls(**kwargs)
+
+
+def _difference(data: dict[str, Any]) -> Difference:
+    cls = next(c for c in _subclasses(Difference) if c.what == data["difference"])
+    return cls(**{f.name: tuple(data[f.name]) if isinstance(data[f.name], list) else data[f.name]
+                  for f in dataclasses.fields(cls)})
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [sub for direct in cls.__subclasses__() for sub in (direct, *_subclasses(direct))]
+
+
+def field_names(cls: type[Anomaly]) -> frozenset[str]:
+    """The keys ``to_json`` gives for anomalies of ``cls`` (any kind of tensor difference's, for a difference)."""
+    names = {"anomaly", "verdict"}
+    for f in dataclasses.fields(cls):
+        if f.name == "at":
+            names |= {"op", "op_kind", "name"}
+        elif f.name in ("error", "sut", "reference"):
+            prefix = "" if f.name == "error" else f"{f.name}_"
+            names |= {prefix + k for k in ("error_type", "message", "failure")}
+        elif f.name == "difference":
+            names |= {"difference", *(g.name for c in _subclasses(Difference) for g in dataclasses.fields(c))}
+        else:
+            names.add(f.name)
+    return frozenset(names)

@@ -1,0 +1,122 @@
+"""Every anomaly type renders its detail line and round-trips through JSON; judgements are the rendered lines of
+their anomalies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from properties.anomalies import (
+    TYPES,
+    AcknowledgedLost,
+    Anomaly,
+    At,
+    CorruptionRedirected,
+    CoverViolated,
+    FailedAfterFault,
+    FaultKilledRank,
+    LoadedNoVersion,
+    LoadedUnsaved,
+    LoadStopped,
+    OlderCameBack,
+    OpFailed,
+    OpsMissing,
+    OutcomeDiffers,
+    RankDied,
+    RankHung,
+    ResumedRunDiffers,
+    RotationDeletedLast,
+    SaveAfterFaultLost,
+    SutError,
+    TensorDiffers,
+    UnclearError,
+    field_names,
+    from_json,
+    judged,
+)
+from reference.tensor import BitsDiffer, DtypeDiffers, Missing, ShapeDiffers, Unexpected
+
+LOAD, SAVE = At(4, "load", None), At(2, "save", "step-1")
+ERR = SutError("CheckpointIncomplete", "rank 0: no commit marker")
+HANG = SutError("hang", "rank 1 did not finish op 2", "hang")
+BITS = BitsDiffer("model/w", 1, 4, (0, 1), "0x3f80", "0x0000", "1.0", "0.0")
+DIFFS = (TensorDiffers("P-ATOMIC", None, 0, BITS), TensorDiffers("P-ATOMIC", None, 1, Missing("ema/w")))
+
+EXAMPLES: list[tuple[Anomaly, str]] = [
+    (OpFailed("P-EDGE", SAVE, ERR), "op 2 (save step-1): CheckpointIncomplete: rank 0: no commit marker"),
+    (OpFailed("P-DIFF", None, SutError("KeyError", "'w'")), "KeyError: 'w'"),
+    (RankHung("P-LIVENESS", SAVE, HANG), "op 2 (save step-1): hang: rank 1 did not finish op 2"),
+    (RankDied("P-ATOMIC", SAVE, SutError("crash", "rank 0 died", "crash")), "op 2 (save step-1): crash: rank 0 died"),
+    (FailedAfterFault("P-ATOMIC", SAVE, ERR),
+     "after the fault: op 2 (save step-1): CheckpointIncomplete: rank 0: no commit marker"),
+    (FaultKilledRank("P-LIVENESS", SAVE, SutError("crash", "rank 0 died", "crash"), "error"),
+     "a error fault killed a rank instead of an error: op 2 (save step-1): crash: rank 0 died"),
+    (LoadStopped("P-LIVENESS", LOAD, HANG), "op 4 (load latest): rank 1 did not finish op 2"),
+    (SaveAfterFaultLost("P-ATOMIC", LOAD, ERR, 2, 5),
+     "the save after the fault does not load: op 4 (load latest): CheckpointIncomplete: rank 0: no commit marker"),
+    (AcknowledgedLost("P-NOLOSS", LOAD, ERR, 1, 2), "acknowledged version 1 (op 2) no longer loads: op 4 (load "
+                                                    "latest): CheckpointIncomplete: rank 0: no commit marker"),
+    (UnclearError("P-CORRUPT", LOAD, ERR), "unclear error about an incomplete or damaged checkpoint: op 4 (load "
+                                           "latest): CheckpointIncomplete: rank 0: no commit marker"),
+    (LoadedUnsaved("P-ATOMIC", LOAD),
+     "op 4 (load latest): loaded data although no checkpoint was ever acknowledged or attempted"),
+    (OlderCameBack("P-ATOMIC", LOAD, 1, 2, 0, 0),
+     "op 4 (load latest): an older checkpoint came back instead of acknowledged version 1 (op 2)"),
+    (CorruptionRedirected("P-CORRUPT", LOAD, 1, 2, 0, 0), "op 4 (load latest): after a corruption, the older "
+                                                          "version 0 (op 0) loaded silently instead of acknowledged "
+                                                          "version 1 (op 2)"),
+    (TensorDiffers("P-ROUNDTRIP", LOAD, 1, BITS), "op 4 (load latest), rank 1: model/w: 1 of 4 elements differ; "
+                                                  "first at index [0, 1]: expected 0x3f80 (1.0), got 0x0000 (0.0)"),
+    (TensorDiffers("P-DIFF", LOAD, 0, DtypeDiffers("b", "F32", "I32"), "reference"),
+     "op 4 (load latest), rank 0 vs reference: b: dtype I32 != expected F32"),
+    (TensorDiffers("P-DIFF", None, None, ShapeDiffers("b", (3,), (4,))), "b: shape (4,) != expected (3,)"),
+    (TensorDiffers("P-DIFF", None, 0, Unexpected("extra")), "rank 0: extra: unexpected"),
+    (LoadedNoVersion("P-ATOMIC", LOAD, (1, 2), 1, DIFFS),
+     "op 4 (load latest): loaded state is none of versions [1, 2] (diff against version 1):\n"
+     "rank 0: model/w: 1 of 4 elements differ; first at index [0, 1]: expected 0x3f80 (1.0), got 0x0000 (0.0)\n"
+     "rank 1: ema/w: missing"),
+    (ResumedRunDiffers("P-RESUME", At(3, "train", None), 3, DIFFS[1:]),
+     "op 3 (train latest): the resumed run differs from the uninterrupted run at step 3:\nrank 1: ema/w: missing"),
+    (RotationDeletedLast("P-NOLOSS", LOAD, 0, 0, ("step-1", "step-2")),
+     "op 4 (load latest): acknowledged version 0 (op 0) was rotated away, and no newer checkpoint loads either "
+     "(step-1, step-2): the rotation deleted the last complete checkpoint while its successor was incomplete"),
+    (CoverViolated("P-ROUNDTRIP", SAVE, "w", "MissingSlices", "tensor 'w': element 4 (flat index) is in no saved "
+                   "slice"), "op 2 (save step-1): tensor 'w': element 4 (flat index) is in no saved slice"),
+    (OutcomeDiffers("P-DIFF", LOAD, None, ERR),
+     "op 4 (load latest): SUT succeeded; reference CheckpointIncomplete: rank 0: no commit marker"),
+    (OutcomeDiffers("P-DIFF", LOAD, ERR, None),
+     "op 4 (load latest): SUT CheckpointIncomplete: rank 0: no commit marker; reference succeeded"),
+    (OpsMissing("P-ATOMIC", 3, 5), "only 3 of 5 ops ran"),
+]
+
+
+def test_every_anomaly_type_has_an_example() -> None:
+    assert {a.kind for a, _ in EXAMPLES} == set(TYPES)
+
+
+@pytest.mark.parametrize("anomaly, text", EXAMPLES, ids=[f"{a.kind}-{i}" for i, (a, _) in enumerate(EXAMPLES)])
+def test_renders_and_round_trips(anomaly: Anomaly, text: str) -> None:
+    assert anomaly.render() == text
+    assert "\n".join(anomaly.lines()) == text
+    data = json.loads(json.dumps(anomaly.to_json()))
+    assert data["anomaly"] == anomaly.kind and data["verdict"] == anomaly.verdict.value
+    assert from_json(data) == anomaly
+    assert set(data) <= field_names(type(anomaly))
+
+
+def test_a_judgement_is_the_lines_of_its_anomalies() -> None:
+    first, second = DIFFS
+    j = judged([first, second])
+    assert j.details == (first.render(), second.render()) and j.anomalies == (first, second)
+    assert (j.property, j.verdict.value) == ("P-ATOMIC", "silent-corruption")
+    with pytest.raises(ValueError, match="agree"):
+        judged([first, OpsMissing("P-ATOMIC", 1, 2)])
+
+
+def test_verdicts_follow_the_facts() -> None:
+    assert OutcomeDiffers("P-DIFF", LOAD, ERR, None).verdict.value == "loud-failure"
+    assert OutcomeDiffers("P-DIFF", LOAD, None, ERR).verdict.value == "silent-corruption"
+    assert LoadStopped("P-LIVENESS", LOAD, HANG).verdict.value == "hang"
+    assert FailedAfterFault("P-ATOMIC", SAVE, HANG).verdict.value == "crash"
+    assert FailedAfterFault("P-ATOMIC", SAVE, ERR).verdict.value == "loud-failure"

@@ -1,0 +1,144 @@
+"""Known-finding signatures match anomaly types and fields. Each UC finding's failure (PaddleFormers is not needed)
+is rebuilt from its case file with the records its run gives, judged as the harness judges it: the structured
+signature explains it, exactly where the legacy line pattern it replaced did, and still does once the text is
+reworded; a failure with other facts is not explained."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from properties import anomalies
+from properties.atomic import judge_history
+from properties.case import Case, read_case_file
+from properties.judge import judge
+from properties.known import Known, explained_by, read_known, read_signature
+from properties.outcome import OpRecord, Outcome
+from properties.verdicts import Judgement
+from reference.engine import local_tensors
+from reference.tensor import Tensor
+
+REGRESSIONS = Path(__file__).parent / "regressions"
+SUT = "paddleformers-uc"
+# The line patterns the UC findings carried before their signatures were structured.
+LEGACY = {
+    "async-only-zero-size-save-fails":
+        r"\(save [^)]*\): ValueError: rank \d+: 'size' must be a positive number different from zero",
+    "async-zero-size-shape-lost": r"expect shape paddle\.Size\(\[[0-9, ]*\]\), but got paddle\.Size\(\[[0-9, ]*\]\)",
+    "bf16-nan-payload-sync-save":
+        r"elements differ; first at index \[[0-9, ]*\]: expected 0x[0-9a-f]+ \(nan\), got 0x[0-9a-f]+ \(nan\)$",
+    "dp2-fp32-resume-on-one-rank": r"Can't find a optimizer index \([^)]*master_weights\.safetensors\.index\.json\)",
+    "empty-model-save": r"\(save [^)]*\): IndexError: rank \d+: list index out of range",
+    "killed-writer-deadlocks-next-save": r"\(save [^)]*\): hang: rank \d+ did not finish op \d+",
+    "pdc-async-no-checkpoint-found":
+        r"\(load latest\): FileNotFoundError: rank \d+: get_last_checkpoint found no checkpoint-N under",
+    "zero-size-param-dp2": r"Size of tensor should be greater than 0",
+}
+
+
+def _failed(rec: OpRecord, error_type: str, message: str, failure: str | None = None) -> OpRecord:
+    return dataclasses.replace(rec, ok=False, error_type=error_type, error=message, failure=failure)
+
+
+def _state(case: Case, version: int, rank: int = 0) -> dict[str, Tensor]:
+    return {n: lt.tensor for n, lt in local_tensors(case.expected(version, "load"), case.layouts("load"), rank).items()}
+
+
+def _nan_payloads_canonicalised(case: Case, version: int) -> dict[int, dict[str, Tensor]]:
+    """What UC's sync save gives back: every BF16 NaN as the canonical quiet NaN."""
+    state = _state(case, version)
+    for name, t in state.items():
+        if t.dtype.name == "BF16":
+            bits = t.bits.copy()
+            nan = ((bits & 0x7F80) == 0x7F80) & ((bits & 0x7F) != 0)
+            bits[nan] = (bits[nan] & 0x8000) | 0x7FC0
+            state[name] = Tensor(t.dtype, bits.astype(np.uint16))
+    return {0: state}
+
+
+def _records(stem: str, case: Case) -> list[OpRecord]:
+    """The records a run of the finding's case gives on UC (its failure as FINDINGS.md describes it)."""
+    recs = [OpRecord(i, op.kind, op.name) for i, op in enumerate(case.ops)]
+    if stem == "async-only-zero-size-save-fails":
+        recs[0] = _failed(recs[0], "ValueError", "rank 1: 'size' must be a positive number different from zero")
+        recs[1] = _failed(recs[1], "FileNotFoundError", "rank 0: no checkpoint-1 under the output dir")
+    elif stem == "async-zero-size-shape-lost":
+        recs[1] = _failed(recs[1], "ValueError", "rank 0: (InvalidArgument) expect shape paddle.Size([0, 4]), but "
+                                                 "got paddle.Size([0])")
+    elif stem == "bf16-nan-payload-sync-save":
+        recs[1].loaded = _nan_payloads_canonicalised(case, case.ops[1].version)
+    elif stem == "dp2-fp32-resume-on-one-rank":
+        recs[1] = _failed(recs[1], "ValueError", "rank 0: Can't find a optimizer index (out/checkpoint-1/"
+                                                 "master_weights.safetensors.index.json)")
+    elif stem == "empty-model-save":
+        recs[0] = _failed(recs[0], "IndexError", "rank 0: list index out of range")
+        recs[1] = _failed(recs[1], "FileNotFoundError", "rank 0: no checkpoint-1")
+    elif stem == "killed-writer-deadlocks-next-save":
+        recs[3] = _failed(recs[3], "hang", "rank 0 did not finish op 3", "hang")
+        recs = recs[:4]  # the harness stops the ranks after a hang
+    elif stem == "pdc-async-no-checkpoint-found":
+        recs[2] = _failed(recs[2], "FileNotFoundError", "rank 0: get_last_checkpoint found no checkpoint-N under out")
+    elif stem == "zero-size-param-dp2":
+        recs[1] = _failed(recs[1], "OSError", "rank 1: (PreconditionNotMet) Size of tensor should be greater than 0.")
+    return recs
+
+
+def _judged(case: Case, recs: list[OpRecord]) -> Judgement:
+    """As harness.fuzz.Judge judges a fault-free case."""
+    outcome = Outcome(SUT, recs)
+    if case.sequence or case.property == "P-ATOMIC":
+        return judge_history(case, outcome, None)
+    return judge(case, outcome)
+
+
+FINDINGS = sorted(REGRESSIONS.glob(f"{SUT}-*.json"))
+
+
+@pytest.fixture(scope="module")
+def known() -> list[Known]:
+    return read_known(REGRESSIONS)
+
+
+@pytest.mark.parametrize("path", FINDINGS, ids=[p.stem for p in FINDINGS])
+def test_the_structured_signature_explains_what_the_legacy_pattern_did(path: Path, known: list[Known]) -> None:
+    case, finding = read_case_file(path)
+    stem = path.stem.removeprefix(f"{SUT}-")
+    assert isinstance(finding["signature"], dict), "UC findings carry structured signatures"
+    j = _judged(case, _records(stem, case))
+    assert j.verdict.value == finding["verdict"] and finding["expect"] in "\n".join(j.details), j
+    assert all(re.search(LEGACY[stem], line) for line in j.details), j.details  # the failure it stood for
+    assert explained_by(known, SUT, j) == path.name
+    legacy = Known(path.name, SUT, finding["verdict"], read_signature(LEGACY[stem]))
+    assert explained_by([legacy], SUT, j) == path.name  # a string signature still works as before
+
+
+@pytest.mark.parametrize("path", FINDINGS, ids=[p.stem for p in FINDINGS])
+def test_a_reworded_message_is_still_recognised(path: Path, known: list[Known],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    case, _ = read_case_file(path)
+    for cls in anomalies.TYPES.values():
+        monkeypatch.setattr(cls, "render", lambda self: f"reworded {self.kind}")
+        monkeypatch.setattr(cls, "lines", lambda self: (f"reworded {self.kind}",))
+    j = _judged(case, _records(path.stem.removeprefix(f"{SUT}-"), case))
+    assert all(line.startswith("reworded") for line in j.details)
+    assert explained_by(known, SUT, j) == path.name
+
+
+def test_other_facts_are_not_explained(known: list[Known]) -> None:
+    path = REGRESSIONS / f"{SUT}-empty-model-save.json"
+    case, _ = read_case_file(path)
+    recs = _records("empty-model-save", case)
+    assert explained_by(known, SUT, _judged(case, recs)) == path.name
+    for change in ({"error_type": "KeyError"}, {"error": "rank 0: list assignment index out of range"}):
+        other = [dataclasses.replace(recs[0], **change), *recs[1:]]
+        assert explained_by(known, SUT, _judged(case, other)) is None, change
+    load_failed = [OpRecord(0, "save", "step-1"), recs[1]]  # only the load fails: another op
+    assert explained_by(known, SUT, _judged(case, load_failed)) is None
+    nan = REGRESSIONS / f"{SUT}-bf16-nan-payload-sync-save.json"
+    case, _ = read_case_file(nan)
+    rec = OpRecord(1, "load", "step-1", loaded={0: _state(case, 1)})  # a stale version: not NaN payloads
+    assert explained_by(known, SUT, _judged(case, [OpRecord(0, "save", "step-1"), rec])) is None
