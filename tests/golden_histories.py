@@ -28,6 +28,25 @@ ERRORS = (*CLEAR, "KeyError", "UnicodeDecodeError", "ValueError")
 KINDS = ("save", "save", "save", "load", "load", "load", "wait", "kill", "restart", "rotate", "corrupt", "train")
 FAULTS = ("kill", "error", "corrupt", "state", "stall", "kill-when")
 
+# The fields each fault kind needs besides kind and op; the history checker reads only kind and op.
+FIELDS = {
+    "kill": {"syscall": "write", "k": 1},
+    "error": {"syscall": "write", "k": 1, "errno": "EIO"},
+    "fsize": {"limit": 64},
+    "kill-when": {"delay": 0.0},
+    "stall": {"duration": 1.0, "delay": 0.0},
+    "state": {"state": {}},
+    "corrupt": {"seed": 0, "corruption": "bitflip"},
+    "point": {"index": 0},
+    "power": {"index": 0},
+    "record": {},
+}
+
+
+def _fault(kind: str, op: int) -> dict:
+    return {"kind": kind, "op": op, **FIELDS[kind]}
+
+
 
 def base_case() -> Case:
     """Two ranks, four small tensors: sharded BF16 and F32, a replicated F32 bias and replicated U8 bytes."""
@@ -134,7 +153,7 @@ def history(seed: int) -> tuple[Case, Outcome, tuple[str, ...] | None]:
     saves = [i for i, op in enumerate(ops) if op.kind == "save"]
     if saves and rng.random() < 0.4:
         kind = rng.choice(FAULTS)
-        changes["fault"] = {"kind": kind, "op": rng.choice(saves)}
+        changes["fault"] = _fault(kind, rng.choice(saves))
         outcome.fault = {"kind": kind, "fired": True}
         if rng.random() < 0.3:
             outcome.fault["acknowledged"] = rng.random() < 0.5
@@ -157,7 +176,7 @@ def rotation(seed: int) -> tuple[Case, Outcome, tuple[str, ...]]:
         ops.append(Op("rotate", keep=rng.randint(1, 2)))
         recs.append(OpRecord(count, "rotate", None))
     if rng.random() < 0.5:
-        changes["fault"] = {"kind": "kill", "op": count - 1}
+        changes["fault"] = _fault("kill", count - 1)
         outcome.fault = {"kind": "kill", "fired": True}
         recs[count - 1] = OpRecord(count - 1, "save", f"step-{count - 1}", ok=False, error_type="Killed", error="k")
     for v in rng.sample(range(count), rng.randint(1, count)):
