@@ -17,7 +17,7 @@ from properties.case import Case, CaseError
 from properties.judge import judge, judge_diff
 from properties.known import Known, explained_by
 from properties.outcome import Outcome
-from properties.verdicts import Judgement, Verdict
+from properties.verdicts import Excuse, Judgement, Verdict
 
 from .faultrun import concrete_fault
 from .run import run_case
@@ -47,7 +47,8 @@ class Judge:
         if known is None:
             return judgement, outcome
         self.known_hits[known] += 1
-        return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",)), outcome
+        return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",),
+                         judgement.anomalies, Excuse.KNOWN), outcome
 
     def _judge(self, case: Case) -> tuple[Judgement, Outcome]:
         if case.fault is not None and case.fault.drawn:
@@ -69,11 +70,13 @@ class Judge:
         """A drawn fault, judged as the concrete fault it picks from a recording of this very case."""
         concrete = concrete_fault(case, self.runners)
         if concrete is None:
-            return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",)), Outcome(case.sut)
+            return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",),
+                             excuse=Excuse.SKIPPED), Outcome(case.sut)
         try:
             judgement, outcome = self(concrete)
         except Unreplayable as exc:
-            return Judgement(case.property, Verdict.PASS, (f"skipped: {exc}",)), Outcome(case.sut)
+            skipped = Judgement(case.property, Verdict.PASS, (f"skipped: {exc}",), excuse=Excuse.SKIPPED)
+            return skipped, Outcome(case.sut)
         outcome.resolved_fault = concrete.fault
         return judgement, outcome
 
@@ -89,7 +92,7 @@ class Judge:
             return judgement
         return Judgement(case.property, Verdict.PASS,
                          (f"not attributed to the fault: the case fails without it too ({plain.verdict.value}: "
-                          f"{'; '.join(plain.details)[:300]})",))
+                          f"{'; '.join(plain.details)[:300]})",), judgement.anomalies, Excuse.UNATTRIBUTED)
 
     def _run(self, case: Case) -> Outcome:
         """Run the case; a power-loss state needs the save's IO in the order it was enumerated from, and ranks

@@ -47,7 +47,6 @@ def _fault(kind: str, op: int) -> dict:
     return {"kind": kind, "op": op, **FIELDS[kind]}
 
 
-
 def base_case() -> Case:
     """Two ranks, four small tensors: sharded BF16 and F32, a replicated F32 bias and replicated U8 bytes."""
     mesh = Mesh((2,))
