@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from .case import Case, Op
 from .case_strategies import Caps, _layouts_for, mesh_of, options, tensor_cases
 
-FAULT_PROPERTIES = ("P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS")
 FAULT_OP = 1  # the save the fault hits in fault_ops
 ERRNOS = ("ENOSPC", "EIO", "EDQUOT")
 CORRUPTIONS = ("bitflip", "truncate", "append", "delete", "stale_marker", "zero_range")
