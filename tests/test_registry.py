@@ -5,14 +5,16 @@ package has no import cycle."""
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from harness.cli import _faults_note
+from harness.cli import _faults_note, main
 from harness.sut import adapter_class
+from harness.sut.reference import ReferenceSut
 from properties.case import Case, Op
 from properties.registry import (
     FAULT_PROPERTIES,
@@ -58,6 +60,27 @@ def test_skip_reasons_are_pinned() -> None:
     }
     assert NO_TRAINING_STATE == "SUT cannot hold a training state (needs F32, I64 and a parameter dtype)"
     assert drawable_properties(REFERENCE_CAPS, faults=True) == default_properties(faults=True)
+
+
+class ClaimsLittleSut(ReferenceSut):
+    """The reference claiming F32 tensors and nothing else: ``fuzz`` must skip what it cannot be given."""
+
+    capabilities = frozenset({"dtype:F32"})
+
+
+def test_fuzz_skips_and_refuses_as_before(tmp_path: Path, capsys) -> None:
+    sut = f"{__name__}:ClaimsLittleSut"
+    argv = ["fuzz", "--sut", sut, "--ranks", "1", "--time", "1", "--out", str(tmp_path), "--launch", "in-process",
+            "--seed", "1"]
+    assert main([*argv, "--property", "P-RESHARD", "--property", "P-EMA", "--property", "P-ROUNDTRIP"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))
+    assert summary["skipped_properties"] == {"P-RESHARD": "SUT does not claim 'reshard'", "P-EMA": NO_TRAINING_STATE}
+    capsys.readouterr()
+    assert main([*argv, "--property", "P-ROUNDTRIP", "--property", "P-ATOMIC"]) == 2
+    assert capsys.readouterr().err == "ckpt-harness: error: properties ['P-ATOMIC'] inject faults: add --faults\n"
+    assert main([*argv, "--property", "P-NOPE"]) == 2
+    assert capsys.readouterr().err == ("ckpt-harness: error: unknown property IDs ['P-NOPE']; see `ckpt-harness "
+                                       "list`\n")
 
 
 def test_checkers() -> None:
