@@ -83,39 +83,84 @@ class PropertySpec:
         return self.skip_reason(capabilities) is None
 
 
-def _spec(*args, **kwargs) -> tuple[str, PropertySpec]:
-    spec = PropertySpec(*args, **kwargs)
-    return spec.id, spec
-
-
-REGISTRY: dict[str, PropertySpec] = dict((
-    _spec("P-ROUNDTRIP", "save then load, same layout: every tensor bitwise equal (dtype, shape, bytes)", _cases),
-    _spec("P-RESHARD", "save under layout A, load under layout B (other mesh/placements/world size): bitwise equal",
-          _cases, requires="reshard"),
-    _spec("P-EDGE", "empty state_dict, zero-size tensors, empty local shards, 0-d tensors, special bit patterns",
-          _cases),
-    _spec("P-COVER", "what was written covers each tensor exactly once (no lost or duplicated slices)", _cover),
-    _spec("P-MOE", "expert tensors keep their global ids across EP/DP degree changes", _cases, requires="moe"),
-    _spec("P-FLAT", "flattened (stage-1 v2) slices round-trip and reshard to unflattened layouts and back", _cases,
-          requires="flat"),
-    _spec("P-REPEAT", "repeated saves to one directory load the version asked for", _cases, requires="repeat"),
-    _spec("P-DIFF", "the SUT's loaded state equals the reference engine's for the same case", _cases,
-          checker=Checker.DIFF),
-    _spec("P-ASYNC-ISOLATION", "mutating tensors after async save returns does not change what is saved", _cases,
-          requires="async"),
-    _spec("P-ATOMIC",
-          "a crash at any point of a save leaves the last acknowledged checkpoint, a newer one, or a clear error",
-          _faults, checker=Checker.HISTORY, fault=True),
-    _spec("P-NOLOSS", "a crash during save or rotation never destroys the previous complete checkpoint", _faults,
-          checker=Checker.HISTORY, fault=True),
-    _spec("P-CORRUPT", "bit flips, truncation, deleted files, stale markers: a clear error, never silent wrong data",
-          _faults, checker=Checker.HISTORY, fault=True),
-    _spec("P-LIVENESS", "a killed rank or writer turns into an error within a bound, never a hang", _faults,
-          checker=Checker.HISTORY, fault=True),
-    _spec("P-EMA", "EMA buffers restore bitwise, also under reshard", _training, training=True),
-    _spec("P-RESUME", "train, save, crash, resume == uninterrupted run, bitwise", _training, training=True,
-          crashes_with_faults=True),
-))
+_SPECS = (
+    PropertySpec(
+        "P-ROUNDTRIP",
+        "save then load, same layout: every tensor bitwise equal (dtype, shape, bytes)",
+        _cases,
+    ),
+    PropertySpec(
+        "P-RESHARD",
+        "save under layout A, load under layout B (other mesh/placements/world size): bitwise equal",
+        _cases, requires="reshard",
+    ),
+    PropertySpec(
+        "P-EDGE",
+        "empty state_dict, zero-size tensors, empty local shards, 0-d tensors, special bit patterns",
+        _cases,
+    ),
+    PropertySpec(
+        "P-COVER",
+        "what was written covers each tensor exactly once (no lost or duplicated slices)",
+        _cover,
+    ),
+    PropertySpec(
+        "P-MOE",
+        "expert tensors keep their global ids across EP/DP degree changes",
+        _cases, requires="moe",
+    ),
+    PropertySpec(
+        "P-FLAT",
+        "flattened (stage-1 v2) slices round-trip and reshard to unflattened layouts and back",
+        _cases, requires="flat",
+    ),
+    PropertySpec(
+        "P-REPEAT",
+        "repeated saves to one directory load the version asked for",
+        _cases, requires="repeat",
+    ),
+    PropertySpec(
+        "P-DIFF",
+        "the SUT's loaded state equals the reference engine's for the same case",
+        _cases, checker=Checker.DIFF,
+    ),
+    PropertySpec(
+        "P-ASYNC-ISOLATION",
+        "mutating tensors after async save returns does not change what is saved",
+        _cases, requires="async",
+    ),
+    PropertySpec(
+        "P-ATOMIC",
+        "a crash at any point of a save leaves the last acknowledged checkpoint, a newer one, or a clear error",
+        _faults, checker=Checker.HISTORY, fault=True,
+    ),
+    PropertySpec(
+        "P-NOLOSS",
+        "a crash during save or rotation never destroys the previous complete checkpoint",
+        _faults, checker=Checker.HISTORY, fault=True,
+    ),
+    PropertySpec(
+        "P-CORRUPT",
+        "bit flips, truncation, deleted files, stale markers: a clear error, never silent wrong data",
+        _faults, checker=Checker.HISTORY, fault=True,
+    ),
+    PropertySpec(
+        "P-LIVENESS",
+        "a killed rank or writer turns into an error within a bound, never a hang",
+        _faults, checker=Checker.HISTORY, fault=True,
+    ),
+    PropertySpec(
+        "P-EMA",
+        "EMA buffers restore bitwise, also under reshard",
+        _training, training=True,
+    ),
+    PropertySpec(
+        "P-RESUME",
+        "train, save, crash, resume == uninterrupted run, bitwise",
+        _training, training=True, crashes_with_faults=True,
+    ),
+)
+REGISTRY: dict[str, PropertySpec] = {spec.id: spec for spec in _SPECS}
 
 FAULT_PROPERTIES = tuple(p for p, spec in REGISTRY.items() if spec.fault)
 
