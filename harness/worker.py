@@ -14,7 +14,7 @@ from multiprocessing.connection import Client
 from pathlib import Path
 
 if __package__ in (None, ""):  # started as a script by a framework launcher
-    sys.path.insert(0, str(Path(__file__).adapter_class().parent.parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.rankops import RankExecutor
 from harness.sut import adapter_class

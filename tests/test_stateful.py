@@ -41,7 +41,7 @@ from properties.strategies import sharded_layouts
 from reference.engine import local_tensors
 from reference.layout import Mesh
 
-REPO = Path(__file__).adapter_class().parent.parent
+REPO = Path(__file__).resolve().parent.parent
 NIGHTLY = settings.default.max_examples >= 1000  # the nightly profile scales the machine up
 EXAMPLES, STEPS = (300, 30) if NIGHTLY else (15, 12)
 MESH = Mesh((2,))
