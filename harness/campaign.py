@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
 from properties.case import Case
-from properties.drawing import property_cases
+from properties.registry import property_cases
 from properties.verdicts import Judgement
 
 from .judge import Judge

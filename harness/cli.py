@@ -13,13 +13,10 @@ import sys
 import threading
 from pathlib import Path
 
+from properties import registry as catalogue
 from properties.case import CaseError, read_case_file
-from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
-from properties.catalogue import PROPERTIES
-from properties.drawing import drawable
-from properties.fault_strategies import FAULT_PROPERTIES, has_latest
+from properties.fault_strategies import has_latest
 from properties.known import KnownFindingsError, read_known
-from properties.training_strategies import TRAINING_PROPERTIES
 
 from .campaign import Campaign, default_seed, fuzz
 from .judge import Judge
@@ -107,22 +104,20 @@ def main(argv: list[str] | None = None) -> int:
 def _fuzz(args: argparse.Namespace) -> int:
     cls = adapter_class(args.sut)
     caps = frozenset(getattr(cls, "capabilities", ()))
-    default = list(CASE_PROPERTIES) + list(TRAINING_PROPERTIES) + (list(FAULT_PROPERTIES) if args.faults else [])
-    requested = args.properties or default
-    unknown = [p for p in requested if p not in PROPERTIES]
+    requested = args.properties or catalogue.default_properties(args.faults)
+    unknown = [p for p in requested if p not in catalogue.REGISTRY]
     if unknown:
         raise HarnessError(f"unknown property IDs {unknown}; see `ckpt-harness list`")
-    needs_faults = [p for p in requested if p in FAULT_PROPERTIES and not args.faults]
+    needs_faults = [p for p in requested if catalogue.REGISTRY[p].fault and not args.faults]
     if needs_faults:
         raise HarnessError(f"properties {needs_faults} inject faults: add --faults")
     if args.ranks < 1 or args.time <= 0:
         raise HarnessError("--ranks must be at least 1 and --time positive")
-    props = [p for p in requested if applicable(p, caps) and drawable(p, caps)]
+    skipped = {p: catalogue.REGISTRY[p].skip_reason(caps) for p in requested}
+    props = [p for p in requested if skipped[p] is None]
     seed = args.seed if args.seed is not None else default_seed()
     campaign = Campaign(args.sut, args.ranks, props, args.time, seed, mode=args.launch, faults=args.faults)
-    campaign.skipped = {p: (f"SUT does not claim {REQUIRES[p]!r}" if p in REQUIRES
-                            else "SUT cannot hold a training state (needs F32, I64 and a parameter dtype)")
-                        for p in requested if p not in props}
+    campaign.skipped = {p: why for p, why in skipped.items() if why is not None}
     if args.faults:
         from faults import strace
 
@@ -223,6 +218,17 @@ def _print_states(results: list, n_ops: int) -> int:
     return 1 if bad else 0
 
 
+def _and(ids: list[str]) -> str:
+    return ", ".join(ids[:-1]) + f" and {ids[-1]}" if len(ids) > 1 else "".join(ids)
+
+
+def _faults_note() -> str:
+    """Which properties need --faults, and which others it widens (the registry says)."""
+    crashing = [p for p, spec in catalogue.REGISTRY.items() if spec.crashes_with_faults]
+    also = f", which also lets {_and(crashing)} crash a save" if crashing else ""
+    return f"({_and(list(catalogue.FAULT_PROPERTIES))} run with --faults{also})"
+
+
 def _list(args: argparse.Namespace) -> int:
     print("SUTs:")
     for name in sorted(REGISTRY):
@@ -233,9 +239,9 @@ def _list(args: argparse.Namespace) -> int:
         caps = ", ".join(sorted(getattr(cls, "capabilities", ()))) if cls else ""
         print(f"  {name:<12} {state}  {caps}")
     print("Properties:")
-    for pid, text in PROPERTIES.items():
-        print(f"  {pid:<18} {text}")
-    print("  (P-ATOMIC, P-NOLOSS, P-CORRUPT and P-LIVENESS run with --faults, which also lets P-RESUME crash a save)")
+    for pid, spec in catalogue.REGISTRY.items():
+        print(f"  {pid:<18} {spec.description}")
+    print(f"  {_faults_note()}")
     from faults import strace
 
     ptrace = strace.available()

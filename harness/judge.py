@@ -17,6 +17,7 @@ from properties.case import Case, CaseError
 from properties.judge import judge, judge_diff
 from properties.known import Known, explained_by
 from properties.outcome import Outcome
+from properties.registry import Checker, checker_for
 from properties.verdicts import Excuse, Judgement, Verdict
 
 from .faultrun import concrete_fault
@@ -53,13 +54,13 @@ class Judge:
     def _judge(self, case: Case) -> tuple[Judgement, Outcome]:
         if case.fault is not None and case.fault.drawn:
             return self._drawn(case)
+        checker = checker_for(case)
         outcome = self._run(case)
-        if case.fault is not None:
+        if checker is Checker.HISTORY:
             judgement = judge_history(case, outcome, self.runners.cls.clear_errors)
-            return (judgement if judgement.ok else self._attributed(case, judgement)), outcome
-        if case.sequence or case.property == "P-ATOMIC":  # a job's life: saves, waits, kills, restarts, ...
-            return judge_history(case, outcome, self.runners.cls.clear_errors), outcome
-        if case.property != "P-DIFF":
+            faulted = case.fault is not None and not judgement.ok
+            return (self._attributed(case, judgement) if faulted else judgement), outcome
+        if checker is Checker.ORACLE:
             return judge(case, outcome), outcome
         if self._reference is None:
             self._reference = Runners("reference", mode="in-process")

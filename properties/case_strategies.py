@@ -1,8 +1,8 @@
 """Strategies that draw whole Cases, one family per property, within what the SUT claims.
 
 Seeds, not bytes, so cases stay small. A SUT's capabilities narrow the draw: dtypes it supports, whether loads
-may use another layout (reshard) or world size, whether "latest" is meaningful, which options exist. A property
-whose feature the SUT does not claim is not drawn at all (``applicable``).
+may use another layout (reshard) or world size, whether "latest" is meaningful, which options exist. Whether a
+property is drawn for a SUT at all is the registry's call (``properties.registry``).
 """
 
 from __future__ import annotations
@@ -22,32 +22,6 @@ from .strategies import DTYPE_NAMES, factorizations, shapes, sharded_layouts, st
 NAMES = ("model/w", "model/b", "model/emb", "optimizer/w.m1", "optimizer/w.m2", "master/w", "ema/w", "rng/state")
 PARAMS = ("w", "b", "emb", "layers.0.qkv")  # parameter names of a trainer's state ("trainer_state" SUTs)
 KEEP_LAST = (1, 2)  # rotation limits drawn for SUTs that rotate inside every save ("keep_last")
-
-CASE_PROPERTIES = (
-    "P-ROUNDTRIP",
-    "P-RESHARD",
-    "P-EDGE",
-    "P-COVER",
-    "P-MOE",
-    "P-FLAT",
-    "P-REPEAT",
-    "P-DIFF",
-    "P-ASYNC-ISOLATION",
-)
-# What a property needs the SUT to claim.
-REQUIRES = {
-    "P-RESHARD": "reshard",
-    "P-MOE": "moe",
-    "P-FLAT": "flat",
-    "P-REPEAT": "repeat",
-    "P-ASYNC-ISOLATION": "async",
-}
-
-
-def applicable(prop: str, caps: Iterable[str]) -> bool:
-    need = REQUIRES.get(prop)
-    return need is None or need in set(caps)
-
 
 class Caps:
     """A SUT's capabilities, read for the decisions strategies make."""

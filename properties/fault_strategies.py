@@ -18,7 +18,6 @@ from faults.strace import ERRNO_NAMES
 from .case import Case, Op
 from .case_strategies import Caps, _layouts_for, mesh_of, options, tensor_cases
 
-FAULT_PROPERTIES = ("P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS")
 FAULT_OP = 1  # the save the fault hits in fault_ops
 
 

@@ -23,7 +23,6 @@ from .case_strategies import Caps, ep_meshes, mesh_of, options
 from .fault_strategies import faults, has_latest
 from .strategies import shapes, sharded_layouts
 
-TRAINING_PROPERTIES = ("P-EMA", "P-RESUME")
 DENSE = ("w", "b", "emb", "layers.0.qkv")
 SCENARIOS = ("in-place", "restart", "async-restart", "fault")
 FAMILIES = (*NAMESPACES, "meta")

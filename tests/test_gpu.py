@@ -12,8 +12,8 @@ from harness.judge import Judge
 from harness.runners import Runners
 from harness.sut import adapter_class
 from properties.case import Case
-from properties.drawing import property_cases
 from properties.fault_strategies import fault_cases
+from properties.registry import property_cases
 from tests.regressions_known import survivable
 
 PROPS = ("P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-ASYNC-ISOLATION", "P-EMA", "P-RESUME")

@@ -19,18 +19,15 @@ from hypothesis import strategies as st
 from harness.sut import REGISTRY, framework_available
 from harness.sut.paddleformers_uc import PARAM_DTYPES, PaddleFormersUcSut, UcStateError, param_specs
 from properties.case import Case, Op, TensorCase
-from properties.case_strategies import CASE_PROPERTIES, applicable
-from properties.drawing import drawable, property_cases
-from properties.fault_strategies import FAULT_PROPERTIES, fault_cases
 from properties.known import read_known
-from properties.training_strategies import TRAINING_PROPERTIES
+from properties.registry import drawable_properties, property_cases
 from reference.dtypes import dtype
 from reference.layout import Mesh, replicated
 from reference.tensor import Tensor
 
 SUT = "paddleformers-uc"
 CAPS = PaddleFormersUcSut.capabilities  # the module imports no framework
-PROPS = [p for p in CASE_PROPERTIES + TRAINING_PROPERTIES if applicable(p, CAPS) and drawable(p, CAPS)]
+PROPS = drawable_properties(CAPS)
 REGRESSIONS = Path(__file__).parent / "regressions"
 needs_uc = pytest.mark.skipif(not framework_available(REGISTRY[SUT]),
                               reason="needs paddleformers==1.2.0 in its own environment (README: PaddleFormers)")
@@ -64,9 +61,8 @@ def test_states_uc_cannot_hold_are_named(state: dict, message: str) -> None:
 @settings(max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_strategies_draw_whole_trainer_states(data: st.DataObject) -> None:
-    prop = data.draw(st.sampled_from(PROPS + list(FAULT_PROPERTIES)))
-    strategy = fault_cases(prop, SUT, 2, CAPS) if prop in FAULT_PROPERTIES else property_cases(prop, SUT, 2, CAPS)
-    case: Case = data.draw(strategy)
+    prop = data.draw(st.sampled_from(drawable_properties(CAPS, faults=True)))
+    case: Case = data.draw(property_cases(prop, SUT, 2, CAPS))
     state = case.state(0)
     specs = {s.name: s for s in param_specs(state)}  # raises for anything UC cannot hold
     for t in case.tensors:

@@ -9,21 +9,18 @@ from hypothesis import given, settings
 
 from harness.sut import adapter_class
 from properties.case import Case
-from properties.case_strategies import CASE_PROPERTIES, REQUIRES, applicable
-from properties.drawing import drawable, property_cases
-from properties.training_strategies import TRAINING_PROPERTIES
+from properties.registry import REGISTRY, default_properties, property_cases
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("prop", CASE_PROPERTIES + TRAINING_PROPERTIES)
+@pytest.mark.parametrize("prop", default_properties(faults=False))
 def test_property_holds(prop: str, sut_judge, request: pytest.FixtureRequest) -> None:
     name = request.config.getoption("--sut")
     ranks = request.config.getoption("--ranks")
     caps = frozenset(adapter_class(name).capabilities)
-    if not applicable(prop, caps):
-        pytest.skip(f"{name} does not claim {REQUIRES[prop]!r}")
-    if not drawable(prop, caps):
-        pytest.skip(f"{name} cannot hold a training state")
+    why = REGISTRY[prop].skip_reason(caps)
+    if why is not None:
+        pytest.skip(f"{name}: {why}")
 
     # A quarter of the profile's examples: every example here is a real multi-rank save and load.
     @settings(max_examples=max(5, settings.default.max_examples // 4))

@@ -11,10 +11,8 @@ from harness.judge import Judge
 from harness.runners import Runners
 from harness.sut import adapter_class
 from properties.case import Case, Op, TensorCase
-from properties.case_strategies import CASE_PROPERTIES, applicable
-from properties.drawing import drawable, property_cases
 from properties.fault_strategies import fault_cases
-from properties.training_strategies import TRAINING_PROPERTIES
+from properties.registry import drawable_properties, property_cases
 from reference.layout import Mesh, Shard, Sharded, replicated
 from tests.regressions_known import survivable
 
@@ -22,7 +20,7 @@ pytest.importorskip("torch")
 
 SUT = "torch-dcp"
 CAPS = frozenset(adapter_class(SUT).capabilities)
-PROPS = [p for p in CASE_PROPERTIES + TRAINING_PROPERTIES if applicable(p, CAPS) and drawable(p, CAPS)]
+PROPS = drawable_properties(CAPS)
 
 
 @pytest.fixture(scope="module")
