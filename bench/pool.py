@@ -23,7 +23,7 @@ from harness.runners import Runners
 from harness.sut import adapter_class
 from properties.case import Case
 from properties.case_strategies import cases
-from properties.judge import judge
+from properties.oracle import check_oracle
 
 # The healthy path: features every SUT here handles, so the figures measure the pool, not the relaunches that
 # follow a finding (zero-size tensors, fp8/int16 and flat layouts fail on Paddle 3.3.1: see FINDINGS.md).
@@ -51,11 +51,11 @@ def run(sut: str, mode: str, batch: list[Case]) -> tuple[float, float, int]:
     inside = 0.0
     try:
         if mode == "pool":  # warm up: the pool is launched once, before timing, as a fuzz campaign would
-            judge(batch[0], run_case(batch[0], runners))
+            check_oracle(batch[0], run_case(batch[0], runners))
         start = time.perf_counter()
         for case in batch:
             outcome = run_case(case, runners)
-            verdict = judge(case, outcome)
+            verdict = check_oracle(case, outcome)
             if not verdict.ok:
                 raise SystemExit(f"{sut} failed a benchmark case, so the figures would measure relaunches: "
                                  f"{verdict.details}")

@@ -3,7 +3,7 @@ enumeration of crash points and power-loss crash states for one case, on any SUT
 
 The scenario (``fault_ops``): save version 0 and see it acknowledged; save version 1 with the fault armed; then,
 in fresh processes, load the latest (or version 1's name where the SUT has no "latest"), load version 0 by name,
-and save and load version 2 (the job must recover). ``properties.atomic.judge_history`` judges the lot.
+and save and load version 2 (the job must recover). ``properties.atomic.check_history`` judges the lot.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from faults.crashpoints import enumerate_points
 from faults.interleave import schedule_of
 from faults.spec import ErrorFault, Fault, KillFault, PointFault, PowerFault, RecordFault, StateFault
 from faults.strace import Recording
-from properties.atomic import judge_history
+from properties.atomic import check_history
 from properties.case import Case, TensorCase
 from properties.fault_strategies import fault_ops
 from properties.outcome import Outcome
@@ -207,7 +207,7 @@ def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confi
             run = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(outcome.records[: f + 1]),
                           fault={"kind": "state", "acknowledged": state.prefix >= len(ops)})
             run_ops(case_n, runners, dest, range(f + 1, len(case.ops)), run)
-            judgement = judge_history(case_n, run, runners.cls.clear_errors)
+            judgement = check_history(case_n, run, runners.cls.clear_errors)
             result = StateResult(case_n.fault, state.describe(), judgement)
             if not judgement.ok and confirm is not None:
                 result.confirmed = not confirm(case_n)[0].ok

@@ -12,10 +12,10 @@ import dataclasses
 from collections import Counter
 
 from faults.errors import TraceMismatch
-from properties.atomic import judge_history
+from properties.atomic import check_history
 from properties.case import Case, CaseError
-from properties.judge import judge, judge_diff
 from properties.known import Known, explained_by
+from properties.oracle import check_diff, check_oracle
 from properties.outcome import Outcome
 from properties.registry import Checker, checker_for
 from properties.verdicts import Excuse, Judgement, Verdict
@@ -57,15 +57,15 @@ class Judge:
         checker = checker_for(case)
         outcome = self._run(case)
         if checker is Checker.HISTORY:
-            judgement = judge_history(case, outcome, self.runners.cls.clear_errors)
+            judgement = check_history(case, outcome, self.runners.cls.clear_errors)
             faulted = case.fault is not None and not judgement.ok
             return (self._attributed(case, judgement) if faulted else judgement), outcome
         if checker is Checker.ORACLE:
-            return judge(case, outcome), outcome
+            return check_oracle(case, outcome), outcome
         if self._reference is None:
             self._reference = Runners("reference", mode="in-process")
         ref = run_case(dataclasses.replace(case, sut="reference"), self._reference)
-        return judge_diff(case, outcome, ref), outcome
+        return check_diff(case, outcome, ref), outcome
 
     def _drawn(self, case: Case) -> tuple[Judgement, Outcome]:
         """A drawn fault, judged as the concrete fault it picks from a recording of this very case."""
@@ -88,7 +88,7 @@ class Judge:
         control = dataclasses.replace(case, fault=None)
         control_outcome = run_case(control, self.runners)
         # The same history rules as the faulted run (rotation, latest, ...), only without the fault.
-        plain = judge_history(control, control_outcome, self.runners.cls.clear_errors)
+        plain = check_history(control, control_outcome, self.runners.cls.clear_errors)
         if plain.ok:
             return judgement
         return Judgement(case.property, Verdict.PASS,

@@ -57,7 +57,7 @@ KILLS = ("kill", "kill-when", "point")  # faults whose whole point is that a pro
 SHOWN = 8  # difference lines shown under a wrong state
 
 
-def judge_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | None = None) -> Judgement:
+def check_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | None = None) -> Judgement:
     """Judge a fault case's or a sequence's ops in order. ``clear_errors`` names the exception types that count
     as a clear "incomplete/corrupt checkpoint" error (None: any exception the SUT raises counts, for SUTs without
     typed errors); anything else a load raises about an unacknowledged or corrupted checkpoint is a loud failure."""

@@ -4,7 +4,7 @@ Tensors are regenerated from (dtype, shape, seed) — or from an explicit bit pa
 shrunk failing case is a few hundred bytes and replays bit for bit. Operations are a small sequential language:
 ``save`` a version of the state under a name (sync or async, optionally mutating the caller's tensors right after
 an async save returns, optionally ``detach``-ed: returning without waiting), ``load`` a name (or the latest) and
-expect a given version. Sequence ops (a training job's life, judged by ``properties.atomic.judge_history``):
+expect a given version. Sequence ops (a training job's life, judged by ``properties.atomic.check_history``):
 ``wait`` for the detached saves, ``kill`` their writers, ``restart`` the job (fresh rank processes), ``rotate``
 (keep the newest ``keep`` checkpoints) and ``corrupt`` the checkpoint root (a seeded ``faults.corrupt`` plan).
 

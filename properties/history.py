@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .anomalies import At, SutError, TensorDiffers
 from .case import Case, Op
-from .judge import at, sut_error, tensor_differences
+from .oracle import at, sut_error, tensor_differences
 from .outcome import OpRecord, Outcome
 
 

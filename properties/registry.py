@@ -27,9 +27,9 @@ NO_TRAINING_STATE = "SUT cannot hold a training state (needs F32, I64 and a para
 class Checker(str, Enum):
     """Which checker judges a property's fault-free, single-job cases."""
 
-    ORACLE = "oracle"  # properties.judge.judge: the loaded state against the reference's expectation
-    DIFF = "diff"  # properties.judge.judge_diff: against the reference engine run on the same case
-    HISTORY = "history"  # properties.atomic.judge_history: every load against the history of saves
+    ORACLE = "oracle"  # properties.oracle.check_oracle: the loaded state against the reference's expectation
+    DIFF = "diff"  # properties.oracle.check_diff: against the reference engine run on the same case
+    HISTORY = "history"  # properties.atomic.check_history: every load against the history of saves
 
 
 #: Draws one property's cases: (property id, sut, ranks, capabilities, faults on, ptrace available).

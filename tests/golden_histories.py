@@ -13,9 +13,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from properties.atomic import judge_history
+from properties.atomic import check_history
 from properties.case import Case, Op, TensorCase
-from properties.judge import judge, judge_diff
+from properties.oracle import check_diff, check_oracle
 from properties.outcome import OpRecord, Outcome
 from properties.verdicts import Judgement
 from reference.engine import local_tensors
@@ -138,7 +138,7 @@ def _ops(rng: random.Random) -> list[Op]:
 
 
 def history(seed: int) -> tuple[Case, Outcome, tuple[str, ...] | None]:
-    """One seeded history for judge_history: ops, records (perhaps fewer than ops), a fault, keep_last, clear."""
+    """One seeded history for check_history: ops, records (perhaps fewer than ops), a fault, keep_last, clear."""
     rng = random.Random(seed)
     ops = _ops(rng)
     recs = [_record(rng, i, op, sorted({o.version for o in ops[:i] if o.kind == "save"} | {rng.randrange(3)}))
@@ -199,7 +199,7 @@ def rotation(seed: int) -> tuple[Case, Outcome, tuple[str, ...]]:
 
 
 def plain(seed: int) -> tuple[Case, Outcome]:
-    """A save/load case for judge(): loads of any state, failures, and saves whose written regions may not cover."""
+    """A save/load case for check_oracle(): loads of any state, failures, and saves whose regions may not cover."""
     rng = random.Random(seed)
     ops, recs = [], []
     for i in range(rng.randint(1, 4)):
@@ -231,13 +231,13 @@ HISTORIES, ROTATIONS, PLAINS, DIFFS = 700, 200, 150, 150
 def judgements() -> Iterator[tuple[str, Judgement]]:
     for seed in range(HISTORIES):
         case, outcome, clear = history(seed)
-        yield f"history-{seed}", judge_history(case, outcome, clear)
+        yield f"history-{seed}", check_history(case, outcome, clear)
     for seed in range(ROTATIONS):
-        yield f"rotation-{seed}", judge_history(*rotation(seed))
+        yield f"rotation-{seed}", check_history(*rotation(seed))
     for seed in range(PLAINS):
-        yield f"judge-{seed}", judge(*plain(seed))
+        yield f"judge-{seed}", check_oracle(*plain(seed))
     for seed in range(DIFFS):
-        yield f"diff-{seed}", judge_diff(*differential(seed))
+        yield f"diff-{seed}", check_diff(*differential(seed))
 
 
 def as_json(j: Judgement) -> list:

@@ -1,4 +1,4 @@
-"""The one rule fault cases are judged by (properties.atomic.judge_history), on synthetic outcomes, and the typed
+"""The one rule fault cases are judged by (properties.atomic.check_history), on synthetic outcomes, and the typed
 errors a malformed fault gets (faults.spec.parse_fault, the CLI)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from faults.errors import FaultSpecError
 from faults.spec import parse_fault
 from harness.faultrun import standard_case
-from properties.atomic import judge_history
+from properties.atomic import check_history
 from properties.outcome import OpRecord, Outcome
 from reference.engine import local_tensors
 
@@ -70,7 +70,7 @@ CLEAR = {"CheckpointIncomplete", "CheckpointNotFound"}
     (OLD, ("hang", "hang"), "hang", "P-LIVENESS"),
 ])
 def test_crash_during_save(latest, step0, verdict: str, prop: str) -> None:
-    j = judge_history(KILL, _outcome(False, latest, step0), CLEAR)
+    j = check_history(KILL, _outcome(False, latest, step0), CLEAR)
     assert j.verdict.value == verdict, j
     if verdict != "pass":
         assert j.property == prop
@@ -79,44 +79,44 @@ def test_crash_during_save(latest, step0, verdict: str, prop: str) -> None:
 def test_acknowledged_save_must_load_back() -> None:
     # an injected ENOSPC the SUT swallowed: the save said yes, so older data or an error is data loss
     err = dataclasses.replace(CASE, fault={"kind": "error", "op": 1, "syscall": "write", "k": 1, "errno": "ENOSPC"})
-    assert judge_history(err, _outcome(True, NEW, OLD), CLEAR).ok
-    older = judge_history(err, _outcome(True, OLD, OLD), CLEAR)
+    assert check_history(err, _outcome(True, NEW, OLD), CLEAR).ok
+    older = check_history(err, _outcome(True, OLD, OLD), CLEAR)
     assert older.verdict.value == "data-loss" and "older checkpoint" in older.details[0]
-    gone = judge_history(err, _outcome(True, ("CheckpointIncomplete", None), OLD), CLEAR)
+    gone = check_history(err, _outcome(True, ("CheckpointIncomplete", None), OLD), CLEAR)
     assert gone.verdict.value == "data-loss"
 
 
 def test_power_loss_before_the_save_returned_is_not_an_acknowledgement() -> None:
     state = dataclasses.replace(CASE, fault={"kind": "state", "op": 1, "state": {}})
     report = {"kind": "state", "fired": True, "acknowledged": False}
-    assert judge_history(state, _outcome(True, OLD, OLD, fault_report=report), CLEAR).ok
+    assert check_history(state, _outcome(True, OLD, OLD, fault_report=report), CLEAR).ok
     report["acknowledged"] = True  # all of the save's IO was issued: it had returned
-    assert judge_history(state, _outcome(True, OLD, OLD, fault_report=report), CLEAR).verdict.value \
+    assert check_history(state, _outcome(True, OLD, OLD, fault_report=report), CLEAR).verdict.value \
         == "data-loss"
 
 
 def test_corruption_may_fail_clearly_but_never_load_wrong_data() -> None:
     corrupt = dataclasses.replace(CASE, fault={"kind": "corrupt", "op": 1, "seed": 1, "corruption": "bitflip"})
-    assert judge_history(corrupt, _outcome(True, ("ChecksumMismatch", None), OLD), CLEAR | {
+    assert check_history(corrupt, _outcome(True, ("ChecksumMismatch", None), OLD), CLEAR | {
         "ChecksumMismatch"}).ok
-    wrong = judge_history(corrupt, _outcome(True, NEW, _mixed()), CLEAR)
+    wrong = check_history(corrupt, _outcome(True, NEW, _mixed()), CLEAR)
     assert wrong.verdict.value == "silent-corruption" and wrong.property == "P-CORRUPT"
-    unclear = judge_history(corrupt, _outcome(True, ("UnicodeDecodeError", None), OLD), CLEAR)
+    unclear = check_history(corrupt, _outcome(True, ("UnicodeDecodeError", None), OLD), CLEAR)
     assert unclear.verdict.value == "loud-failure" and unclear.property == "P-CORRUPT"
 
 
 def test_a_sut_without_typed_errors_gets_any_error_as_clear() -> None:
-    assert judge_history(KILL, _outcome(False, ("EOFError", None), OLD), None).ok
+    assert check_history(KILL, _outcome(False, ("EOFError", None), OLD), None).ok
 
 
 def test_recovery_save_must_work() -> None:
-    j = judge_history(KILL, _outcome(False, OLD, OLD, save2_ok=False), CLEAR)
+    j = check_history(KILL, _outcome(False, OLD, OLD, save2_ok=False), CLEAR)
     assert j.verdict.value == "loud-failure" and "after the fault" in j.details[0]
 
 
 def test_a_non_kill_fault_must_not_kill_a_rank() -> None:
     err = dataclasses.replace(CASE, fault={"kind": "error", "op": 1, "syscall": "write", "k": 1, "errno": "EIO"})
-    j = judge_history(err, _outcome(False, OLD, OLD), CLEAR)
+    j = check_history(err, _outcome(False, OLD, OLD), CLEAR)
     assert j.verdict.value == "crash" and j.property == "P-LIVENESS"
 
 

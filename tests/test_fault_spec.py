@@ -18,7 +18,8 @@ from faults.spec import FAULT_TYPES, CorruptFault, Fault, KillFault, KillWhenFau
 from harness.faultrun import standard_case
 from harness.inject import ARMING
 from properties.case import Case, CaseError, Op, read_case_file
-from properties.fault_strategies import FAULT_PROPERTIES, faults
+from properties.fault_strategies import faults
+from properties.registry import FAULT_PROPERTIES
 
 TESTS = Path(__file__).parent
 FILES = sorted((TESTS / "regressions").glob("*.json")) + sorted((TESTS / "fault_cases").glob("*.json"))

@@ -89,8 +89,8 @@ def test_checkers() -> None:
     plain = Case("P-DIFF", "reference", (), {}, {}, (Op("save", "a", 0), Op("load", "a", 0)))
     assert checker_for(plain) is Checker.DIFF
     # a fault or a job's life makes any case a history case
-    assert checker_for(Case("P-DIFF", "reference", (), {}, {}, plain.ops, fault={"kind": "corrupt"})) is (
-        Checker.HISTORY)
+    corrupt = {"kind": "corrupt", "op": 0, "seed": 1, "corruption": "bitflip"}
+    assert checker_for(Case("P-DIFF", "reference", (), {}, {}, plain.ops, fault=corrupt)) is Checker.HISTORY
     assert checker_for(Case("P-ROUNDTRIP", "reference", (), {}, {}, (*plain.ops, Op("restart")))) is Checker.HISTORY
 
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from properties import anomalies
-from properties.atomic import judge_history
+from properties.atomic import check_history
 from properties.case import Case, read_case_file
-from properties.judge import judge
 from properties.known import Known, explained_by, read_known, read_signature
+from properties.oracle import check_oracle
 from properties.outcome import OpRecord, Outcome
 from properties.verdicts import Judgement
 from reference.engine import local_tensors
@@ -91,8 +91,8 @@ def _judged(case: Case, recs: list[OpRecord]) -> Judgement:
     """As harness.fuzz.Judge judges a fault-free case."""
     outcome = Outcome(SUT, recs)
     if case.sequence or case.property == "P-ATOMIC":
-        return judge_history(case, outcome, None)
-    return judge(case, outcome)
+        return check_history(case, outcome, None)
+    return check_oracle(case, outcome)
 
 
 FINDINGS = sorted(REGRESSIONS.glob(f"{SUT}-*.json"))

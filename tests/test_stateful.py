@@ -1,7 +1,7 @@
 """A training job as a Hypothesis state machine: train steps, sync and detached async saves, waits, writer kills,
 restarts, load-latest, rotation and corruption, in any order the preconditions allow, on 2 in-process ranks.
 
-Invariant (checked at every load-latest, over the whole history so far by properties.atomic.judge_history): the
+Invariant (checked at every load-latest, over the whole history so far by properties.atomic.check_history): the
 latest checkpoint loads back as the last acknowledged state bitwise (or a save whose fate was still open), or
 fails clearly where a crash or a corruption explains it; never a mix, never an older state, never wrong data.
 The machine's ops are a Case: a failing sequence is written as a case file (``CKPT_HARNESS_CASE_DIR`` or the test's
@@ -33,7 +33,7 @@ from harness.faultrun import standard_case
 from harness.run import run_ops
 from harness.runners import Runners
 from harness.sut import adapter_class
-from properties.atomic import judge_history
+from properties.atomic import check_history
 from properties.case import Case, CaseError, Op
 from properties.case_strategies import Caps, tensor_cases
 from properties.outcome import OpRecord, Outcome
@@ -161,7 +161,7 @@ def job_machine(sut: str, case_dir: Path, stats: dict | None = None) -> type[Rul
             self.do(Op("load", None, self.acked))
             self.checked = len(self.ops)
             case = self.case()
-            judgement = judge_history(case, self.outcome, self.runners.cls.clear_errors)
+            judgement = check_history(case, self.outcome, self.runners.cls.clear_errors)
             stats["loads"] = stats.get("loads", 0) + 1
             stats["loaded"] = stats.get("loaded", 0) + bool(self.outcome.records[-1].ok)
             stats.setdefault("kinds", set()).update(op.kind + "-detached" * op.detach for op in case.ops)
@@ -286,7 +286,7 @@ def _judge(steps: list, **changes) -> str:
         ops.append(op)
         recs.append(rec)
     case = dataclasses.replace(BASE, ops=tuple(ops), **changes)
-    j = judge_history(case, Outcome("reference", recs), CLEAR)
+    j = check_history(case, Outcome("reference", recs), CLEAR)
     return j.verdict.value if j.ok else f"{j.verdict.value}/{j.property}"
 
 

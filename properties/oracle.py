@@ -23,7 +23,7 @@ def sut_error(rec: OpRecord) -> SutError:
     return SutError(rec.error_type, rec.error, rec.failure)
 
 
-def judge(case: Case, outcome: Outcome) -> Judgement:
+def check_oracle(case: Case, outcome: Outcome) -> Judgement:
     prop = case.property
     results: list[Judgement] = []
     for op_case, rec in zip(case.ops, outcome.records):
@@ -62,7 +62,7 @@ def mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:
     return [d.render() for d in tensor_differences(case, version, rec)]
 
 
-def judge_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
+def check_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
     """P-DIFF: every load must give what the reference engine's own run of the same case gave."""
     results: list[Judgement] = []
     for rec, ref_rec in zip(sut.records, ref.records):
@@ -75,4 +75,4 @@ def judge_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
             if not j.ok:
                 results.append(judged([dataclasses.replace(a, at=at(rec), rank=rank, against="reference")
                                        for a in j.anomalies]))
-    return worst(results) or judge(case, sut)
+    return worst(results) or check_oracle(case, sut)
