@@ -37,9 +37,16 @@ def tensors(draw, dt: DType, shape: tuple[int, ...]) -> Tensor:
     return Tensor(dt, bits.astype(dt.bits_dtype))
 
 
-def shapes(max_dims: int = 3, max_side: int = 6) -> st.SearchStrategy[tuple[int, ...]]:
-    """Global shapes including 0-d and zero-size dims, sized so dims are often not divisible by the mesh."""
-    return st.lists(st.integers(0, max_side), min_size=0, max_size=max_dims).map(tuple)
+SIDES = (6, 6, 6, 5, 4)  # the longest side per number of dims: a 4-d tensor stays at most 256 elements
+
+
+@st.composite
+def shapes(draw, max_dims: int = 4, max_side: int = 6) -> tuple[int, ...]:
+    """Global shapes from 0-d to ``max_dims``-d as real models have them (stacked experts are 3-d, convolution
+    weights 4-d), including zero-size dims and dims smaller than the mesh, so splits are often uneven or empty."""
+    ndim = draw(st.integers(0, max_dims))
+    side = min(max_side, SIDES[min(ndim, len(SIDES) - 1)])
+    return tuple(draw(st.lists(st.integers(0, side), min_size=ndim, max_size=ndim)))
 
 
 def factorizations(n: int, max_dims: int = 3) -> list[tuple[int, ...]]:

@@ -58,7 +58,7 @@ def _dense_params(draw, caps: Caps, min_params: int = 1) -> tuple[TensorCase, ..
     names = draw(st.lists(st.sampled_from(DENSE), min_size=min_params, max_size=3, unique=True))
     return tuple(
         TensorCase(name, draw(st.sampled_from(dtypes)),
-                   draw(shapes(max_dims=2, max_side=5).filter(lambda s: caps.zero_size or 0 not in s)),
+                   draw(shapes(max_side=5).filter(lambda s: caps.zero_size or 0 not in s)),
                    draw(st.integers(0, 2**16)))
         for name in names
     )
