@@ -374,12 +374,18 @@ def judged(anomalies: Sequence[Anomaly]) -> Judgement:
 # --- JSON ---------------------------------------------------------------------------------------------------------
 
 
+def _error_prefix(name: str) -> str:
+    """The SUT's own error has the same flat fields (error_type, message, failure) in every anomaly that cites
+    it, whether an op failed or the SUT disagreed with the reference; the reference engine's are prefixed."""
+    return "reference_" if name == "reference" else ""
+
+
 def _flatten(out: dict[str, Any], name: str, value: Any) -> None:
     if name == "at":
         out.update(op=value.op if value else None, op_kind=value.kind if value else None,
                    name=value.name if value else None)
     elif name in ("error", "sut", "reference"):
-        prefix = "" if name == "error" else f"{name}_"
+        prefix = _error_prefix(name)
         for key in ("error_type", "message", "failure"):
             out[prefix + key] = getattr(value, key) if value is not None else None
     elif name == "difference":
@@ -398,7 +404,7 @@ def from_json(data: dict[str, Any]) -> Anomaly:
         if f.name == "at":
             kwargs[f.name] = At(data["op"], data["op_kind"], data["name"]) if data["op"] is not None else None
         elif f.name in ("error", "sut", "reference"):
-            prefix = "" if f.name == "error" else f"{f.name}_"
+            prefix = _error_prefix(f.name)
             parts = [data[prefix + k] for k in ("error_type", "message", "failure")]
             kwargs[f.name] = None if parts == [None, None, None] else SutError(*parts)
         elif f.name == "difference":
@@ -427,7 +433,7 @@ def field_names(cls: type[Anomaly]) -> frozenset[str]:
         if f.name == "at":
             names |= {"op", "op_kind", "name"}
         elif f.name in ("error", "sut", "reference"):
-            prefix = "" if f.name == "error" else f"{f.name}_"
+            prefix = _error_prefix(f.name)
             names |= {prefix + k for k in ("error_type", "message", "failure")}
         elif f.name == "difference":
             names |= {"difference", *(g.name for c in _subclasses(Difference) for g in dataclasses.fields(c))}

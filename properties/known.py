@@ -12,6 +12,7 @@ A signature is a JSON object naming an anomaly type and fields it must have::
      "message": {"regex": "'size' must be a positive number"}}
 
 Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say).
+``anomaly`` may list several types that share the fields (one bug seen by the oracle and by P-DIFF).
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -36,20 +37,26 @@ class KnownFindingsError(ValueError):
 
 @dataclass(frozen=True)
 class Signature:
-    """An anomaly type and the fields an anomaly of it must have (exact values, or patterns for strings)."""
+    """Anomaly types and the fields an anomaly of one of them must have (exact values, or patterns for strings).
+    Several types: one bug may show as several anomalies (a load that fails is ``op-failed`` to the oracle and
+    ``outcome-differs-from-reference`` to P-DIFF; both cite the SUT's error with the same fields)."""
 
-    kind: str
+    kinds: tuple[str, ...]
     fields: tuple[tuple[str, Any], ...]
 
     @classmethod
     def parse(cls, data: dict) -> Signature:
         """Raise ValueError (or re.error) naming what is wrong with a signature object."""
-        kind = data.get("anomaly")
-        if kind not in TYPES:
-            raise ValueError(f"signature: 'anomaly' must be one of {', '.join(sorted(TYPES))}, got {kind!r}")
-        unknown = sorted(data.keys() - field_names(TYPES[kind]))
-        if unknown:
-            raise ValueError(f"signature: {kind} anomalies have no fields {unknown}")
+        raw = data.get("anomaly")
+        kinds = tuple(raw) if isinstance(raw, list) else (raw,)
+        bad = [k for k in kinds if k not in TYPES]
+        if bad or not kinds:
+            raise ValueError(f"signature: 'anomaly' must be one of {', '.join(sorted(TYPES))} (or a list of them), "
+                             f"got {raw!r}")
+        for kind in kinds:
+            unknown = sorted(data.keys() - field_names(TYPES[kind]))
+            if unknown:
+                raise ValueError(f"signature: {kind} anomalies have no fields {unknown}")
         fields = []
         for key, want in sorted(data.items()):
             if key == "anomaly":
@@ -59,10 +66,10 @@ class Signature:
                     raise ValueError(f"signature: field {key!r} must be a JSON value or {{\"regex\": \"...\"}}")
                 want = re.compile(want["regex"])
             fields.append((key, want))
-        return cls(kind, tuple(fields))
+        return cls(kinds, tuple(fields))
 
     def matches(self, anomaly: Anomaly) -> bool:
-        if anomaly.kind != self.kind:
+        if anomaly.kind not in self.kinds:
             return False
         got = anomaly.to_json()
         return all(_field_matches(got.get(key), want) for key, want in self.fields)

@@ -16,7 +16,7 @@ from properties import anomalies
 from properties.atomic import check_history
 from properties.case import Case, read_case_file
 from properties.known import Known, explained_by, read_known, read_signature
-from properties.oracle import check_oracle
+from properties.oracle import check_diff, check_oracle
 from properties.outcome import OpRecord, Outcome
 from properties.verdicts import Judgement
 from reference.engine import local_tensors
@@ -126,6 +126,26 @@ def test_a_reworded_message_is_still_recognised(path: Path, known: list[Known],
     j = _judged(case, _records(path.stem.removeprefix(f"{SUT}-"), case))
     assert all(line.startswith("reworded") for line in j.details)
     assert explained_by(known, SUT, j) == path.name
+
+
+def _judged_by_diff(case: Case, recs: list[OpRecord]) -> Judgement:
+    """The same run seen by P-DIFF: the reference engine's run of the case succeeds and loads what it must."""
+    diff = dataclasses.replace(case, property="P-DIFF")
+    ref = [OpRecord(r.index, r.kind, r.name, loaded={0: _state(case, op.version)} if op.kind == "load" else {})
+           for r, op in zip(recs, case.ops)]
+    return check_diff(diff, Outcome(SUT, recs), Outcome("reference", ref))
+
+
+@pytest.mark.parametrize("path", FINDINGS, ids=[p.stem for p in FINDINGS])
+def test_p_diff_sees_the_finding_exactly_where_the_legacy_pattern_did(path: Path, known: list[Known]) -> None:
+    """P-DIFF reports a failing op as a disagreement with the reference; a signature naming both anomaly types
+    explains it there too, exactly where the line pattern it replaced did."""
+    case, finding = read_case_file(path)
+    stem = path.stem.removeprefix(f"{SUT}-")
+    j = _judged_by_diff(case, _records(stem, case))
+    assert not j.ok
+    legacy = j.verdict.value == finding["verdict"] and all(re.search(LEGACY[stem], line) for line in j.details)
+    assert (explained_by(known, SUT, j) == path.name) == legacy, j
 
 
 def test_other_facts_are_not_explained(known: list[Known]) -> None:
