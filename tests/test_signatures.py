@@ -148,6 +148,18 @@ def test_p_diff_sees_the_finding_exactly_where_the_legacy_pattern_did(path: Path
     assert (explained_by(known, SUT, j) == path.name) == legacy, j
 
 
+def test_the_zero_size_shape_loss_is_known_by_either_check_that_sees_it(known: list[Known]) -> None:
+    """UC's async save loses an empty tensor's shape; the resume fails in the optimizer's check ("expect shape")
+    or, for an all-zero shape, in the model's own ("receives a shape"): one bug, one signature."""
+    path = REGRESSIONS / f"{SUT}-async-zero-size-shape-lost.json"
+    case, _ = read_case_file(path)
+    recs = _records("async-zero-size-shape-lost", case)
+    message = ("rank 0: Error(s) in loading state dict for HarnessModel: ['Skip loading for b. b receives a shape "
+               "[0], but the expected shape is [0, 0].']")
+    recs[1] = _failed(recs[1], "RuntimeError", message)
+    assert explained_by(known, SUT, _judged(case, recs)) == path.name
+
+
 def test_other_facts_are_not_explained(known: list[Known]) -> None:
     path = REGRESSIONS / f"{SUT}-empty-model-save.json"
     case, _ = read_case_file(path)
