@@ -95,7 +95,6 @@ class History:
     ran: int  # ops recorded
     total: int  # ops in the case
     listings: tuple[tuple[str, ...] | None, ...] = ()  # per recorded op: the names the SUT listed finished after it
-    rotations: tuple[tuple[int, int], ...] = ()  # (op index, keep), explicit and keep_last's
 
     def loads(self) -> list[LoadFacts]:
         return [e for e in self.events if isinstance(e, LoadFacts)]
@@ -117,8 +116,7 @@ class History:
         """No op strictly between ops ``first`` and ``last`` could have written or deleted a checkpoint (only
         loads, trains, kills and restarts ran), so what one of them saw on disk the other saw too."""
         lo, hi = sorted((first, last))
-        return all(op.kind in QUIET for op in self.case.ops[lo + 1:hi]) and not any(lo < at < hi
-                                                                                      for at, _ in self.rotations)
+        return all(op.kind in QUIET for op in self.case.ops[lo + 1:hi])  # a rotation is a rotate op or a save
 
 
 @dataclass
@@ -155,7 +153,7 @@ def history(case: Case, outcome: Outcome) -> History:
             b.corrupted.append(rec.index)  # the fault corrupts the root after its op
         b.listings.append(rec.complete)
     h = History(case, b.fault_op, b.fault_kind, tuple(b.saves), tuple(b.corrupted), tuple(b.events),
-                len(outcome.records), len(case.ops), tuple(b.listings), tuple(b.rotations))
+                len(outcome.records), len(case.ops), tuple(b.listings))
     return dataclasses.replace(h, events=tuple(_with_intact(h, e) for e in h.events))
 
 
