@@ -85,3 +85,15 @@ def test_without_the_listing_the_loads_show_what_they_can(kind: str, evidence: s
     for rec in outcome.records:
         rec.complete = None
     assert _kinds(BUGGY + sut, case, outcome) == ([kind] if evidence else [])
+
+
+@pytest.mark.parametrize("kind, still", [("resume-lost", False), ("listed-incomplete", False),
+                                         ("no-complete-checkpoint", True)])
+def test_a_corruption_excuses_what_follows_it_only(kind: str, still: bool) -> None:
+    """A ``corrupt`` op right after the restart may explain any failure after it, so latest failing and a listed
+    checkpoint failing are not judged; a gap the job had before the corruption still is."""
+    _, _, sut, case = next(p.values for p in RULES if p.values[0] == kind)
+    restart = next(i for i, op in enumerate(case.ops) if op.kind == "restart")
+    corrupted = dataclasses.replace(case, ops=(*case.ops[:restart + 1], Op("corrupt", seed=1),
+                                               *case.ops[restart + 1:]))
+    assert (kind in _kinds(BUGGY + sut, corrupted, _run(BUGGY + sut, corrupted))) is still
