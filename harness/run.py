@@ -79,7 +79,7 @@ class _Job:
         if op.kind in HARNESS_KINDS:
             if faulted:
                 raise FaultSpecError(f"fault op {i} is a {op.kind}: a fault needs an op that runs on the ranks")
-            return self.harness_op(op, i), False
+            return self.listed(self.harness_op(op, i)), False
         world = self.case.world_size(self.case.op_layouts(i))
         runner = self.runners.get(world, self.case.options, launched=faulted)
         rec = OpRecord(i, op.kind, op.name)
@@ -95,8 +95,20 @@ class _Job:
             if failure.kind == "setup":
                 self.outcome.records.append(rec)
                 raise
-            return rec, True
-        return rec, False
+            return self.listed(rec), True
+        return self.listed(rec), False
+
+    def listed(self, rec: OpRecord) -> OpRecord:
+        """Record what the SUT presents as finished checkpoints after the op (on the root a fault left): the
+        history judge holds every one of them to loading bitwise, and a job to never having none. A listing, no
+        load; a root the SUT cannot read counts as "cannot tell"."""
+        names = sorted({op.name for op in self.case.ops if op.kind == "save" and op.name})
+        try:
+            found = self.runners.cls.complete(self.root, names, self.case.options)
+        except OSError:
+            found = None
+        rec.complete = None if found is None else tuple(found)
+        return rec
 
     def begin(self, runner: Runner) -> None:
         if runner not in self.active:

@@ -308,6 +308,59 @@ class RotationDeletedLast(Anomaly):
 
 
 @dataclass(frozen=True)
+class ResumeLost(_OpError):
+    """After a crash, resuming as the SUT's users resume ("latest") failed although acknowledged ``version`` (op
+    ``save_op``, checkpoint ``checkpoint``) was intact: op ``intact_op`` shows it (listed as finished, or loaded
+    by name bitwise with nothing in between)."""
+
+    version: int
+    save_op: int
+    checkpoint: str | None
+    intact_op: int
+    kind = "resume-lost"
+    verdict_is = Verdict.DATA_LOSS
+
+    def render(self) -> str:
+        return (f"{_prefix(self.at)}resume lost: latest fails although acknowledged version {self.version} "
+                f"({self.checkpoint}, op {self.save_op}) is intact (op {self.intact_op}): {self.error.render()}")
+
+
+@dataclass(frozen=True)
+class ListedIncomplete(_OpError):
+    """A checkpoint the SUT itself listed as finished (after op ``listed_op``) does not load: it looks complete
+    but is not (acknowledged or not)."""
+
+    listed_op: int
+    kind = "listed-incomplete"
+    verdict_is = Verdict.DATA_LOSS
+
+    def render(self) -> str:
+        name = self.at.name if self.at is not None else None
+        return (f"{_prefix(self.at)}the SUT lists {name} as complete (after op {self.listed_op}) but it does not "
+                f"load: {self.error.render()}")
+
+
+@dataclass(frozen=True)
+class NoCompleteCheckpoint(Anomaly):
+    """After op ``at`` the job had no complete checkpoint although version ``version`` (op ``save_op``) had been
+    acknowledged: the SUT listed none as finished (``gone`` empty), or every checkpoint saved before then
+    (``gone``, by name) failed to load afterwards with nothing in between that writes or deletes one."""
+
+    at: At
+    version: int
+    save_op: int
+    gone: tuple[str | None, ...]
+    kind = "no-complete-checkpoint"
+    verdict_is = Verdict.DATA_LOSS
+
+    def render(self) -> str:
+        how = (f"none of {', '.join(str(n) for n in self.gone)} loads afterwards" if self.gone
+               else "the SUT lists no finished checkpoint")
+        return (f"{self.at.render()}: the job is left without a complete checkpoint although version "
+                f"{self.version} (op {self.save_op}) was acknowledged: {how}")
+
+
+@dataclass(frozen=True)
 class CoverViolated(Anomaly):
     """What a save wrote does not cover a tensor exactly once (``error_type``: MissingSlices, OverlappingSlices)."""
 
@@ -356,7 +409,8 @@ class OpsMissing(Anomaly):
 TYPES: dict[str, type[Anomaly]] = {cls.kind: cls for cls in (
     OpFailed, RankHung, RankDied, FailedAfterFault, FaultKilledRank, LoadStopped, SaveAfterFaultLost,
     AcknowledgedLost, UnclearError, LoadedUnsaved, OlderCameBack, CorruptionRedirected, TensorDiffers,
-    LoadedNoVersion, ResumedRunDiffers, RotationDeletedLast, CoverViolated, OutcomeDiffers, OpsMissing)}
+    LoadedNoVersion, ResumedRunDiffers, RotationDeletedLast, ResumeLost, ListedIncomplete, NoCompleteCheckpoint,
+    CoverViolated, OutcomeDiffers, OpsMissing)}
 
 
 # --- judgements from anomalies ------------------------------------------------------------------------------------

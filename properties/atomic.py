@@ -17,6 +17,17 @@ each save were followed by ``rotate(keep_last)`` counting that save, finished or
 named acknowledged checkpoint that no longer loads, some newer save it counted must load: if every one of them was
 tried by name and failed, the rotation deleted the last complete checkpoint for an incomplete one (P-NOLOSS).
 
+Three rules a training job would sign hold over the whole history, beyond what each load was allowed to give:
+- *resume never lost*: after a crash, kill, restart or power loss (a fault case restarts the job after its fault),
+  "latest" must give the last acknowledged checkpoint or a newer complete one; an incomplete newer attempt excuses a
+  failure only while nothing shows the acknowledged one intact (listed as finished just before, or loaded by name
+  with nothing in between that writes or deletes), and a corruption excuses it always (P-NOLOSS);
+- *never without a complete checkpoint*: from the first acknowledgement on, no op may leave the job with none —
+  the SUT lists none as finished, or a rotation left only checkpoints that then fail by name — and a later save
+  does not excuse the gap (P-NOLOSS);
+- *looks complete, is complete*: a checkpoint the SUT itself listed as finished (``OpRecord.complete``, from the
+  adapter's ``complete``) just before a load of it must load, acknowledged or not (P-ATOMIC).
+
 Judging takes three steps: the facts of the history (properties.history), the anomalies they show by the rules
 below (properties.anomalies: typed, with the ops they cite and the property each breaks), and the judgement, the
 worst of them rendered as text (properties.verdicts.worst).
@@ -29,18 +40,22 @@ from collections.abc import Collection
 from .anomalies import (
     AcknowledgedLost,
     Anomaly,
+    At,
     CorruptionRedirected,
     FailedAfterFault,
     FaultKilledRank,
+    ListedIncomplete,
     LoadedNoVersion,
     LoadedUnsaved,
     LoadStopped,
+    NoCompleteCheckpoint,
     OlderCameBack,
     OpFailed,
     OpsMissing,
     RankDied,
     RankHung,
     ResumedRunDiffers,
+    ResumeLost,
     RotationDeletedLast,
     SaveAfterFaultLost,
     SutError,
@@ -68,7 +83,7 @@ def check_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | 
 def anomalies(h: History, clear_errors: Collection[str] | None) -> list[Anomaly]:
     """Every anomaly of the history, in op order, then those of the history as a whole."""
     found = [_event(h, e, clear_errors) for e in h.events]
-    found += [rotation_deleted_last(h), ops_missing(h)]
+    found += [rotation_deleted_last(h), never_without_complete(h), ops_missing(h)]
     return [a for a in found if a is not None]
 
 
@@ -146,9 +161,37 @@ def failed_load(h: History, load: LoadFacts, clear_errors: Collection[str] | Non
         if h.fault_op is not None and ack.index > h.fault_op:
             return SaveAfterFaultLost(h.case.property, load.at, load.error, ack.version, ack.index)
         return AcknowledgedLost(attributed(h, load, loss=True), load.at, load.error, ack.version, ack.index)
+    lost = resume_lost(load) or listed_incomplete(load)
+    if lost is not None:
+        return lost
     if _clear(load.error, clear_errors):
         return None
     return UnclearError(attributed(h, load), load.at, load.error)
+
+
+def resume_lost(load: LoadFacts) -> ResumeLost | None:
+    """Rule "resume never lost": after a crash, kill, restart or power loss, resuming as the SUT's users resume
+    ("latest") must give the last acknowledged checkpoint or a newer complete one. An incomplete newer attempt
+    does not excuse a clear error while the acknowledged one sits intact on disk (listed as finished, or loaded by
+    name): the job would stop, or start over, with its checkpoint right there (P-NOLOSS). Only where nothing was
+    acknowledged or a corruption may have hit it may latest fail."""
+    if load.name is not None or load.ack is None or not load.after_crash or load.after_corruption \
+            or load.intact is None:
+        return None
+    assert load.error is not None
+    ack = load.ack
+    return ResumeLost("P-NOLOSS", load.at, load.error, ack.version, ack.index, ack.name, load.intact)
+
+
+def listed_incomplete(load: LoadFacts) -> ListedIncomplete | None:
+    """Rule "looks complete, is complete": a checkpoint the SUT itself listed as finished just before the load
+    (its marker, done file, metadata or index) must load, acknowledged or not — a user, a resume selector or a
+    rotation takes it for a checkpoint. Unless a corruption may have hit it, failing is a partial checkpoint made
+    visible (data loss, P-ATOMIC)."""
+    if not load.listed or load.after_corruption:
+        return None
+    assert load.error is not None
+    return ListedIncomplete("P-ATOMIC", load.at, load.error, load.at.op - 1)
 
 
 def wrong_state(h: History, load: LoadFacts) -> Anomaly | None:
@@ -222,6 +265,47 @@ def rotation_deleted_last(h: History) -> Anomaly | None:
         if newer and all(s.name in failed and s.index not in loaded for s in newer):
             return RotationDeletedLast("P-NOLOSS", load.at, lost.version, lost.index, tuple(s.name for s in newer))
     return None
+
+
+def never_without_complete(h: History) -> NoCompleteCheckpoint | None:
+    """Rule "never without a complete checkpoint": once a save has been acknowledged, no op (a rotation, a crash,
+    a later save) may leave the job with no complete checkpoint, and a later save does not excuse the gap: a
+    crash inside it would have lost the job (P-NOLOSS). The first op after which the SUT lists none as finished,
+    or a rotation after which every checkpoint saved before it fails to load. From a corruption on, damage may
+    explain a gap, so none is judged."""
+    first = h.first_acknowledged()
+    if first is None or first.settled is None:
+        return None
+    for index in range(first.settled, h.ran):
+        if h.corrupted_by(index):
+            return None
+        gone = _gap(h, index)
+        if gone is not None:
+            ack = h.newest_acknowledged_by(index)
+            assert ack is not None
+            op = h.case.ops[index]
+            return NoCompleteCheckpoint("P-NOLOSS", At(index, op.kind, op.name), ack.version, ack.index, gone)
+    return None
+
+
+def _gap(h: History, index: int) -> tuple[str | None, ...] | None:
+    """How op ``index`` left the job without a complete checkpoint: () when the SUT listed none as finished after
+    it; the names saved up to it when the op rotated and each of them then failed every load by name with
+    nothing in between that writes or deletes a checkpoint; None when the history does not show a gap."""
+    if h.listings[index] == ():
+        return ()
+    op = h.case.ops[index]
+    if op.kind != "rotate" and not (op.kind == "save" and h.case.options.get("keep_last")):
+        return None
+    names = sorted({s.name for s in h.saves if s.index <= index}, key=str)
+    return tuple(names) if names and all(_gone_after(h, n, index) for n in names) else None
+
+
+def _gone_after(h: History, name: str | None, index: int) -> bool:
+    """Checkpoint ``name`` was tried by name after op ``index``, with only loads, trains, kills and restarts in
+    between, and every such load failed with an error (not a hang or a dead rank)."""
+    tried = [x for x in h.loads() if x.name == name and x.at.op > index and h.quiet(index, x.at.op)]
+    return bool(tried) and all(x.error is not None and not x.error.failure for x in tried)
 
 
 def ops_missing(h: History) -> Anomaly | None:

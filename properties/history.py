@@ -7,6 +7,10 @@ A save is acknowledged when it returned (sync, or async and waited for; a fault 
 fault report says it had returned), a detached async save when a later ``wait`` returned; until then it is
 pending, and a ``kill``, a ``restart`` or a failed ``wait`` settles it unacknowledged. A SUT that rotates inside
 every save (option ``keep_last``) counts as a ``rotate(keep_last)`` right after each save.
+
+After every op the harness records which checkpoints the SUT itself presents as finished (``OpRecord.complete``:
+its commit marker, done file, metadata or index, read the way its own "latest" reads them); the history keeps
+those listings, and each load knows whether its checkpoint was listed just before it ran.
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ class LoadFacts:
     corrupted: bool  # a corruption hit ack
     rotated: bool  # by name: a rotation after ack counted ``keep`` saves that may be newer than it
     lost_since_ack: bool  # a kill, restart or rotation ran after ack was settled
+    listed: bool = False  # by name: the SUT listed this name as finished after the op before the load
+    after_crash: bool = False  # a kill, a restart or the fault case's faulted op (then the job restarts) ran before
+    after_corruption: bool = False  # a corruption hit the root before the load
+    intact: int | None = None  # "latest": an op showing ack intact then (listed just before, or loaded by name)
     matched: Save | None = None  # the allowed save whose state it gave bitwise
     came_back: Save | None = None  # else an older save (acknowledged, or any for "latest") whose state it gave
     closest: int | None = None  # else the version its state is compared against ...
@@ -73,6 +81,7 @@ class LoadFacts:
 
 
 Event = OpFacts | TrainFacts | LoadFacts
+QUIET = ("load", "train", "kill", "restart")  # ops that neither write nor delete a checkpoint
 
 
 @dataclass(frozen=True)
@@ -85,9 +94,29 @@ class History:
     events: tuple[Event, ...]  # in op order
     ran: int  # ops recorded
     total: int  # ops in the case
+    listings: tuple[tuple[str, ...] | None, ...] = ()  # per recorded op: the names the SUT listed finished after it
 
     def loads(self) -> list[LoadFacts]:
         return [e for e in self.events if isinstance(e, LoadFacts)]
+
+    def first_acknowledged(self) -> Save | None:
+        """The save whose acknowledgement came first: from its settling op on, the job has had a checkpoint."""
+        return min((s for s in self.saves if s.acked), key=lambda s: s.settled or 0, default=None)
+
+    def newest_acknowledged_by(self, index: int) -> Save | None:
+        """The newest save acknowledged by op ``index`` (the one a job resuming after that op must get back)."""
+        return max((s for s in self.saves if s.acked and (s.settled or 0) <= index), key=lambda s: s.index,
+                   default=None)
+
+    def corrupted_by(self, index: int) -> bool:
+        """A corruption may have hit the root by the end of op ``index``."""
+        return any(c <= index for c in self.corrupted)
+
+    def quiet(self, first: int, last: int) -> bool:
+        """No op strictly between ops ``first`` and ``last`` could have written or deleted a checkpoint (only
+        loads, trains, kills and restarts ran), so what one of them saw on disk the other saw too."""
+        lo, hi = sorted((first, last))
+        return all(op.kind in QUIET for op in self.case.ops[lo + 1:hi])  # a rotation is a rotate op or a save
 
 
 @dataclass
@@ -102,6 +131,7 @@ class _Builder:
     rotations: list[tuple[int, int]] = field(default_factory=list)  # (op index, keep)
     crashes: list[int] = field(default_factory=list)  # kill and restart op indices
     events: list[Event] = field(default_factory=list)
+    listings: list[tuple[str, ...] | None] = field(default_factory=list)  # per op read so far
 
     def settle(self, index: int, acked: bool) -> None:
         self.saves = [dataclasses.replace(s, settled=index, acked=acked) if s.settled is None else s
@@ -121,8 +151,10 @@ def history(case: Case, outcome: Outcome) -> History:
         _read(b, op, rec, outcome.fault or {})
         if rec.index == b.fault_op and b.fault_kind == "corrupt":
             b.corrupted.append(rec.index)  # the fault corrupts the root after its op
-    return History(case, b.fault_op, b.fault_kind, tuple(b.saves), tuple(b.corrupted), tuple(b.events),
-                   len(outcome.records), len(case.ops))
+        b.listings.append(rec.complete)
+    h = History(case, b.fault_op, b.fault_kind, tuple(b.saves), tuple(b.corrupted), tuple(b.events),
+                len(outcome.records), len(case.ops), tuple(b.listings))
+    return dataclasses.replace(h, events=tuple(_with_intact(h, e) for e in h.events))
 
 
 def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
@@ -166,7 +198,10 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
         newest_incomplete=name is None and (b.fault_kind is not None or any(not s.acked for s in undecided)),
         corrupted=ack is not None and any(ack.index <= c for c in b.corrupted),
         rotated=name is not None and ack is not None and b.rotated_away(ack),
-        lost_since_ack=ack is not None and any(i > (ack.settled or 0) for i in [*b.crashes, *dict(b.rotations)]))
+        lost_since_ack=ack is not None and any(i > (ack.settled or 0) for i in [*b.crashes, *dict(b.rotations)]),
+        listed=name is not None and name in _last_listing(b),
+        after_crash=bool(b.crashes) or (b.fault_op is not None and b.fault_op < rec.index),
+        after_corruption=bool(b.corrupted))
     if not rec.ok or not allowed:
         return facts
     return _compare(b, facts, rec)
@@ -188,3 +223,22 @@ def _compare(b: _Builder, facts: LoadFacts, rec: OpRecord) -> LoadFacts:
     closest = ack.version if ack is not None else facts.allowed[-1].version
     return dataclasses.replace(facts, closest=closest,
                                differences=tuple(tensor_differences(case, closest, rec)))
+
+
+def _last_listing(b: _Builder) -> tuple[str, ...]:
+    """The names the SUT listed as finished after the op before this one (none where it cannot tell)."""
+    return (b.listings[-1] if b.listings else None) or ()
+
+
+def _with_intact(h: History, e: Event) -> Event:
+    """A "latest" load, with the op that shows its acknowledged checkpoint intact when it ran: the SUT listed it as
+    finished just before, or a load by name gave it bitwise with nothing in between that writes or deletes."""
+    if not isinstance(e, LoadFacts) or e.name is not None or e.ack is None:
+        return e
+    ack, op = e.ack, e.at.op
+    if op > 0 and ack.name in (h.listings[op - 1] or ()):
+        return dataclasses.replace(e, intact=op - 1)
+    shown = next((x.at.op for x in h.loads() if x.name == ack.name and x.matched is not None
+                  and x.matched.index == ack.index and h.quiet(x.at.op, op)),
+                 None)
+    return dataclasses.replace(e, intact=shown)

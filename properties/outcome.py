@@ -27,6 +27,8 @@ class OpRecord:
     dead: tuple[int, ...] = ()  # ranks that died during the op
     silent: tuple[int, ...] = ()  # ranks that neither answered nor died within the op timeout
     applied: dict | None = None  # harness-side ops (corrupt): what the harness did, e.g. the concrete plan
+    complete: tuple[str, ...] | None = None  # after the op: the names the SUT itself presents as finished (None:
+    # it cannot tell); after a faulted op, on the root the fault left
 
 
 @dataclass

@@ -131,12 +131,14 @@ _SPECS = (
     ),
     PropertySpec(
         "P-ATOMIC",
-        "a crash at any point of a save leaves the last acknowledged checkpoint, a newer one, or a clear error",
+        "a crash at any point of a save leaves the last acknowledged checkpoint or a newer complete one; what looks "
+        "complete loads, anything else fails clearly",
         _faults, checker=Checker.HISTORY, fault=True,
     ),
     PropertySpec(
         "P-NOLOSS",
-        "a crash during save or rotation never destroys the previous complete checkpoint",
+        "a crash during save or rotation never destroys the previous complete checkpoint, hides it from resuming "
+        "(latest), or leaves the job without one",
         _faults, checker=Checker.HISTORY, fault=True,
     ),
     PropertySpec(

@@ -16,9 +16,11 @@ from properties.anomalies import (
     CoverViolated,
     FailedAfterFault,
     FaultKilledRank,
+    ListedIncomplete,
     LoadedNoVersion,
     LoadedUnsaved,
     LoadStopped,
+    NoCompleteCheckpoint,
     OlderCameBack,
     OpFailed,
     OpsMissing,
@@ -26,6 +28,7 @@ from properties.anomalies import (
     RankDied,
     RankHung,
     ResumedRunDiffers,
+    ResumeLost,
     RotationDeletedLast,
     SaveAfterFaultLost,
     SutError,
@@ -81,6 +84,18 @@ EXAMPLES: list[tuple[Anomaly, str]] = [
     (RotationDeletedLast("P-NOLOSS", LOAD, 0, 0, ("step-1", "step-2")),
      "op 4 (load latest): acknowledged version 0 (op 0) was rotated away, and no newer checkpoint loads either "
      "(step-1, step-2): the rotation deleted the last complete checkpoint while its successor was incomplete"),
+    (ResumeLost("P-NOLOSS", LOAD, ERR, 0, 0, "step-0", 3),
+     "op 4 (load latest): resume lost: latest fails although acknowledged version 0 (step-0, op 0) is intact (op "
+     "3): CheckpointIncomplete: rank 0: no commit marker"),
+    (ListedIncomplete("P-ATOMIC", At(3, "load", "step-1"), ERR, 2),
+     "op 3 (load step-1): the SUT lists step-1 as complete (after op 2) but it does not load: CheckpointIncomplete: "
+     "rank 0: no commit marker"),
+    (NoCompleteCheckpoint("P-NOLOSS", At(2, "rotate", None), 0, 0, ()),
+     "op 2 (rotate latest): the job is left without a complete checkpoint although version 0 (op 0) was "
+     "acknowledged: the SUT lists no finished checkpoint"),
+    (NoCompleteCheckpoint("P-NOLOSS", At(2, "rotate", None), 0, 0, ("step-0", "step-1")),
+     "op 2 (rotate latest): the job is left without a complete checkpoint although version 0 (op 0) was "
+     "acknowledged: none of step-0, step-1 loads afterwards"),
     (CoverViolated("P-ROUNDTRIP", SAVE, "w", "MissingSlices", "tensor 'w': element 4 (flat index) is in no saved "
                    "slice"), "op 2 (save step-1): tensor 'w': element 4 (flat index) is in no saved slice"),
     (OutcomeDiffers("P-DIFF", LOAD, None, ERR),

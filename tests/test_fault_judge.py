@@ -62,8 +62,9 @@ CLEAR = {"CheckpointIncomplete", "CheckpointNotFound"}
 @pytest.mark.parametrize("latest, step0, verdict, prop", [
     (OLD, OLD, "pass", "P-ATOMIC"),  # the crash left the old checkpoint as latest
     (NEW, OLD, "pass", "P-ATOMIC"),  # ... or the new one, complete
-    (("CheckpointIncomplete", None), OLD, "pass", "P-ATOMIC"),  # ... or a clear error
-    (("KeyError", None), OLD, "loud-failure", "P-ATOMIC"),  # an unclear error
+    # latest fails while step-0 sits intact (op 4 loads it): the job cannot resume, clear error or not
+    (("CheckpointIncomplete", None), OLD, "data-loss", "P-NOLOSS"),
+    (("KeyError", None), OLD, "data-loss", "P-NOLOSS"),
     (_mixed(), OLD, "silent-corruption", "P-ATOMIC"),  # a mix of the two
     (OLD, ("CheckpointNotFound", None), "data-loss", "P-NOLOSS"),  # the acknowledged one is gone
     (OLD, NEW, "silent-corruption", "P-NOLOSS"),  # ... or now loads other data
@@ -106,7 +107,10 @@ def test_corruption_may_fail_clearly_but_never_load_wrong_data() -> None:
 
 
 def test_a_sut_without_typed_errors_gets_any_error_as_clear() -> None:
-    assert check_history(KILL, _outcome(False, ("EOFError", None), OLD), None).ok
+    outcome = _outcome(False, OLD, OLD)
+    outcome.records[3] = OpRecord(3, "load", "step-1", ok=False, error_type="EOFError", error="x")
+    assert check_history(KILL, outcome, None).ok
+    assert not check_history(KILL, outcome, CLEAR).ok  # with typed errors, an EOFError is not one of them
 
 
 def test_recovery_save_must_work() -> None:

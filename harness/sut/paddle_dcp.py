@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import pickle
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -157,6 +158,12 @@ class PaddleDcpSut(PaddleAdapter):
             module._metadata_manager.clear()
 
     # --- controller side -------------------------------------------------------------------------------------
+
+    @classmethod
+    def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
+        """Names whose Paddle metadata file exists (under same_dir, the version's ``<unique_id>.metadata``): the
+        file Paddle's load reads first and picks the newest unique_id by, so it is what "finished" means here."""
+        return sorted(n for n in names if _metadata_files(Path(root), n))
 
     @classmethod
     def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:

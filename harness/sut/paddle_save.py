@@ -9,6 +9,7 @@ write safetensors. Quirks and evidence: docs/paddle-notes.md.
 from __future__ import annotations
 
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -107,6 +108,13 @@ class PaddleSaveSut(PaddleAdapter):
             if out[tname].shape != rt.local.tensor.shape:
                 raise ValueError(f"{tname!r}: {path} holds shape {out[tname].shape}, target is {rt.local.tensor.shape}")
         return out
+
+    @classmethod
+    def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
+        """Names whose directory holds a rank file of the case's format: paddle.save has no commit step, so a
+        file that exists is all a user can go by."""
+        suffix = "safetensors" if options.get("format") == "safetensors" else "pdparams"
+        return sorted(n for n in names if any((Path(root) / n).glob(f"rank-*.{suffix}")))
 
     def end_case(self) -> None:
         for handle in self._pending:

@@ -25,6 +25,7 @@ import contextlib
 import os
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -255,6 +256,21 @@ class PaddleFormersUcSut(PaddleAdapter):
         job, self._job = self._job, None
         if job is not None:
             _stop_writers(job.trainer)
+
+    @classmethod
+    def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
+        """Names whose ``checkpoint-N`` directory ``get_last_checkpoint`` would take as finished: any such directory
+        by default (it checks nothing), only one holding ``.checkpoint_done`` with option ``pdc`` (the adapter runs
+        manual parallel, so the async signal-file count is never consulted)."""
+        out = []
+        for n in names:
+            try:
+                path = Path(root) / _dir_name(n)
+            except ValueError:  # no trailing step number: UC could never have written it
+                continue
+            if path.is_dir() and (not options.get("pdc") or (path / ".checkpoint_done").is_file()):
+                out.append(n)
+        return sorted(out)
 
     @classmethod
     def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:

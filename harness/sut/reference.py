@@ -8,11 +8,22 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
 
-from reference import AsyncSaver, AsyncWriterError, CheckpointError, Target, commit, load, new_save_id, save_rank
+from reference import (
+    AsyncSaver,
+    AsyncWriterError,
+    CheckpointError,
+    Target,
+    commit,
+    committed_checkpoints,
+    load,
+    new_save_id,
+    save_rank,
+)
 from reference.commit import rotate as rotate_checkpoints
 from reference.dtypes import DTYPES
 from reference.index import read_index
@@ -104,3 +115,8 @@ class ReferenceSut(SutAdapter):
             return None
         index = read_index(root / name, check_cover=False)
         return {n: (meta.shape, [s.region for s in index.slices_of(n)]) for n, meta in index.tensors.items()}
+
+    @classmethod
+    def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
+        """The committed checkpoints: what ``latest``'s fallback and rotation count as finished."""
+        return sorted(n for n in committed_checkpoints(root) if n in names)

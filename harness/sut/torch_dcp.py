@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -220,6 +221,11 @@ class TorchDcpSut(SutAdapter):
         return self._meshes[key]
 
     # --- controller side -------------------------------------------------------------------------------------
+
+    @classmethod
+    def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
+        """Names whose ``.metadata`` exists: DCP writes it last, after every rank's data, and reads it first."""
+        return sorted(n for n in names if (Path(root) / n / ".metadata").is_file())
 
     @classmethod
     def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:

@@ -6,10 +6,13 @@ They wrap the reference adapter and break one thing, the way real checkpoint bug
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import numpy as np
 
-from harness.sut.reference import ReferenceSut
+from harness.sut.reference import ReferenceSut, agreed_save_id
+from reference import commit, committed_checkpoints, save_rank
+from reference.commit import set_latest
 
 
 class FlipsLastElementSut(ReferenceSut):
@@ -163,3 +166,103 @@ class SavesEveryReplicaSut(ReferenceSut):
         every = {k: dataclasses.replace(rt, local=dataclasses.replace(rt.local, saves=True))
                  for k, rt in tensors.items()}
         return super().save(root, name, every, use_async=use_async, options=options)
+
+
+# --- bugs that show only when a save never finishes (a kill or restart before its wait) ----------------------------
+
+
+def _deferred(handle) -> bool:
+    return isinstance(handle[0], tuple) and handle[0][0] == "deferred"
+
+
+class _FinishesAtWaitSut(ReferenceSut):
+    """Not a bug by itself: an async save that snapshots the caller's tensors and writes them only when waited for
+    (the background write, at its latest moment), so a ``kill`` or ``restart`` before the wait leaves exactly what
+    ``started`` put on disk. Subclasses break what happens around an unfinished save; sync saves run
+    ``started`` and ``finish`` back to back."""
+
+    def save(self, root, name, tensors, *, use_async, options):
+        self.started(root, name, tensors, options)
+        if not use_async:
+            self.finish(root, name, tensors, options)
+            return None, tensors
+        snapshot = {k: dataclasses.replace(rt, local=dataclasses.replace(rt.local, tensor=rt.local.tensor.copy()))
+                    for k, rt in tensors.items()}
+        return ("deferred", root, name, options, snapshot), tensors
+
+    def wait(self, handle):
+        if _deferred(handle):
+            _, root, name, options, snapshot = handle[0]
+            self.finish(root, name, snapshot, options)
+            return None
+        return super().wait(handle)
+
+    def kill_pending(self, handles):
+        super().kill_pending([h for h in handles if not _deferred(h)])  # an unfinished save just never finishes
+
+    def started(self, root, name, tensors, options) -> None:
+        """What the save does before its data is written (nothing, done right)."""
+
+    def finish(self, root, name, tensors, options) -> None:
+        """Write the checkpoint: the reference's sync save, which commits it and then moves ``latest``."""
+        super().save(root, name, tensors, use_async=False, options=options)
+
+
+class MovesLatestFirstSut(_FinishesAtWaitSut):
+    """Moves ``latest`` to the new checkpoint when the save starts, before it is complete: after a crash, resuming
+    from latest fails although the previous acknowledged checkpoint sits intact on disk."""
+
+    name = "moves-latest-first"
+
+    def started(self, root, name, tensors, options) -> None:
+        if self.rank == 0:
+            set_latest(root, name, agreed_save_id(name))
+
+
+class IndexFirstSut(_FinishesAtWaitSut):
+    """Publishes the checkpoint's index before its data files, with no staging directory: until the data lands
+    (here, until the async save is waited for) a checkpoint that looks committed is missing its data. ``latest``
+    moves only once the data is there, so resuming is not affected."""
+
+    name = "index-first"
+    UNPUBLISHED = ".unpublished"  # where the ranks write; the dot keeps it out of every listing
+
+    def started(self, root, name, tensors, options) -> None:
+        private = root / self.UNPUBLISHED
+        local = {n: rt.local for n, rt in tensors.items()}
+        save_rank(private, name, agreed_save_id(name), self.rank, self.world, local)
+        if self.rank == 0:
+            commit(private, name, agreed_save_id(name), self.world, timeout=60.0)
+            (root / name).mkdir()
+            shutil.copy(private / name / "index.json", root / name / "index.json")
+
+    def finish(self, root, name, tensors, options) -> None:
+        if self.rank != 0:
+            return
+        for data in (root / self.UNPUBLISHED / name).iterdir():
+            if data.name != "index.json":
+                shutil.copy(data, root / name / data.name)
+        set_latest(root, name, agreed_save_id(name))
+
+
+class RotationCountsUnfinishedSut(_FinishesAtWaitSut):
+    """Rotation counts saves still in flight as checkpoints (and ignores ``latest``): with a save pending it deletes
+    the last complete checkpoint, so a crash before that save finishes leaves the job with none."""
+
+    name = "rotation-counts-unfinished"
+
+    def started(self, root, name, tensors, options) -> None:
+        self.unfinished = [*getattr(self, "unfinished", []), name]
+
+    def finish(self, root, name, tensors, options) -> None:
+        super().finish(root, name, tensors, options)
+        self.unfinished.remove(name)
+
+    def rotate(self, root, keep):
+        if self.rank == 0:
+            found = committed_checkpoints(root)
+            newest_first = [*reversed(getattr(self, "unfinished", [])), *sorted(found, key=found.__getitem__,
+                                                                                 reverse=True)]
+            for victim in newest_first[keep:]:
+                if victim in found:
+                    shutil.rmtree(root / victim)

@@ -1,0 +1,99 @@
+"""The history rules a training job would sign: resume never lost, never without a complete checkpoint, looks
+complete => is complete (properties.atomic). Each is proven by a broken SUT of tests/suts/buggy.py that only its
+rule catches — every other rule, old and new, passes it, so the checker before these rules passed it too — while
+the reference passes the same ops. The ops need no ptrace: an async save left unfinished by a ``restart``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from harness.faultrun import standard_case
+from harness.judge import Judge
+from harness.runners import Runners
+from harness.sut import adapter_class
+from properties.atomic import anomalies
+from properties.case import Case, Op
+from properties.history import history
+from properties.outcome import Outcome
+
+BUGGY = "tests.suts.buggy:"
+
+
+def _ops(*ops: Op) -> Case:
+    return dataclasses.replace(standard_case(), ops=ops, fault=None)
+
+
+def save(version: int, detach: bool = False) -> Op:
+    return Op("save", f"step-{version}", version, use_async=detach, detach=detach)
+
+
+def load(version: int, by_name: bool = True) -> Op:
+    return Op("load", f"step-{version}" if by_name else None, version)
+
+
+# The previous save is acknowledged, the next one is started and never finishes (the job restarts before its wait).
+UNFINISHED = (save(0), save(1, detach=True), Op("restart"))
+RULES = [  # (anomaly, property, broken SUT, ops)
+    pytest.param("resume-lost", "P-NOLOSS", "MovesLatestFirstSut",
+                 _ops(*UNFINISHED, load(0, by_name=False), load(0), load(1)), id="resume-never-lost"),
+    pytest.param("listed-incomplete", "P-ATOMIC", "IndexFirstSut",
+                 _ops(*UNFINISHED, load(1), load(0, by_name=False), load(0)), id="looks-complete-is-complete"),
+    pytest.param("no-complete-checkpoint", "P-NOLOSS", "RotationCountsUnfinishedSut",
+                 _ops(save(0), save(1, detach=True), Op("rotate", keep=1), Op("restart"), load(0), load(1), save(2),
+                      load(2)), id="never-without-complete"),  # the later save 2 must not excuse the gap
+]
+
+
+def _run(sut: str, case: Case) -> Outcome:
+    judge = Judge(Runners(sut, "in-process"))
+    try:
+        return judge(dataclasses.replace(case, sut=sut))[1]
+    finally:
+        judge.close()
+
+
+def _kinds(sut: str, case: Case, outcome: Outcome) -> list[str]:
+    return [a.kind for a in anomalies(history(case, outcome), adapter_class(sut).clear_errors)]
+
+
+@pytest.mark.parametrize("kind, prop, sut, case", RULES)
+def test_only_its_rule_catches_the_broken_sut(kind: str, prop: str, sut: str, case: Case) -> None:
+    outcome = _run(BUGGY + sut, case)
+    found = anomalies(history(case, outcome), adapter_class(BUGGY + sut).clear_errors)
+    assert [a.kind for a in found] == [kind], [a.render() for a in found]
+    assert (found[0].property, found[0].verdict.value) == (prop, "data-loss")
+
+
+@pytest.mark.parametrize("kind, prop, sut, case", RULES)
+def test_the_reference_passes_the_same_ops(kind: str, prop: str, sut: str, case: Case) -> None:
+    outcome = _run("reference", case)
+    assert _kinds("reference", case, outcome) == []
+    assert all(rec.complete for rec in outcome.records), [rec.complete for rec in outcome.records]
+
+
+@pytest.mark.parametrize("kind, evidence", [("resume-lost", "a load by name"),
+                                            ("no-complete-checkpoint", "failed loads after the rotation"),
+                                            ("listed-incomplete", None)])
+def test_without_the_listing_the_loads_show_what_they_can(kind: str, evidence: str | None) -> None:
+    """A SUT that cannot tell what is complete (``complete`` gives None) is judged from its loads alone: the intact
+    checkpoint latest skipped was loaded by name, and every checkpoint the rotation left failed by name. That a
+    checkpoint looked complete, only the listing can say."""
+    _, _, sut, case = next(p.values for p in RULES if p.values[0] == kind)
+    outcome = _run(BUGGY + sut, case)
+    for rec in outcome.records:
+        rec.complete = None
+    assert _kinds(BUGGY + sut, case, outcome) == ([kind] if evidence else [])
+
+
+@pytest.mark.parametrize("kind, still", [("resume-lost", False), ("listed-incomplete", False),
+                                         ("no-complete-checkpoint", True)])
+def test_a_corruption_excuses_what_follows_it_only(kind: str, still: bool) -> None:
+    """A ``corrupt`` op right after the restart may explain any failure after it, so latest failing and a listed
+    checkpoint failing are not judged; a gap the job had before the corruption still is."""
+    _, _, sut, case = next(p.values for p in RULES if p.values[0] == kind)
+    restart = next(i for i, op in enumerate(case.ops) if op.kind == "restart")
+    corrupted = dataclasses.replace(case, ops=(*case.ops[:restart + 1], Op("corrupt", seed=1),
+                                               *case.ops[restart + 1:]))
+    assert (kind in _kinds(BUGGY + sut, corrupted, _run(BUGGY + sut, corrupted))) is still
