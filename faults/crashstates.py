@@ -69,7 +69,7 @@ __all__ = ["KINDS", "OP_KINDS", "CrashState", "FsOp", "StateList", "enumerate_st
 
 KINDS = ("prefix", "torn-half", "torn-zero", "lost-data", "lost-all-data", "lost-dirent")
 _RANK = {k: i for i, k in enumerate(KINDS)}
-_DIRENT_OPS = frozenset({"rename", "unlink", "mkdir", "rmdir", "move-out"})
+_DIRENT_OPS = frozenset({"rename", "exchange", "unlink", "mkdir", "rmdir", "move-out"})
 
 # --- parsing a recording -----------------------------------------------------------------------------------
 
@@ -294,19 +294,26 @@ class _Parser:
             src, dst = self.path(None, a[0]), self.path(None, a[1])
         else:
             src, dst = self.path(a[0], a[1]), self.path(a[2], a[3])
+        exchange = self.c.name == "renameat2" and "RENAME_EXCHANGE" in a[4]
         rs, rd = self.rel(src), self.rel(dst)
-        for fd, p in list(self.descs):  # open files follow their new name
+        moved = {}
+        for fd, p in list(self.descs):  # open files follow their new name (both ways for an exchange)
             if p == src or p.startswith(src + "/"):
-                self.descs[(fd, dst + p[len(src):])] = self.descs.pop((fd, p))
+                moved[(fd, dst + p[len(src):])] = self.descs.pop((fd, p))
+            elif exchange and (p == dst or p.startswith(dst + "/")):
+                moved[(fd, src + p[len(dst):])] = self.descs.pop((fd, p))
+        self.descs.update(moved)
         if rs is None and rd is None:
             return
-        if self.c.name == "renameat2" and ("RENAME_EXCHANGE" in a[4] or "RENAME_WHITEOUT" in a[4]):
-            raise self.err("RENAME_EXCHANGE / RENAME_WHITEOUT are not modelled")
+        if self.c.name == "renameat2" and "RENAME_WHITEOUT" in a[4]:
+            raise self.err("RENAME_WHITEOUT is not modelled")
         if rs == "" or rd == "":
             raise self.err("renames the root directory itself")
-        if rs is None:
+        if rs is None or (exchange and rd is None):
             raise self.err("moves a file from outside the root in: its content is not in the recording")
-        if rd is None:
+        if exchange:
+            self.emit("exchange", rs, new_path=rd)
+        elif rd is None:
             self.emit("move-out", rs)
         else:
             self.emit("rename", rs, new_path=rd)
@@ -375,13 +382,14 @@ class _Parser:
         ops = self.ops
         dirs = {""}
         for op in ops:
-            for p in (op.path, op.new_path) if op.kind == "rename" else (op.path,):
+            for p in (op.path, op.new_path) if op.kind in ("rename", "exchange") else (op.path,):
                 parts = p.split("/")
                 dirs.update("/".join(parts[:k]) for k in range(1, len(parts)))
             if op.kind in ("mkdir", "rmdir"):
                 dirs.add(op.path)
-        ops = [replace(op, is_dir=True) if not op.is_dir and op.kind in ("open", "rename", "move-out", "fsync")
-               and (op.path in dirs or (op.kind == "rename" and op.new_path in dirs)) else op for op in ops]
+        ops = [replace(op, is_dir=True) if not op.is_dir and op.kind in ("open", "rename", "exchange", "move-out", "fsync")
+               and (op.path in dirs or (op.kind in ("rename", "exchange") and op.new_path in dirs)) else op
+               for op in ops]
         # opens that neither create nor truncate and whose fd no later op uses change nothing: drop them
         used = {op.handle for op in ops if op.handle is not None}
         keep = [i for i, op in enumerate(ops) if op.kind != "open" or op.create or op.trunc or i in used]

@@ -28,7 +28,8 @@ from pathlib import Path
 
 from .errors import FaultSpecError
 
-OP_KINDS = ("open", "write", "truncate", "fsync", "sync", "rename", "unlink", "mkdir", "rmdir", "move-out")
+OP_KINDS = ("open", "write", "truncate", "fsync", "sync", "rename", "exchange", "unlink", "mkdir", "rmdir",
+            "move-out")
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,8 @@ class FsOp:
             return f"truncate {p} to {self.length}"
         if self.kind == "rename":
             return f"rename {p} -> {self.new_path or '.'}"
+        if self.kind == "exchange":
+            return f"exchange {p} <-> {self.new_path or '.'}"
         if self.kind == "sync":
             return "sync"
         return f"{self.kind} {p}"
@@ -341,6 +344,8 @@ class Model:
             return True
         if kind == "rename":
             return self._rename(i, op)
+        if kind == "exchange":
+            return self._exchange(i, op)
         parent, name, node = self._entry(op.path, op.is_dir or kind == "rmdir", creating=kind == "mkdir")
         if parent is None:
             return False
@@ -397,6 +402,17 @@ class Model:
                 return False
         del sp.entries[sname]
         dp.entries[dname] = node
+        self.pending[i] = {sp, dp}
+        return True
+
+    def _exchange(self, i: int, op: FsOp) -> bool:
+        """renameat2(RENAME_EXCHANGE): both names exist, and each now names the other's inode."""
+        sp, sname, a = self._entry(op.path, op.is_dir)
+        dp, dname, b = self._entry(op.new_path, op.is_dir)
+        if sp is None or dp is None or a is None or b is None:
+            return False
+        if a is not b:
+            sp.entries[sname], dp.entries[dname] = b, a
         self.pending[i] = {sp, dp}
         return True
 

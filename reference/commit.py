@@ -23,7 +23,7 @@ from .errors import (
     CorruptCheckpoint,
     UnsafePath,
 )
-from .fsutil import fsync_dir, read_small_file, write_durable
+from .fsutil import exchange, fsync_dir, read_small_file, write_durable
 from .index import INDEX_NAME, check_safe_name, read_index
 
 LATEST = "latest"
@@ -49,9 +49,19 @@ class AtomicRename:
         return root / f"{STAGING_PREFIX}{ckpt}-{save_id}"
 
     def finalize(self, staging: Path, final: Path) -> None:
+        """Publish ``staging`` as ``final``. A name saved again (a job resumed from an older step saves that step
+        again) is replaced by one atomic exchange, never in place: until the exchange is durable the old
+        checkpoint is the one under the name, and the staging name then holds the old one as debris."""
         fsync_dir(staging)
-        if final.exists():
-            raise CheckpointExists("a checkpoint of this name is already committed", final)
+        if final.exists() or final.is_symlink():
+            if final.is_symlink() or not final.is_dir():
+                raise UnsafePath("a checkpoint name is taken by something that is not a checkpoint", final)
+            if not exchange(staging, final):
+                raise CheckpointExists("a checkpoint of this name is already committed (this file system cannot "
+                                       "replace it atomically)", final)
+            fsync_dir(final.parent)
+            shutil.rmtree(staging, ignore_errors=True)
+            return
         os.rename(staging, final)
         fsync_dir(final.parent)
 
@@ -60,6 +70,8 @@ class AtomicRename:
 
 
 class CommitMarker:
+    """In place, published by a marker: a name cannot be replaced atomically, so saving it again is refused."""
+
     name = "marker"
 
     def staging_dir(self, root: Path, ckpt: str, save_id: str) -> Path:

@@ -22,7 +22,8 @@ class CheckpointNotFound(CheckpointError):
 
 
 class CheckpointExists(CheckpointError):
-    """A committed checkpoint of this name exists; names are never overwritten in place."""
+    """A committed checkpoint of this name exists and cannot be replaced atomically here (the marker protocol, or a
+    file system without an atomic exchange); names are never overwritten in place."""
 
 
 class CheckpointIncomplete(CheckpointError):

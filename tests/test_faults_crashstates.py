@@ -213,6 +213,59 @@ def test_rename_is_lost_without_a_directory_fsync(tmp_path: Path, dirsync: bool)
         assert "directory was not fsynced" in at_end[0].describe()
 
 
+# a directory "new" written durably, then swapped with the existing "final" by renameat2(RENAME_EXCHANGE)
+EXCHANGE = r'''
+import os, sys
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from reference.fsutil import exchange
+d = sys.argv[1]
+os.mkdir(os.path.join(d, "new"))
+fd = os.open(os.path.join(d, "new", "data"), os.O_WRONLY | os.O_CREAT, 0o644)
+os.write(fd, bytes(range(256)) * 3); os.fsync(fd); os.close(fd)
+for sub in ("new", "."):
+    dfd = os.open(os.path.join(d, sub), os.O_RDONLY | os.O_DIRECTORY); os.fsync(dfd); os.close(dfd)
+assert exchange(Path(d, "new"), Path(d, "final"))
+if "dirsync" in sys.argv:
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY); os.fsync(dfd); os.close(dfd)
+print("OK", flush=True)
+'''
+
+
+@needs_strace
+@pytest.mark.parametrize("dirsync", [False, True])
+def test_an_atomic_exchange_leaves_old_or_new_under_the_name_in_every_state(tmp_path: Path, dirsync: bool) -> None:
+    """How the reference saves a name again: every power-loss state has the old or the new directory under the
+    name (and the other under the staging name); the exchange is lost only without a directory fsync after it."""
+    repo = str(Path(__file__).resolve().parent.parent)
+    _, rec, out, base = _record_dirs(tmp_path, EXCHANGE, repo, *(["dirsync"] if dirsync else []))
+    ops = fs_ops(rec, out)
+    assert [op.kind for op in ops].count("exchange") == 1
+    full = dict(_states_trees(tmp_path, ops, [_full(ops)], base))
+    assert list(full.values())[0] == _tree(out)  # the model's end state is the real directory
+    seen, at_end = set(), set()
+    for st, tree in _states_trees(tmp_path, ops, enumerate_states(ops), base):
+        assert tree.get("final/data") in (OLD, NEW), (st.describe(), tree)
+        seen.add(tree["final/data"])
+        if st.prefix == len(ops):
+            at_end.add(tree["final/data"])
+    assert seen == {OLD, NEW}
+    assert at_end == ({NEW} if dirsync else {OLD, NEW})  # once durable, only a lost directory entry undoes it
+
+
+def _record_dirs(tmp_path: Path, source: str, *args: str):
+    """``_record`` with a base holding the directory ``final`` (one file of OLD bytes)."""
+    script = tmp_path / "writer.py"
+    script.write_text(source)
+    out, base = tmp_path / "out", tmp_path / "base"
+    (base / "final").mkdir(parents=True)
+    (base / "final" / "data").write_bytes(OLD)
+    shutil.copytree(base, out)
+    rec = strace.record([sys.executable, str(script), str(out), *args], capture_data=True, timeout=TIMEOUT)
+    assert rec.returncode == 0 and "OK" in rec.stdout_tail, rec.stderr_tail
+    return None, rec, out, base
+
+
 @needs_strace
 def test_truncated_capture_is_a_typed_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(strace, "CAPTURE_LIMIT", 64)  # strace -s 64: the 300-byte write is cut off
@@ -283,7 +336,7 @@ def test_synthetic_trace_offsets_threads_dup_deleted_failed_and_outside_calls(tm
     ('10 unlink("x") = 0', "unknown working directory"),
     ('10 write(7</r/f>, "a", 1) = 1', "unknown offset"),
     ('10 openat(AT_FDCWD</r>, "t", O_RDWR|O_TMPFILE, 0600) = 3</r/#1>', "O_TMPFILE"),
-    ('10 renameat2(AT_FDCWD</r>, "a", AT_FDCWD</r>, "b", RENAME_EXCHANGE) = 0', "EXCHANGE"),
+    ('10 renameat2(AT_FDCWD</r>, "a", AT_FDCWD</r>, "b", RENAME_WHITEOUT) = 0', "WHITEOUT"),
 ])
 def test_calls_the_model_cannot_express_are_typed_errors(text: str, match: str) -> None:
     with pytest.raises(FaultSpecError, match=match):

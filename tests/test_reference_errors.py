@@ -544,15 +544,30 @@ def test_checkpoint_not_found(tmp_path: Path) -> None:
     raises_exactly(CheckpointNotFound, lambda: R.load_global(empty, name="zzz"), str(empty), "'zzz'")
 
 
-@pytest.mark.parametrize("protocol", ["rename", "marker"])
-def test_saving_twice_to_one_name(tmp_path: Path, protocol: str) -> None:
+def test_saving_a_name_again_replaces_it_atomically(tmp_path: Path) -> None:
+    """A job resumed from an older step saves that step again: the rename protocol swaps the new checkpoint in by
+    one atomic exchange (the old one is never overwritten in place, and nothing of it is left behind)."""
     root = tmp_path / "root"
     first = make_state()
-    R.save(root, first, LAYOUTS, name="a", commit_protocol=protocol)
+    R.save(root, first, LAYOUTS, name="a")
+    R.save(root, first, LAYOUTS, name="b")
+    second = {k: Tensor.from_array(v.values() + 1) for k, v in first.items()}
+    R.save(root, second, LAYOUTS, name="a")
+    assert R.read_latest(root) == "a"
+    assert_same(second, R.load_global(root))
+    assert_same(second, R.load_global(root, name="a"))
+    assert sorted(p.name for p in root.iterdir()) == ["a", "b", "latest"]
+
+
+def test_the_marker_protocol_refuses_to_save_a_name_again(tmp_path: Path) -> None:
+    """In place, published by a marker: replacing a name could not be atomic, so it is refused clearly."""
+    root = tmp_path / "root"
+    first = make_state()
+    R.save(root, first, LAYOUTS, name="a", commit_protocol="marker")
     second = {k: Tensor.from_array(v.values() + 1) for k, v in first.items()}
     raises_exactly(
         CheckpointExists,
-        lambda: R.save(root, second, LAYOUTS, name="a", commit_protocol=protocol),
+        lambda: R.save(root, second, LAYOUTS, name="a", commit_protocol="marker"),
         str(root / "a"),
         "already committed",
     )
