@@ -42,4 +42,5 @@ class InProcessRunner(Runner):
             with contextlib.suppress(Exception):
                 self.end()
         for ex in self.executors:
+            ex.release()  # a held writer would keep the adapter's close waiting for ever
             ex.adapter.close()

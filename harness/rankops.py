@@ -87,12 +87,13 @@ class RankExecutor:
                 tensors = self._live_tensors(index) if self.case.training else self.rank_tensors(
                     self.case.op_layouts(index), op.version, zeros=False)
                 hold = WriterHold() if op.stall else None
+                if hold is not None:
+                    self.holds.append(hold)  # before the call: a save that raises must not leave a writer held
                 with hold.capture() if hold is not None else contextlib.nullcontext():
                     handle = self.adapter.save(
                         self.root, op.name, tensors, use_async=op.use_async, options=self.case.options
                     )
                 if hold is not None:
-                    self.holds.append(hold)
                     hold.stop(self.adapter.writer_pids(handle))
                 if op.use_async:
                     if op.mutate_after:

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         elif kind == "end":
             executor.end()
             conn.send({"type": "ok", "rank": rank})
+    executor.release()  # a held writer would keep the adapter's close waiting for ever
     adapter.close()
     return 0
 

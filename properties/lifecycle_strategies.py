@@ -65,7 +65,7 @@ class JobModel:
             "missing": saves > 0,
             "rotate": "rotate" in caps and saves > 0,
             "corrupt": saves > 0 and self.pending == 0,  # what a seed picks must not depend on a writer's progress
-            "burst": not self.held and self.pending == 0 and saves < MAX_VERSIONS - 1,
+            "burst": not self.held and self.pending == 0 and saves <= MAX_VERSIONS - 3,
         }
         return [k for k in KINDS if ok[k]]
 
@@ -91,7 +91,7 @@ class JobModel:
             self.pending, self.held = 0, False
         else:
             self.held = False
-        return self._op(Op(kind))
+        return self._op(Op(kind, layout=self._layout()))  # on the ranks that hold the pending saves
 
     def restart(self, layout: str, step: int | None) -> Op:
         """The job dies and comes back (on ``layout``), resuming at ``step`` (None: where it was)."""
@@ -108,7 +108,7 @@ class JobModel:
         return self._op(Op("load", name, version, layout=self._layout()))
 
     def rotate(self, keep: int) -> Op:
-        return self._op(Op("rotate", keep=keep))
+        return self._op(Op("rotate", keep=keep, layout=self._layout()))
 
     def corrupt(self, seed: int, corruption: str) -> Op:
         return self._op(Op("corrupt", seed=seed, corruption=corruption))
