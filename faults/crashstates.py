@@ -387,9 +387,9 @@ class _Parser:
                 dirs.update("/".join(parts[:k]) for k in range(1, len(parts)))
             if op.kind in ("mkdir", "rmdir"):
                 dirs.add(op.path)
-        ops = [replace(op, is_dir=True) if not op.is_dir and op.kind in ("open", "rename", "exchange", "move-out", "fsync")
-               and (op.path in dirs or (op.kind in ("rename", "exchange") and op.new_path in dirs)) else op
-               for op in ops]
+        moves = ("rename", "exchange")
+        ops = [replace(op, is_dir=True) if not op.is_dir and op.kind in ("open", *moves, "move-out", "fsync")
+               and (op.path in dirs or (op.kind in moves and op.new_path in dirs)) else op for op in ops]
         # opens that neither create nor truncate and whose fd no later op uses change nothing: drop them
         used = {op.handle for op in ops if op.handle is not None}
         keep = [i for i, op in enumerate(ops) if op.kind != "open" or op.create or op.trunc or i in used]

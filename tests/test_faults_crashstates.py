@@ -242,7 +242,7 @@ def test_an_atomic_exchange_leaves_old_or_new_under_the_name_in_every_state(tmp_
     ops = fs_ops(rec, out)
     assert [op.kind for op in ops].count("exchange") == 1
     full = dict(_states_trees(tmp_path, ops, [_full(ops)], base))
-    assert list(full.values())[0] == _tree(out)  # the model's end state is the real directory
+    assert next(iter(full.values())) == _tree(out)  # the model's end state is the real directory
     seen, at_end = set(), set()
     for st, tree in _states_trees(tmp_path, ops, enumerate_states(ops), base):
         assert tree.get("final/data") in (OLD, NEW), (st.describe(), tree)
