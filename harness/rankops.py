@@ -91,7 +91,7 @@ class RankExecutor:
                     self.holds.append(hold)  # before the call: a save that raises must not leave a writer held
                 with hold.capture() if hold is not None else contextlib.nullcontext():
                     handle = self.adapter.save(
-                        self.root, op.name, tensors, use_async=op.use_async, options=self.case.options
+                        self.root, op.name, tensors, use_async=op.use_async, options=self._save_options(index)
                     )
                 if hold is not None:
                     hold.stop(self.adapter.writer_pids(handle))
@@ -134,6 +134,15 @@ class RankExecutor:
             )
         record["seconds"] = time.perf_counter() - start
         return record
+
+    def _save_options(self, index: int) -> dict:
+        """The case's options, and for a name saved again its ``save_attempt`` (how many saves of the name came
+        before in the case): what every rank knows alike, so a SUT whose ranks agree on a save id without talking
+        can tell this attempt from an earlier one, in flight or crashed, whose debris is still there."""
+        assert self.case is not None
+        name = self.case.ops[index].name
+        attempt = sum(1 for op in self.case.ops[:index] if op.kind == "save" and op.name == name)
+        return {**self.case.options, "save_attempt": attempt} if attempt else self.case.options
 
     def kill(self, pending: list[Any]) -> None:
         """SIGKILL the writers of these saves: held processes where they stand, then (held threads let go, which

@@ -33,10 +33,11 @@ from .base import RankTensor, SutAdapter
 COMMIT_TIMEOUT = 60.0
 
 
-def agreed_save_id(name: str) -> str:
-    """A save id every rank derives alike without talking. It depends on the checkpoint's name only, not on the
-    root, so a crash point's path (relative to the root) names the same file in every replay of a case."""
-    return hashlib.sha1(name.encode()).hexdigest()[:16]
+def agreed_save_id(name: str, attempt: int = 0) -> str:
+    """A save id every rank derives alike without talking. It depends on the checkpoint's name (and, for a name
+    saved again, on the attempt: never the staging directory of an earlier attempt, in flight or crashed), not on
+    the root, so a crash point's path (relative to the root) names the same file in every replay of a case."""
+    return hashlib.sha1((name if not attempt else f"{name}#{attempt}").encode()).hexdigest()[:16]
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -61,7 +62,7 @@ class ReferenceSut(SutAdapter):
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict):
         local = {n: rt.local for n, rt in tensors.items()}
-        save_id = agreed_save_id(name)
+        save_id = agreed_save_id(name, int(options.get("save_attempt", 0)))
         timeout = float(options.get("commit_timeout", COMMIT_TIMEOUT))  # how long rank 0 waits for the others
         if use_async:
             handle = self.saver.save_local(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import threading
 
 import numpy as np
 
@@ -53,6 +54,54 @@ class NoSnapshotAsyncSut(ReferenceSut):
             _, root, name, options = handle[0]
             handle = super().save(root, name, handle[1], use_async=False, options=options)
         return super().wait(handle)
+
+
+class SnapshotsInWriterSut(ReferenceSut):
+    """Async save whose background thread copies the caller's tensors only when it gets to run: a training step
+    right after save returns may change what is saved. The thread usually wins that race (it starts at once); a
+    held writer (a ``stall``-ed save) loses it every time."""
+
+    name = "snapshots-in-writer"
+
+    def save(self, root, name, tensors, *, use_async, options):
+        if not use_async:
+            return super().save(root, name, tensors, use_async=False, options=options)
+        box: dict = {}
+
+        def write() -> None:
+            try:
+                ReferenceSut.save(self, root, name, _copied(tensors), use_async=False, options=options)
+            except BaseException as exc:  # surfaced by wait()
+                box["error"] = exc
+
+        thread = threading.Thread(target=write, name="snapshots-in-writer", daemon=True)
+        thread.start()
+        return ("thread", thread, box), tensors
+
+    def wait(self, handle):
+        if _in_thread(handle):
+            _, thread, box = handle[0]
+            thread.join()
+            if "error" in box:
+                raise box["error"]
+            return None
+        return super().wait(handle)
+
+    def kill_pending(self, handles):
+        for h in handles:  # a thread cannot be killed: it is waited for, so none commits after this returns
+            if _in_thread(h):
+                h[0][1].join()
+        super().kill_pending([h for h in handles if not _in_thread(h)])
+
+
+def _copied(tensors: dict) -> dict:
+    """The caller's tensors as a snapshot (the rank pieces copied)."""
+    return {k: dataclasses.replace(rt, local=dataclasses.replace(rt.local, tensor=rt.local.tensor.copy()))
+            for k, rt in tensors.items()}
+
+
+def _in_thread(handle) -> bool:
+    return isinstance(handle[0], tuple) and handle[0][0] == "thread"
 
 
 class DiesOnLoadSut(ReferenceSut):
@@ -186,9 +235,7 @@ class _FinishesAtWaitSut(ReferenceSut):
         if not use_async:
             self.finish(root, name, tensors, options)
             return None, tensors
-        snapshot = {k: dataclasses.replace(rt, local=dataclasses.replace(rt.local, tensor=rt.local.tensor.copy()))
-                    for k, rt in tensors.items()}
-        return ("deferred", root, name, options, snapshot), tensors
+        return ("deferred", root, name, options, _copied(tensors)), tensors
 
     def wait(self, handle):
         if _deferred(handle):
