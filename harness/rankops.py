@@ -6,6 +6,7 @@ behaves the same under every launch mode.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import traceback
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from faults.hold import WriterHold
 from properties.case import Case
 from reference.dtypes import dtype
 from reference.engine import LocalTensor, local_tensors
@@ -33,6 +35,7 @@ class RankExecutor:
         self.root: Path | None = None
         self.pending: list[Any] = []  # handles of detached async saves not yet settled by wait or kill
         self.live: dict[str, LocalTensor] | None = None  # a training case's state on this rank (trained in place)
+        self.holds: list[WriterHold] = []  # writers of stalled saves, held until a resume (or wait, kill, save, end)
 
     def begin(self, case_json: dict, root: str) -> None:
         self.case = Case.from_json(case_json)
@@ -48,11 +51,10 @@ class RankExecutor:
         """What a crash of the job does to detached saves still in flight: their writers die (where the SUT can
         kill them; otherwise they are waited for, their errors ignored)."""
         pending, self.pending = self.pending, []
-        if not pending:
-            return
         try:
-            self.adapter.kill_pending(pending)
+            self.kill(pending)
         except NotImplementedError:
+            self.release()
             for handle in pending:
                 try:
                     self.adapter.wait(handle)
@@ -81,11 +83,17 @@ class RankExecutor:
         start = time.perf_counter()
         try:
             if op.kind == "save":
+                self.release()  # a SUT may let only one async save run at a time: a held one must go on first
                 tensors = self._live_tensors(index) if self.case.training else self.rank_tensors(
-                    "save", op.version, zeros=False)
-                handle = self.adapter.save(
-                    self.root, op.name, tensors, use_async=op.use_async, options=self.case.options
-                )
+                    self.case.op_layouts(index), op.version, zeros=False)
+                hold = WriterHold() if op.stall else None
+                with hold.capture() if hold is not None else contextlib.nullcontext():
+                    handle = self.adapter.save(
+                        self.root, op.name, tensors, use_async=op.use_async, options=self.case.options
+                    )
+                if hold is not None:
+                    self.holds.append(hold)
+                    hold.stop(self.adapter.writer_pids(handle))
                 if op.use_async:
                     if op.mutate_after:
                         self.adapter.mutate(handle)
@@ -94,7 +102,7 @@ class RankExecutor:
                     else:
                         self.adapter.wait(handle)
             elif op.kind == "load":
-                targets = self.rank_tensors("load", op.version, zeros=True)
+                targets = self.rank_tensors(self.case.op_layouts(index), op.version, zeros=True)
                 self.live = None  # a failed load leaves no state to train on: the job would start over
                 got = self.adapter.load(self.root, op.name, targets, options=self.case.options)
                 record["loaded"] = {name: _pack(t) for name, t in got.items()}
@@ -106,10 +114,13 @@ class RankExecutor:
                 train(self.case.spec(), self.case.params(), live, op.version)
                 record["loaded"] = {name: _pack(lt.tensor) for name, lt in live.items()}
             elif op.kind == "wait":
+                self.release()
                 self._wait_pending()
             elif op.kind == "kill":
-                self.adapter.kill_pending(list(self.pending))
-                self.pending.clear()
+                pending, self.pending = self.pending, []
+                self.kill(pending)
+            elif op.kind == "resume":
+                self.release()
             elif op.kind == "rotate":
                 self.adapter.rotate(self.root, op.keep)
             else:
@@ -122,6 +133,22 @@ class RankExecutor:
             )
         record["seconds"] = time.perf_counter() - start
         return record
+
+    def kill(self, pending: list[Any]) -> None:
+        """SIGKILL the writers of these saves: held processes where they stand, then (held threads let go, which
+        the SUT's own kill must stop) the SUT's kill."""
+        if "kill_writer" not in self.adapter.capabilities:
+            raise NotImplementedError(f"{self.adapter.name} cannot kill the writers of its async saves")
+        self.release(kill=True)
+        self.adapter.kill_pending(pending)
+
+    def release(self, kill: bool = False) -> None:
+        """Let held writers go on (``kill``: SIGKILL held processes first; threads cannot be killed)."""
+        holds, self.holds = self.holds, []
+        for hold in holds:
+            if kill:
+                hold.kill()
+            hold.release()
 
     def _live(self, index: int) -> dict[str, LocalTensor]:
         """The live training state; a job without one (fresh ranks, a failed load) starts from the seeds."""

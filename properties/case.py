@@ -6,7 +6,12 @@ shrunk failing case is a few hundred bytes and replays bit for bit. Operations a
 an async save returns, optionally ``detach``-ed: returning without waiting), ``load`` a name (or the latest) and
 expect a given version. Sequence ops (a training job's life, judged by ``properties.atomic.check_history``):
 ``wait`` for the detached saves, ``kill`` their writers, ``restart`` the job (fresh rank processes), ``rotate``
-(keep the newest ``keep`` checkpoints) and ``corrupt`` the checkpoint root (a seeded ``faults.corrupt`` plan).
+(keep the newest ``keep`` checkpoints) and ``corrupt`` the checkpoint root (a seeded ``faults.corrupt`` plan). A
+detached save may ``stall``: its writers are held (processes stopped, threads gated before they run) from the moment
+it returns until a ``resume`` (or the next wait, kill, save or restart), which makes a writer's race with training,
+rotation or loading deterministic. A save's ``layout`` ("save" or "load") says which of the case's two layouts (and
+world sizes) it runs under: a job that restarts on another parallel layout and saves again, perhaps into a name it
+saved before.
 
 A *training* case (``training`` holds a reference.training.TrainingSpec) runs the miniature training loop instead
 of saving fixed versions: its tensors are the model's parameters, a state holds every family of each (model,
@@ -100,10 +105,11 @@ class TensorCase:
         return seeded_tensor(dt, self.shape, self.seed * 1_000_003 + version)
 
 
-OP_KINDS = ("save", "load", "train", "wait", "kill", "restart", "rotate", "corrupt")
-SEQUENCE_KINDS = ("wait", "kill", "restart", "rotate", "corrupt")  # ops beyond one save/load round
+OP_KINDS = ("save", "load", "train", "wait", "kill", "restart", "rotate", "corrupt", "resume")
+SEQUENCE_KINDS = ("wait", "kill", "restart", "rotate", "corrupt", "resume")  # ops beyond one save/load round
 HARNESS_KINDS = ("restart", "corrupt")  # done by the harness between rank ops, not by the SUT
-_SEQUENCE_FIELDS = ("detach", "keep", "seed", "corruption")
+LAYOUTS = ("save", "load")  # an op's ``layout``: which of the case's layouts it runs under
+_SEQUENCE_FIELDS = ("detach", "keep", "seed", "corruption", "stall", "layout")
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,8 @@ class Op:
     keep: int = 0  # rotate: keep the newest ``keep`` checkpoints
     seed: int = 0  # corrupt: seed of the faults.corrupt plan drawn on the root's files at that point
     corruption: str = "bitflip"  # corrupt: a kind of faults.corrupt
+    stall: bool = False  # detached save: its writers are held from its return until a ``resume``
+    layout: str | None = None  # "save" or "load": the case's layouts this op runs under (None: its kind decides)
 
     def corruption_fault(self, index: int) -> CorruptFault:
         """A ``corrupt`` op (at op ``index``) is a seeded corrupt fault applied between two ops."""
@@ -132,7 +140,7 @@ class Op:
         where = f"op {self.kind!r}"
         if self.kind not in OP_KINDS:
             raise ValueError(f"unknown operation {self.kind!r} (known: {', '.join(OP_KINDS)})")
-        for name in ("use_async", "mutate_after", "detach"):
+        for name in ("use_async", "mutate_after", "detach", "stall"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{where}: field {name!r} must be true or false, got {getattr(self, name)!r}")
         for name in ("version", "keep", "seed"):
@@ -143,6 +151,12 @@ class Op:
             raise ValueError(f"{where}: field 'name' must be a string or null, got {self.name!r}")
         if self.detach and not (self.kind == "save" and self.use_async):
             raise ValueError(f"{where}: 'detach' is for async saves (use_async true) only")
+        if self.stall and not self.detach:
+            raise ValueError(f"{where}: 'stall' is for detached async saves (detach true) only: a held writer "
+                             "never finishes a save that is waited for")
+        if self.layout is not None and self.layout not in LAYOUTS:
+            raise ValueError(f"{where}: field 'layout' must be one of {', '.join(LAYOUTS)} or null, "
+                             f"got {self.layout!r}")
         if self.kind == "rotate" and self.keep < 1:
             raise ValueError(f"{where}: field 'keep' must be at least 1, got {self.keep}")
         if self.kind == "corrupt" and self.corruption not in CORRUPTIONS:
@@ -198,9 +212,12 @@ class Case:
         return tuple(Param(t.name, t.dtype, t.shape, t.seed) for t in self.tensors)
 
     def op_layouts(self, index: int) -> str:
-        """Which layouts (and world) op ``index`` runs under: loads the load layouts; in a training case the live
-        state lives under the save layouts until the first load and under the load layouts after it."""
+        """Which layouts (and world) op ``index`` runs under: the op's own ``layout`` where it names one; else loads
+        the load layouts; in a training case the live state lives under the save layouts until the first load and
+        under the load layouts after it."""
         op = self.ops[index]
+        if op.layout is not None:
+            return op.layout
         if op.kind == "load":
             return "load"
         if self.training is not None and any(o.kind == "load" for o in self.ops[:index]):

@@ -178,6 +178,8 @@ def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
         if op.kind in ("kill", "restart"):
             b.crashes.append(rec.index)
         b.events.append(OpFacts(at(rec), error, faulted, bool(b.corrupted)))
+    elif op.kind == "resume":  # held writers go on: the saves they write stay pending until a wait settles them
+        b.events.append(OpFacts(at(rec), error, faulted, bool(b.corrupted)))
     elif op.kind == "corrupt":
         b.corrupted.append(rec.index - 1)  # every save issued before it may be damaged
     elif op.kind == "train":

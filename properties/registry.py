@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from .case import Case, CaseError
 from .case_strategies import cases
 from .fault_strategies import fault_cases
+from .lifecycle_strategies import lifecycle_cases
 from .training_strategies import trainable, training_cases
 
 NO_TRAINING_STATE = "SUT cannot hold a training state (needs F32, I64 and a parameter dtype)"
@@ -51,6 +52,11 @@ def _cover(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, 
 def _training(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
     return training_cases(prop, sut, ranks, caps, with_faults=faults and REGISTRY[prop].crashes_with_faults,
                           ptrace=ptrace)
+
+
+def _lifecycle(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
+    return lifecycle_cases(prop, sut, ranks, caps, faults=faults and REGISTRY[prop].crashes_with_faults,
+                           ptrace=ptrace)
 
 
 def _faults(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
@@ -128,6 +134,12 @@ _SPECS = (
         "P-ASYNC-ISOLATION",
         "mutating tensors after async save returns does not change what is saved",
         _cases, requires="async",
+    ),
+    PropertySpec(
+        "P-LIFECYCLE",
+        "a job's whole life (saves sync, async and held, waits, kills, restarts onto another layout, re-saves into "
+        "existing names, many versions, rotation, corruption, failed loads): every load keeps the history's rules",
+        _lifecycle, checker=Checker.HISTORY, crashes_with_faults=True,
     ),
     PropertySpec(
         "P-ATOMIC",

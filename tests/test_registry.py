@@ -29,7 +29,7 @@ from properties.registry import (
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = ("P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-REPEAT", "P-DIFF", "P-ASYNC-ISOLATION",
-       "P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS", "P-EMA", "P-RESUME")
+       "P-LIFECYCLE", "P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS", "P-EMA", "P-RESUME")
 REFERENCE_CAPS = frozenset(adapter_class("reference").capabilities)
 
 
@@ -40,7 +40,7 @@ def test_registry_holds_every_id_in_catalogue_order() -> None:
 
 def test_default_properties_are_pinned() -> None:
     fault_free = ["P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-REPEAT", "P-DIFF",
-                  "P-ASYNC-ISOLATION", "P-EMA", "P-RESUME"]
+                  "P-ASYNC-ISOLATION", "P-LIFECYCLE", "P-EMA", "P-RESUME"]
     assert default_properties(faults=False) == fault_free
     assert default_properties(faults=True) == [*fault_free, "P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS"]
     assert FAULT_PROPERTIES == ("P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS")
@@ -84,7 +84,7 @@ def test_fuzz_skips_and_refuses_as_before(tmp_path: Path, capsys) -> None:
 
 
 def test_checkers() -> None:
-    assert {p for p, s in REGISTRY.items() if s.checker is Checker.HISTORY} == {"P-ATOMIC", *FAULT_PROPERTIES}
+    assert {p for p, s in REGISTRY.items() if s.checker is Checker.HISTORY} == {"P-LIFECYCLE", *FAULT_PROPERTIES}
     assert [p for p, s in REGISTRY.items() if s.checker is Checker.DIFF] == ["P-DIFF"]
     plain = Case("P-DIFF", "reference", (), {}, {}, (Op("save", "a", 0), Op("load", "a", 0)))
     assert checker_for(plain) is Checker.DIFF
@@ -96,7 +96,7 @@ def test_checkers() -> None:
 
 def test_list_note_names_the_fault_properties() -> None:
     assert _faults_note() == ("(P-ATOMIC, P-NOLOSS, P-CORRUPT and P-LIVENESS run with --faults, which also lets "
-                              "P-RESUME crash a save)")
+                              "P-LIFECYCLE and P-RESUME crash a save)")
 
 
 @pytest.mark.parametrize("prop", IDS)

@@ -70,6 +70,11 @@ class SutAdapter:
     def wait(self, handle: Any) -> None:
         """Block until an async save is durable; raise its error."""
 
+    def writer_pids(self, handle: Any) -> list[int]:
+        """Processes that write this async save's files but were started before it (a long-lived writer): a
+        ``stall``-ed save holds them too. Writers the save itself starts are found without the adapter's help."""
+        return []
+
     def kill_pending(self, handles: list[Any]) -> None:
         """SIGKILL the background writers of these async saves (returned by ``save``, never waited for) and reap
         them, as a crash of the job would: once this returns none of them may still commit. A save that committed

@@ -203,6 +203,10 @@ class PaddleFormersUcSut(PaddleAdapter):
                     raise TimeoutError(f"the UC {kind} writer did not finish within {WRITER_TIMEOUT:.0f} s")
                 time.sleep(0.01)
 
+    def writer_pids(self, handle: Any) -> list[int]:
+        """UC's writers are long-lived processes, started by the first async save and fed through shared flags."""
+        return [p.pid for p in _writer_processes(handle.job.trainer) if p.is_alive()]
+
     def kill_pending(self, handles: list[Any]) -> None:
         for job in {id(h.job): h.job for h in handles}.values():
             for process in _writer_processes(job.trainer):
