@@ -83,8 +83,10 @@ def check_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | 
 def anomalies(h: History, clear_errors: Collection[str] | None) -> list[Anomaly]:
     """Every anomaly of the history, in op order, then those of the history as a whole."""
     found = [_event(h, e, clear_errors) for e in h.events]
-    found += [rotation_deleted_last(h), never_without_complete(h), ops_missing(h)]
-    return [a for a in found if a is not None]
+    found += [rotation_deleted_last(h), never_without_complete(h)]
+    found = [a for a in found if a is not None]
+    missing = ops_missing(h)  # a run stops early after a hang or a dead rank: then that is the anomaly, not this
+    return found if found or missing is None else [missing]
 
 
 def _event(h: History, e: Event, clear_errors: Collection[str] | None) -> Anomaly | None:

@@ -12,7 +12,11 @@ A signature is a JSON object naming an anomaly type and fields it must have::
      "message": {"regex": "'size' must be a positive number"}}
 
 Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say).
-``anomaly`` may list several types that share the fields (one bug seen by the oracle and by P-DIFF).
+``anomaly`` may list several types that share the fields (one bug seen by the oracle and by P-DIFF); a list of
+such objects names ways a bug shows that share no fields (a wrong version here, a failed load there): an anomaly
+matches when one of them does. A failure may show several bugs at once (the worst anomaly first, the others after
+it, properties.verdicts.worst): it is known only when every anomaly is explained by some known finding of the
+same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own.
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -86,23 +90,40 @@ class Known:
     case_file: str
     sut: str
     verdict: str
-    signature: Signature | re.Pattern[str]  # a pattern: the legacy form, over detail lines
+    signature: Signature | tuple[Signature, ...] | re.Pattern[str]  # a pattern: the legacy form, over detail lines
+    alternatives: tuple[str, ...] = ()  # the verdicts of the case file's ``or`` ways (a racy bug)
+
+    @property
+    def verdicts(self) -> tuple[str, ...]:
+        return (self.verdict, *self.alternatives)
 
     def explains(self, sut: str, judgement: Judgement) -> bool:
-        if sut != self.sut or judgement.verdict.value != self.verdict:
+        """This finding alone explains the whole failure."""
+        return explanations([self], sut, judgement) is not None
+
+    def matches(self, sut: str, anomaly: Anomaly) -> bool:
+        """One anomaly is this finding's (a structured signature only)."""
+        if sut != self.sut or anomaly.verdict.value not in self.verdicts or isinstance(self.signature, re.Pattern):
             return False
-        if isinstance(self.signature, re.Pattern):
-            return bool(judgement.details) and all(self.signature.search(line) for line in judgement.details)
-        return bool(judgement.anomalies) and all(self.signature.matches(a) for a in judgement.anomalies)
+        ways = self.signature if isinstance(self.signature, tuple) else (self.signature,)
+        return any(way.matches(anomaly) for way in ways)
+
+    def explains_lines(self, sut: str, judgement: Judgement) -> bool:
+        """The legacy form: every detail line matches the pattern."""
+        return (isinstance(self.signature, re.Pattern) and sut == self.sut and judgement.verdict.value in self.verdicts
+                and bool(judgement.details) and all(self.signature.search(line) for line in judgement.details))
 
 
-def read_signature(raw: object) -> Signature | re.Pattern[str]:
-    """A case file's ``signature``: an object (anomaly type and fields) or a string (legacy: a line pattern)."""
+def read_signature(raw: object) -> Signature | tuple[Signature, ...] | re.Pattern[str]:
+    """A case file's ``signature``: an object (anomaly type and fields), a list of them (any one matches), or a
+    string (legacy: a line pattern)."""
     if isinstance(raw, str):
         return re.compile(raw)
     if isinstance(raw, dict):
         return Signature.parse(raw)
-    raise TypeError(f"signature must be an object or a string, got {type(raw).__name__}")
+    if isinstance(raw, list) and raw and all(isinstance(way, dict) for way in raw):
+        return tuple(Signature.parse(way) for way in raw)
+    raise TypeError(f"signature must be an object, a non-empty list of objects or a string, got {raw!r:.60}")
 
 
 def read_known(directory: Path) -> list[Known]:
@@ -115,14 +136,38 @@ def read_known(directory: Path) -> list[Known]:
             data = json.loads(path.read_text(encoding="utf-8"))
             if "signature" not in data:
                 continue
-            out.append(Known(path.name, str(data["sut"]), str(data["verdict"]), read_signature(data["signature"])))
+            out.append(Known(path.name, str(data["sut"]), str(data["verdict"]), read_signature(data["signature"]),
+                             tuple(str(way["verdict"]) for way in data.get("or", []))))
         except (OSError, ValueError, KeyError, TypeError, re.error) as exc:
             raise KnownFindingsError(f"--skip-known: {path}: {type(exc).__name__}: {exc}") from None
     return out
 
 
-def explained_by(known: list[Known], sut: str, judgement: Judgement) -> str | None:
-    """The case file of the known finding that explains this failing judgement, if one does."""
+def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str] | None:
+    """The case files that together explain a failing judgement, the worst anomaly's first; None unless every
+    anomaly is explained (by a finding whose verdicts include the anomaly's) and the failure's verdict is one of
+    those findings'. The legacy line form explains a failure alone."""
     if judgement.ok:
         return None
-    return next((k.case_file for k in known if k.explains(sut, judgement)), None)
+    legacy = next((k.case_file for k in known if k.explains_lines(sut, judgement)), None)
+    if legacy is not None:
+        return [legacy]
+    if not judgement.anomalies:
+        return None
+    used: list[Known] = []
+    for anomaly in judgement.anomalies:
+        k = next((k for k in known if k.matches(sut, anomaly)), None)
+        if k is None:
+            return None
+        if k not in used:
+            used.append(k)
+    if not any(judgement.verdict.value in k.verdicts for k in used):
+        return None
+    return [k.case_file for k in used]
+
+
+def explained_by(known: list[Known], sut: str, judgement: Judgement) -> str | None:
+    """The case file of the known finding that explains this failing judgement's worst anomaly, if known findings
+    explain all of it."""
+    found = explanations(known, sut, judgement)
+    return found[0] if found else None

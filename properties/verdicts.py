@@ -46,5 +46,13 @@ class Judgement:
 
 
 def worst(judgements: list[Judgement]) -> Judgement | None:
+    """The judgement of the worst failure, carrying every other failure's lines and anomalies after its own: the
+    verdict and property are the worst's, but nothing found is dropped, so a known finding excuses a case only
+    when it explains all of them (properties.known) and a lesser bug behind a worse one still shows."""
     failing = [j for j in judgements if not j.ok]
-    return min(failing, key=lambda j: j.verdict.severity) if failing else None
+    if not failing:
+        return None
+    first = min(failing, key=lambda j: j.verdict.severity)
+    rest = [j for j in failing if j is not first]
+    return Judgement(first.property, first.verdict, first.details + tuple(x for j in rest for x in j.details),
+                     first.anomalies + tuple(a for j in rest for a in j.anomalies))

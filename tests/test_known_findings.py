@@ -77,3 +77,72 @@ def test_cli_names_a_missing_known_directory_in_one_line(tmp_path: Path) -> None
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "is not a directory of regression cases" in proc.stderr and "Traceback" not in proc.stderr
+
+
+LATEST = At(2, "load", None)
+SUFFIX = At(3, "load", "step-1")
+
+
+def _assert_fails(at: At, message: str):
+    from properties.anomalies import OpFailed, SutError
+    return OpFailed("P-REPEAT", at, SutError("AssertionError", f"rank 0: {message}"))
+
+
+def _known(tmp_path: Path, name: str, signature: object, verdict: str = "loud-failure", **extra: object) -> None:
+    data = {"sut": "paddle-dcp", "verdict": verdict, "signature": signature, **extra}
+    (tmp_path / name).write_text(json.dumps(data))
+
+
+def test_a_lesser_unknown_anomaly_behind_a_known_one_still_counts(tmp_path: Path) -> None:
+    """The worst failure carries every other one, so a known bug at the first load cannot hide a new bug at a
+    later load of the same verdict (or a lesser one)."""
+    from properties.verdicts import worst
+    _known(tmp_path, "latest.json", {"anomaly": "op-failed", "name": None, "message": {"regex": "one metadata"}})
+    known = read_known(tmp_path)
+    latest, suffix = _assert_fails(LATEST, "one metadata file"), _assert_fails(SUFFIX, "single metadata list")
+    both = worst([judged([latest]), judged([suffix])])
+    assert both is not None and both.anomalies == (latest, suffix) and len(both.details) == 2
+    assert explained_by(known, "paddle-dcp", judged([latest])) == "latest.json"
+    assert explained_by(known, "paddle-dcp", both) is None
+    behind_corruption = worst([judged([suffix]), judged([dataclasses.replace(NAN, property="P-REPEAT")])])
+    assert behind_corruption is not None and behind_corruption.verdict is Verdict.SILENT_CORRUPTION
+    assert behind_corruption.anomalies[0].kind == "tensor-differs"  # the worst first, the lesser one kept
+
+
+def test_several_known_findings_explain_a_failure_together(tmp_path: Path) -> None:
+    """Each anomaly by some finding of the same SUT whose verdict is the anomaly's; a signature may list the ways
+    one bug shows."""
+    from properties.known import explanations
+    from properties.verdicts import worst
+    _known(tmp_path, "a-latest.json", {"anomaly": "op-failed", "name": None, "message": {"regex": "one metadata"}})
+    _known(tmp_path, "b-cache.json", [{"anomaly": "tensor-differs", "op_kind": "load"},
+                                      {"anomaly": "op-failed", "name": {"regex": "^step-"},
+                                       "message": {"regex": "one metadata"}}], verdict="silent-corruption",
+           **{"or": [{"verdict": "loud-failure"}]})
+    known = read_known(tmp_path)
+    latest, follow = _assert_fails(LATEST, "one metadata file"), _assert_fails(SUFFIX, "one metadata file")
+    wrong = dataclasses.replace(OTHER, property="P-REPEAT")
+    j = worst([judged([latest]), judged([follow]), judged([wrong])])
+    assert j is not None and explanations(known, "paddle-dcp", j) == ["b-cache.json", "a-latest.json"]
+    assert explained_by(known, "paddle-dcp", worst([judged([latest]), judged([follow])])) == "a-latest.json"
+    assert explanations(known, "torch-dcp", j) is None  # another SUT's findings
+    odd = worst([judged([latest]), judged([_assert_fails(SUFFIX, "single metadata list")])])
+    assert odd is not None and explanations(known, "paddle-dcp", odd) is None
+    _known(tmp_path, "bad.json", [])
+    with pytest.raises(KnownFindingsError, match="non-empty list"):
+        read_known(tmp_path)
+
+
+def test_a_load_failing_because_its_save_failed_is_not_a_second_bug() -> None:
+    """Loads of ``s`` and of "latest" fail because the save of ``s`` did: one anomaly; ``t`` was never saved."""
+    from properties.case import Case, Op
+    from properties.oracle import check_oracle
+    from properties.outcome import OpRecord, Outcome
+    ops = (Op("save", "s", 0), Op("load", "s", 0), Op("load", None, 0), Op("load", "t", 0))
+    case = Case("P-ROUNDTRIP", "x", (), {}, {}, ops)
+    recs = [OpRecord(0, "save", "s", ok=False, error_type="ValueError", error="no"),
+            OpRecord(1, "load", "s", ok=False, error_type="KeyError", error="s"),
+            OpRecord(2, "load", None, ok=False, error_type="KeyError", error="latest"),
+            OpRecord(3, "load", "t", ok=False, error_type="KeyError", error="t")]
+    j = check_oracle(case, Outcome("x", recs))
+    assert [(a.kind, a.at.op) for a in j.anomalies] == [("op-failed", 0), ("op-failed", 3)]
