@@ -413,6 +413,17 @@ TYPES: dict[str, type[Anomaly]] = {cls.kind: cls for cls in (
     CoverViolated, OutcomeDiffers, OpsMissing)}
 
 
+def cites_sut_error(anomaly: Anomaly) -> bool:
+    """The anomaly quotes an error the SUT raised (or a hang or death of its ranks): the error names the bug, and
+    which rule it broke — a failed op, an acknowledged checkpoint lost, a listed one that does not load, a resume
+    lost — says only where in the job's life it struck."""
+    return isinstance(anomaly, _OpError) or (isinstance(anomaly, OutcomeDiffers) and anomaly.sut is not None)
+
+
+#: The anomaly types that quote the SUT's error (``cites_sut_error``).
+ERROR_KINDS = frozenset(k for k, cls in TYPES.items() if issubclass(cls, (_OpError, OutcomeDiffers)))
+
+
 # --- judgements from anomalies ------------------------------------------------------------------------------------
 
 

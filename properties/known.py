@@ -14,7 +14,11 @@ A signature is a JSON object naming an anomaly type and fields it must have::
 Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say).
 ``anomaly`` may list several types that share the fields (one bug seen by the oracle and by P-DIFF); a list of
 such objects names ways a bug shows that share no fields (a wrong version here, a failed load there): an anomaly
-matches when one of them does. A failure may show several bugs at once (the worst anomaly first, the others after
+matches when one of them does. A signature of an anomaly that quotes the SUT's error (a failed op, a hang) and that
+names the error (``error_type`` or ``message``) recognises that error whichever rule it broke in a job's history —
+a failed load that is an acknowledged checkpoint lost, a listed checkpoint that does not load, a resume lost —
+whatever verdict that rule gives: the error names the bug, the rule only where it struck. A failure may show
+several bugs at once (the worst anomaly first, the others after
 it, properties.verdicts.worst): it is known only when every anomaly is explained by some known finding of the
 same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own.
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
@@ -31,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .anomalies import TYPES, Anomaly, field_names
+from .anomalies import ERROR_KINDS, TYPES, Anomaly, cites_sut_error, field_names
 from .verdicts import Judgement
 
 
@@ -47,6 +51,11 @@ class Signature:
 
     kinds: tuple[str, ...]
     fields: tuple[tuple[str, Any], ...]
+
+    @property
+    def names_error(self) -> bool:
+        """Recognises a SUT error by what it says, so any anomaly quoting that error is this bug's."""
+        return set(self.kinds) <= ERROR_KINDS and any(key in ("error_type", "message") for key, _ in self.fields)
 
     @classmethod
     def parse(cls, data: dict) -> Signature:
@@ -73,7 +82,7 @@ class Signature:
         return cls(kinds, tuple(fields))
 
     def matches(self, anomaly: Anomaly) -> bool:
-        if anomaly.kind not in self.kinds:
+        if anomaly.kind not in self.kinds and not (self.names_error and cites_sut_error(anomaly)):
             return False
         got = anomaly.to_json()
         return all(_field_matches(got.get(key), want) for key, want in self.fields)
@@ -102,11 +111,13 @@ class Known:
         return explanations([self], sut, judgement) is not None
 
     def matches(self, sut: str, anomaly: Anomaly) -> bool:
-        """One anomaly is this finding's (a structured signature only)."""
-        if sut != self.sut or anomaly.verdict.value not in self.verdicts or isinstance(self.signature, re.Pattern):
+        """One anomaly is this finding's (a structured signature only): of one of its verdicts, or quoting the SUT
+        error the signature names (whatever rule that broke)."""
+        if sut != self.sut or isinstance(self.signature, re.Pattern):
             return False
         ways = self.signature if isinstance(self.signature, tuple) else (self.signature,)
-        return any(way.matches(anomaly) for way in ways)
+        return any(way.matches(anomaly) and (anomaly.verdict.value in self.verdicts or way.names_error)
+                   for way in ways)
 
     def explains_lines(self, sut: str, judgement: Judgement) -> bool:
         """The legacy form: every detail line matches the pattern."""
@@ -161,7 +172,7 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
             return None
         if k not in used:
             used.append(k)
-    if not any(judgement.verdict.value in k.verdicts for k in used):
+    if not any(judgement.verdict.value in k.verdicts for k in used) and not cites_sut_error(judgement.anomalies[0]):
         return None
     return [k.case_file for k in used]
 

@@ -146,3 +146,28 @@ def test_a_load_failing_because_its_save_failed_is_not_a_second_bug() -> None:
             OpRecord(3, "load", "t", ok=False, error_type="KeyError", error="t")]
     j = check_oracle(case, Outcome("x", recs))
     assert [(a.kind, a.at.op) for a in j.anomalies] == [("op-failed", 0), ("op-failed", 3)]
+
+
+def test_a_known_sut_error_is_known_whichever_rule_it_breaks() -> None:
+    """A load that fails with a known error is op-failed to the oracle, but an acknowledged checkpoint lost or a
+    listed one that does not load in a job's history: the error names the bug, so the finding explains it there
+    too (whatever verdict that rule gives); what the SUT did not say (wrong bits) it never explains."""
+    from properties.anomalies import AcknowledgedLost, ListedIncomplete, OpFailed, SutError
+    from properties.known import Known, Signature
+
+    sig = Signature.parse({"anomaly": "op-failed", "op_kind": "load", "error_type": "ValueError",
+                           "message": {"regex": "strides"}})
+    known = [Known("bug.json", "paddle-save", "loud-failure", sig)]
+    error = SutError("ValueError", "rank 1: input.strides[0] must be 1")
+    for anomaly in (OpFailed("P-EDGE", LOAD, error), AcknowledgedLost("P-LIFECYCLE", LOAD, error, 0, 0),
+                    ListedIncomplete("P-ATOMIC", LOAD, error, 0)):
+        assert explained_by(known, "paddle-save", judged([anomaly])) == "bug.json", anomaly
+    other = SutError("KeyError", "rank 0: 'model/w'")
+    assert explained_by(known, "paddle-save", judged([AcknowledgedLost("P-LIFECYCLE", LOAD, other, 0, 0)])) is None
+    saving = At(0, "save", "step-0")
+    assert explained_by(known, "paddle-save", judged([AcknowledgedLost("P-LIFECYCLE", saving, error, 0, 0)])) is None
+    assert explained_by(known, "paddle-save", judged([NAN])) is None
+    by_op_only = Known("op.json", "paddle-save", "loud-failure", Signature.parse({"anomaly": "op-failed",
+                                                                                 "op_kind": "load"}))
+    assert explained_by([by_op_only], "paddle-save", judged([AcknowledgedLost("P-LIFECYCLE", LOAD, error, 0, 0)])) \
+        is None  # a signature that names no error recognises only its own anomaly type
