@@ -128,8 +128,10 @@ class _Job:
             rec.written = self.runners.cls.written(self.root, op.name) or {}
         if self.case.fault is not None and not rec.ok and runner.launched:
             # After a fault every op is judged on its own: a failed op may leave the group wedged
-            # (one rank raised, one waits), which must not be charged to the next op.
+            # (one rank raised, one waits), which must not be charged to the next op. The history hears of it:
+            # saves the ranks had in flight died with them.
             self.drop(runner)
+            rec.restarted = True
 
     def faulted_op(self, runner: Runner, rec: OpRecord) -> None:
         """Run the fault's op with the fault armed, then restart the job: the next ops see only what is on disk

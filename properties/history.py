@@ -158,7 +158,14 @@ def history(case: Case, outcome: Outcome) -> History:
 
 
 def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
-    """Add one op's record to the history."""
+    """Add one op's record to the history (an op after which the harness replaced the ranks ends as a restart)."""
+    _read_op(b, op, rec, fault_report)
+    if rec.restarted:
+        b.settle(rec.index, False)
+        b.crashes.append(rec.index)
+
+
+def _read_op(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
     faulted = rec.index == b.fault_op
     error = None if rec.ok else sut_error(rec)
     if op.kind == "save":

@@ -29,6 +29,8 @@ class OpRecord:
     applied: dict | None = None  # harness-side ops (corrupt): what the harness did, e.g. the concrete plan
     complete: tuple[str, ...] | None = None  # after the op: the names the SUT itself presents as finished (None:
     # it cannot tell); after a faulted op, on the root the fault left
+    restarted: bool = False  # the harness replaced the op's ranks after it (a failed op after a fault): what they
+    # had in flight (detached saves) died with them, as in a restart
 
 
 @dataclass

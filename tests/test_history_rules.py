@@ -97,3 +97,24 @@ def test_a_corruption_excuses_what_follows_it_only(kind: str, still: bool) -> No
     corrupted = dataclasses.replace(case, ops=(*case.ops[:restart + 1], Op("corrupt", seed=1),
                                                *case.ops[restart + 1:]))
     assert (kind in _kinds(BUGGY + sut, corrupted, _run(BUGGY + sut, corrupted))) is still
+
+
+def test_ranks_replaced_after_a_failed_op_lose_what_they_had_in_flight() -> None:
+    """After a fault the harness replaces the ranks of any op that failed (a wedged group must not be charged to
+    the next op): a detached save in flight dies with them, so a later ``wait`` acknowledges nothing and an older
+    latest is no data loss — found by P-LIFECYCLE, where a failed load after a power loss hid the restart."""
+    from properties.atomic import check_history
+    from properties.outcome import OpRecord
+    from reference.engine import local_tensors
+
+    case = dataclasses.replace(standard_case(), property="P-LIFECYCLE", ops=(
+        save(0), save(1), save(2, detach=True), load(2), Op("wait"), load(1, by_name=False)),
+        fault={"kind": "kill", "op": 1, "syscall": "openat", "k": 1, "path": "x"})
+    layouts = case.layouts("load")
+    older = {r: {n: lt.tensor for n, lt in local_tensors(case.state(1), layouts, r).items()} for r in (0, 1)}
+    records = [OpRecord(0, "save", "step-0"), OpRecord(1, "save", "step-1"), OpRecord(2, "save", "step-2"),
+               OpRecord(3, "load", "step-2", ok=False, error_type="CheckpointNotFound", error="rank 0: no step-2"),
+               OpRecord(4, "wait", None), OpRecord(5, "load", None, loaded=older)]
+    assert not check_history(case, Outcome("reference", records), None).ok  # the wait seemed to acknowledge it
+    records[3].restarted = True
+    assert check_history(case, Outcome("reference", records), None).ok
