@@ -56,6 +56,7 @@ class Campaign:
     faults: bool = False  # the campaign injects faults (fault properties; P-RESUME may crash a save)
     devices: list[str] = field(default_factory=list)  # where the ranks ran ("cuda:0 (cpu:gloo,cuda:nccl)", "cpu")
     known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
+    harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
 
 
 def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], progress: bool = False) -> Campaign:
@@ -111,7 +112,11 @@ def _batch(
         now = time.monotonic()
         if now > hard_deadline or (shrink_until and now > shrink_until[0]):
             return  # out of time: remaining attempts count as passes, the smallest failure so far is kept
-        judgement, outcome = judge_case(case)
+        try:
+            judgement, outcome = judge_case(case)
+        except Exception as exc:  # the harness's own failure: reported, never a finding, never the campaign's end
+            campaign.harness_errors.append(f"{prop}: {type(exc).__name__}: {exc}")
+            return
         campaign.cases_run[prop] += 1
         campaign.sut_seconds += outcome.sut_seconds
         campaign.shims.update(outcome.shims)

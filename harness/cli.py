@@ -132,6 +132,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     rows = write_results(campaign, args.out)
     total = sum(campaign.cases_run.values())
     print(f"{total} cases, {len(rows)} findings, {campaign.wall:.0f} s ({args.launch}); results in {args.out}")
+    for error in campaign.harness_errors[:5]:
+        print(f"harness error (a bug of the harness, not a finding): {error}", file=sys.stderr)
     print("\n".join(findings_table(rows)))
     return 1 if rows else 0
 

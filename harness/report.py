@@ -56,6 +56,7 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "devices": campaign.devices,
         "unreplayable_states": campaign.unreplayable,
         "known_findings_skipped": campaign.known,
+        "harness_errors": campaign.harness_errors[:20],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
@@ -78,6 +79,8 @@ def report(summary: dict, rows: list[dict]) -> str:
         "",
         *[f"Cases explained by the known finding `{k}` (not shrunk): {n}." for k, n in
           summary.get("known_findings_skipped", {}).items()],
+        *[f"The harness itself failed on a case (a harness bug, not a finding): {e}" for e in
+          summary.get("harness_errors", [])],
         "",
     ]
     lines += findings_table(rows)

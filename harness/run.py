@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from faults.errors import FaultSpecError
 from properties.case import HARNESS_KINDS, Case, Op
@@ -17,6 +18,8 @@ from .inject import ArmedFault
 from .rankops import unpack
 from .runner import PoolFailure, Runner
 from .runners import Runners
+
+T = TypeVar("T")
 
 
 def run_case(case: Case, runners: Runners) -> Outcome:
@@ -103,10 +106,7 @@ class _Job:
         history judge holds every one of them to loading bitwise, and a job to never having none. A listing, no
         load; a root the SUT cannot read counts as "cannot tell"."""
         names = sorted({op.name for op in self.case.ops if op.kind == "save" and op.name})
-        try:
-            found = self.runners.cls.complete(self.root, names, self.case.options)
-        except OSError:
-            found = None
+        found = _unless_unreadable(lambda: self.runners.cls.complete(self.root, names, self.case.options))
         rec.complete = None if found is None else tuple(found)
         return rec
 
@@ -125,7 +125,7 @@ class _Job:
     def ranks_op(self, runner: Runner, op: Op, rec: OpRecord) -> None:
         _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners)))
         if op.kind == "save" and rec.ok:
-            rec.written = self.runners.cls.written(self.root, op.name) or {}
+            rec.written = _unless_unreadable(lambda: self.runners.cls.written(self.root, op.name)) or {}
         if self.case.fault is not None and not rec.ok and runner.launched:
             # After a fault every op is judged on its own: a failed op may leave the group wedged
             # (one rank raised, one waits), which must not be charged to the next op. The history hears of it:
@@ -191,6 +191,16 @@ def op_timeout(case: Case, runners: Runners) -> float:
     """How long one op may take before its ranks count as hung: the case's own bound (``options["op_timeout"]``,
     part of a P-LIVENESS case: it says what "within a bound" means there), else the runners'."""
     return float(case.options.get("op_timeout", runners.op_timeout))
+
+
+def _unless_unreadable(read: Callable[[], T]) -> T | None:
+    """What an adapter reads of the SUT's files on the controller (its listing, what a save wrote), or None ("cannot
+    tell") where those files do not parse: a root that a corruption, a crash or a concurrent writer left damaged is
+    what the loads are judged on, never a reason for the harness to stop."""
+    try:
+        return read()
+    except Exception:  # the SUT's own parsers raise their own types on damaged files
+        return None
 
 
 def _failed(rec: OpRecord, failure: PoolFailure) -> None:

@@ -119,3 +119,30 @@ def test_missing_framework_is_one_clear_line(tmp_path: Path, capsys, monkeypatch
     err = capsys.readouterr().err
     assert code == 2 and "needs the Python package 'no_such_framework_xyz'" in err and "pip install" in err
     assert err.count("\n") == 1
+
+
+def test_a_harness_failure_on_one_case_is_reported_and_the_campaign_goes_on(tmp_path: Path) -> None:
+    """The harness's own exception on a case (here: every third case) is neither a finding nor the campaign's end:
+    it is counted in summary.json and report.md, and the other cases still run."""
+    from harness.campaign import Campaign, fuzz
+    from harness.judge import Judge
+    from harness.runners import Runners
+    from harness.sut import adapter_class
+
+    class Flaky(Judge):
+        calls = 0
+
+        def __call__(self, case):
+            Flaky.calls += 1
+            if Flaky.calls % 3 == 0:
+                raise RuntimeError("harness bug")
+            return super().__call__(case)
+
+    judge = Flaky(Runners("reference", "in-process"))
+    try:
+        campaign = fuzz(judge, Campaign("reference", 1, ["P-ROUNDTRIP"], 3.0, 0, mode="in-process"),
+                        frozenset(adapter_class("reference").capabilities))
+    finally:
+        judge.close()
+    assert campaign.harness_errors and all("RuntimeError: harness bug" in e for e in campaign.harness_errors)
+    assert not campaign.findings and campaign.cases_run["P-ROUNDTRIP"] > 0
