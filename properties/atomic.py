@@ -107,23 +107,24 @@ def _clear(error: SutError, clear_errors: Collection[str] | None) -> bool:
 def op_anomaly(h: History, e: OpFacts, clear_errors: Collection[str] | None) -> Anomaly | None:
     """A save, wait, kill, restart or rotate that failed. A hang is always P-LIVENESS. In a fault case the faulted
     op may fail (what later loads see is judged), but only a killing fault may kill a rank, and every later op must
-    work. Elsewhere any failure is one, except a clear refusal to go on over a corrupted root."""
+    work. Any other failure is one too, except a clear refusal to go on over a corrupted root."""
     if e.error is None:
         return None
     if e.error.failure == "hang":
         return RankHung("P-LIVENESS", e.at, e.error)
     prop = h.case.property
-    if h.fault_kind is not None:
-        if not e.faulted:
-            return FailedAfterFault(prop, e.at, e.error)
+    after_fault = h.fault_op is not None and e.at.op > h.fault_op
+    if e.faulted:
         if e.error.failure == "crash" and h.fault_kind not in KILLS:
             return FaultKilledRank("P-LIVENESS", e.at, e.error, h.fault_kind)
         return None
+    if after_fault and e.error.failure:
+        return FailedAfterFault(prop, e.at, e.error)
     if e.error.failure:
         return RankDied(prop, e.at, e.error)
     if e.after_corruption and _clear(e.error, clear_errors):
         return None
-    return OpFailed(prop, e.at, e.error)
+    return FailedAfterFault(prop, e.at, e.error) if after_fault else OpFailed(prop, e.at, e.error)
 
 
 def train_anomaly(h: History, e: TrainFacts) -> Anomaly | None:
