@@ -94,7 +94,8 @@ class JobModel:
         return self._op(Op(kind, layout=self._layout()))  # on the ranks that hold the pending saves
 
     def restart(self, layout: str, step: int | None) -> Op:
-        """The job dies and comes back (on ``layout``), resuming at ``step`` (None: where it was)."""
+        """The job dies and comes back (on ``layout``), resuming at ``step`` (None: where it was). Its next save
+        either trains first or saves that step again: a name that exists, perhaps under the other layout."""
         self.pending, self.held, self.layout = 0, False, layout
         if step is not None:
             self.version = step
@@ -125,11 +126,10 @@ class JobModel:
             self.save(use_async=True, detach=True, stall=draw(st.booleans()), mutate=draw(st.booleans()))
         elif kind in ("wait", "resume", "kill"):
             self.settle(kind)
-        elif kind == "restart":
+        elif kind == "restart":  # a restarted job resumes from a step it saved: the newest, or an older one
             layout = draw(st.sampled_from(("save", "load"))) if self.two_layouts else "save"
-            back = draw(st.sampled_from(sorted(set(self.saved.values())))) if self.saved and draw(
-                st.booleans()) else None
-            self.restart(layout, back)
+            steps = sorted(set(self.saved.values()), reverse=True)
+            self.restart(layout, draw(st.sampled_from(steps)) if steps else None)
         elif kind == "latest":
             self.load(None)
         elif kind == "load":
