@@ -158,6 +158,18 @@ class Traced:
 
         return enumerate_states(self.fs_ops, limit=limit)
 
+    def concrete(self, drawn: Fault | None) -> list[Fault]:
+        """Every concrete fault a drawn ``point`` or ``power`` fault may name here, in index order."""
+        if isinstance(drawn, PowerFault):
+            return [self.state_fault(s) for s in self.states()]
+        if not isinstance(drawn, PointFault):
+            raise ValueError(f"fault kind {None if drawn is None else drawn.kind!r} needs no resolving")
+        wanted = set(drawn.syscalls or ())
+        kills = [f for f in self.points() if not wanted or f.syscall in wanted]
+        if drawn.action in (None, "kill"):
+            return list(kills)
+        return [ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=drawn.action) for f in kills]
+
     def state_fault(self, state) -> StateFault:
         return StateFault(op=self.op, state=json.loads(state.to_json()), schedule=self.schedule)
 
@@ -228,34 +240,13 @@ def traced(case: Case, runners: Runners) -> Iterator[Traced]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def concrete_faults(case: Case, runners: Runners, bound: int = 1) -> list[Case]:
-    """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
-    fault it picks from a recording of this very case (modulo how many there are); where there are at most
-    ``bound`` of them, every one of them, starting with the drawn one. Empty when the op made no IO under the root.
-    Findings carry the concrete fault, so a replay needs no recording."""
-    fault = case.fault
-    if not isinstance(fault, PointFault | PowerFault):
-        raise ValueError(f"fault kind {None if fault is None else fault.kind!r} needs no resolving")
-    with traced(case, runners) as t:
-        faults: list[Fault]
-        if isinstance(fault, PointFault):
-            wanted = set(fault.syscalls or ())
-            kills = [f for f in t.points() if not wanted or f.syscall in wanted]
-            faults = list(kills) if fault.action in (None, "kill") else [
-                ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=fault.action) for f in kills]
-        else:
-            faults = [t.state_fault(s) for s in t.states()]
-    if not faults:
-        return []
-    first = fault.index % len(faults)
-    picked = faults[first:] + faults[:first] if len(faults) <= bound else [faults[first]]
-    return [dataclasses.replace(case, fault=f) for f in picked]
-
-
 def concrete_fault(case: Case, runners: Runners) -> Case | None:
-    """The one concrete fault a drawn ``point`` or ``power`` fault names (concrete_faults)."""
-    found = concrete_faults(case, runners)
-    return found[0] if found else None
+    """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
+    fault it picks from a recording of this very case (modulo how many there are); None when the op made no IO
+    under the root. Findings carry the concrete fault, so a replay needs no recording."""
+    with traced(case, runners) as t:
+        faults = t.concrete(case.fault)
+    return dataclasses.replace(case, fault=faults[case.fault.index % len(faults)]) if faults else None
 
 
 @dataclass
