@@ -115,7 +115,7 @@ class PaddleFormersUcSut(PaddleAdapter):
     framework = "paddleformers"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"trainer_state", "replicated", "reshard", "async", "zero_size", "repeat", "latest", "rotate",
-         "kill_writer", "keep_last", "flag:pdc"}
+         "kill_writer", "keep_last", "flag:pdc", "resave"}
         | {f"dtype:{d}" for d in PARAM_DTYPES}
     )
 
