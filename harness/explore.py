@@ -154,15 +154,14 @@ class ShapeReport:
         }
 
 
-def explore_shape(case: Case, runners: Runners, confirm: CaseJudge | None, *, points: bool = True,
-                  states: bool = True, on_result: Callable[[CrashResult], None] | None = None,
-                  shape: str = "") -> ShapeReport:
-    """Every crash point and power-loss state of every writing op of ``case`` (a shape's case), judged."""
+def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge | None, *, points: bool = True,
+                  states: bool = True, on_result: Callable[[CrashResult], None] | None = None) -> ShapeReport:
+    """Every crash point and power-loss state of every op of ``shape`` in ``case`` (its shape_case), judged."""
     report = ShapeReport(shape)
     report.control = check_history(case, run_case(case, runners), runners.cls.clear_errors)
     confirm_ = confirm if report.control.ok else None  # failures the shape has anyway are not the fault's
     seen = (lambda n, r: on_result(r)) if on_result is not None else None
-    for op in (i for i, o in enumerate(case.ops[:len(shape) or None]) if o.kind in ("save", "rotate")):
+    for op in range(len(shape)):  # every op of the shape writes (a save or a rotation); the tail is not faulted
         fcase = dataclasses.replace(case, fault=RecordFault(op=op))
         try:
             with traced(fcase, runners) as t:
@@ -189,6 +188,5 @@ def explore(sut: str, runners: Runners, world: int, max_len: int, confirm: CaseJ
     for shape in (list(only) if only is not None else shapes(caps, max_len)):
         case = shape_case(sut, caps, world, shape, options)
         seen = (lambda r, s=shape: on_result(s, r)) if on_result is not None else None
-        reports.append(explore_shape(case, runners, confirm, points=points, states=states, on_result=seen,
-                                     shape=shape))
+        reports.append(explore_shape(shape, case, runners, confirm, points=points, states=states, on_result=seen))
     return reports

@@ -39,8 +39,9 @@ def attributed(case: Case, judgement: Judgement, plain: Judgement) -> Judgement:
                       f"{'; '.join(plain.details)[:300]})",), judgement.anomalies, Excuse.UNATTRIBUTED)
 
 
-class Unreplayable(Exception):
-    """A drawn power-loss state whose IO interleaving did not recur (fuzzing skips it; replay reports it)."""
+class Unreplayable(TraceMismatch):
+    """A drawn power-loss state whose IO interleaving did not recur in any of the runs tried (fuzzing skips it;
+    replay reports it)."""
 
 
 class Judge:
