@@ -4,6 +4,10 @@ enumeration of crash points and power-loss crash states for one case, on any SUT
 The scenario (``fault_ops``): save version 0 and see it acknowledged; save version 1 with the fault armed; then,
 in fresh processes, load the latest (or version 1's name where the SUT has no "latest"), load version 0 by name,
 and save and load version 2 (the job must recover). ``properties.atomic.check_history`` judges the lot.
+
+Crash points and states of one fault op share one traced run of it (``Traced``: its syscalls with the bytes they
+wrote, and the root as it was before it): points start from a copy of that root, states are materialised from it,
+so the ops before the fault op run once, not once per point or state; a failure is replayed as its own case.
 """
 
 from __future__ import annotations
