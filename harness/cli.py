@@ -84,6 +84,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --exhaustive: a case option, e.g. same_dir=true or format='\"safetensors\"'")
     c.add_argument("--only", choices=("points", "states"), default=None,
                    help="with --exhaustive: only crash points (process kills) or only power-loss states")
+    c.add_argument("--verbose", action="store_true", help="with --exhaustive: a line per point or state judged "
+                   "(the default on a terminal)")
     c.add_argument("--out", type=Path, default=None,
                    help="with --exhaustive: write failing cases as findings (DIR/findings/) and DIR/explore.json")
     for p in (f, r, c):
@@ -243,7 +245,7 @@ def _explore(args: argparse.Namespace) -> int:
     try:
         reports = explore(args.sut, judge_case.runners, args.ranks, args.max_len, judge_case, options=options,
                           only=only, points=args.only != "states", states=args.only != "points",
-                          on_result=progress if sys.stderr.isatty() else None)
+                          on_result=progress if args.verbose or sys.stderr.isatty() else None)
     finally:
         judge_case.close()
     wall = time.perf_counter() - start
