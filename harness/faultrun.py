@@ -36,7 +36,7 @@ from properties.outcome import Outcome
 from properties.verdicts import Judgement
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
-from .run import run_ops
+from .run import listing, run_ops
 from .runner import PoolFailure
 from .runners import Runners
 
@@ -216,8 +216,12 @@ class Traced:
                     fault = self.state_fault(state)
                     if error is None:
                         case = dataclasses.replace(self.case, fault=fault)
+                        # The fault op's record as the traced run left it, but with what the SUT lists as finished
+                        # on this state's root (the history holds the next op's load to that listing).
+                        faulted = dataclasses.replace(self.outcome.records[self.op],
+                                                      complete=listing(case, runners, root))
                         outcome = Outcome(sut=case.sut, launch_mode=runners.mode,
-                                          records=list(self.outcome.records[: self.op + 1]),
+                                          records=[*self.outcome.records[: self.op], faulted],
                                           fault={"kind": "state", "fired": True,
                                                  "acknowledged": state.prefix >= n_ops})
                         try:

@@ -102,12 +102,7 @@ class _Job:
         """Record what the SUT presents as finished checkpoints after the op (on the root a fault left): the
         history judge holds every one of them to loading bitwise, and a job to never having none. A listing, no
         load; a root the SUT cannot read counts as "cannot tell"."""
-        names = sorted({op.name for op in self.case.ops if op.kind == "save" and op.name})
-        try:
-            found = self.runners.cls.complete(self.root, names, self.case.options)
-        except OSError:
-            found = None
-        rec.complete = None if found is None else tuple(found)
+        rec.complete = listing(self.case, self.runners, self.root)
         return rec
 
     def begin(self, runner: Runner) -> None:
@@ -183,6 +178,16 @@ class _Job:
                     self.runners.discard(runner)
             except PoolFailure:
                 self.runners.discard(runner)
+
+
+def listing(case: Case, runners: Runners, root: Path) -> tuple[str, ...] | None:
+    """The case's checkpoint names that the SUT presents as finished on ``root`` (None: it cannot tell)."""
+    names = sorted({op.name for op in case.ops if op.kind == "save" and op.name})
+    try:
+        found = runners.cls.complete(root, names, case.options)
+    except OSError:
+        found = None
+    return None if found is None else tuple(found)
 
 
 def op_timeout(case: Case, runners: Runners) -> float:
