@@ -330,10 +330,14 @@ def judge_states(t: Traced, states: list, runners: Runners, confirm: CaseJudge |
                  on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
     """Judge each power-loss state of a traced op (Traced.run_states); failures are confirmed (``confirm``)."""
     results: list[CrashResult] = []
-    for n, result in enumerate(t.run_states(states, runners)):
-        results.append(_confirm(result, dataclasses.replace(t.case, fault=result.fault), confirm))
-        if on_result is not None:
-            on_result(n, results[-1])
+    spare, runners.keep_spare = runners.keep_spare, True  # a state whose loads wedge the ranks replaces them
+    try:
+        for n, result in enumerate(t.run_states(states, runners)):
+            results.append(_confirm(result, dataclasses.replace(t.case, fault=result.fault), confirm))
+            if on_result is not None:
+                on_result(n, results[-1])
+    finally:
+        runners.keep_spare = spare
     return results
 
 
