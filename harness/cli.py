@@ -84,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --exhaustive: a case option, e.g. same_dir=true or format='\"safetensors\"'")
     c.add_argument("--only", choices=("points", "states"), default=None,
                    help="with --exhaustive: only crash points (process kills) or only power-loss states")
+    c.add_argument("--confirm", type=int, default=None, metavar="N",
+                   help="with --exhaustive: replay at most N failures per op and kind in fresh processes (default: "
+                   "all); the rest count as failing, unconfirmed")
     c.add_argument("--verbose", action="store_true", help="with --exhaustive: a line per point or state judged "
                    "(the default on a terminal)")
     c.add_argument("--out", type=Path, default=None,
@@ -244,7 +247,8 @@ def _explore(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         reports = explore(args.sut, judge_case.runners, args.ranks, args.max_len, judge_case, options=options,
-                          only=only, points=args.only != "states", states=args.only != "points",
+                          only=only, confirm_limit=args.confirm, points=args.only != "states",
+                          states=args.only != "points",
                           on_result=progress if args.verbose or sys.stderr.isatty() else None)
     finally:
         judge_case.close()
@@ -257,12 +261,13 @@ def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> 
     from .report import finding_json
 
     print("| shape | ops | without fault | crash points judged/total | power-loss states judged/total | "
-          "judged/total | failing | flaky | excused |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "judged/total | failing | unconfirmed | flaky | excused |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     rows = [r.row() for r in reports]
     for row in rows:
         print(f"| {row['shape']} | {row['ops']} | {row['control']} | {row['points']} | {row['states']} | "
-              f"{row['judged']}/{row['total']} | {row['failing']} | {row['flaky']} | {row['excused']} |")
+              f"{row['judged']}/{row['total']} | {row['failing']} | {row['unconfirmed']} | {row['flaky']} | "
+              f"{row['excused']} |")
     failing = [(rep.shape, r) for rep in reports for r in rep.failing]
     judged, total = sum(r["judged"] for r in rows), sum(r["total"] for r in rows)
     for rep in reports:

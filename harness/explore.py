@@ -32,7 +32,7 @@ from properties.fault_strategies import has_latest
 from properties.verdicts import Judgement
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
-from .faultrun import CaseJudge, CrashResult, judge_points, judge_states, traced
+from .faultrun import CaseJudge, CrashResult, at_most, judge_points, judge_states, traced
 from .judge import attributed
 from .run import run_case
 from .runners import Runners
@@ -150,13 +150,16 @@ class ShapeReport:
             "states": f"{sum(r.judged for r in self.states)}/{len(self.states)}",
             "judged": self.judged, "total": self.total, "failing": len(self.failing),
             "flaky": sum(1 for r in self.results if r.confirmed is False),
+            "unconfirmed": sum(1 for r in self.failing if r.confirmed is None),
             "excused": sum(1 for r in self.results if r.judged and r.judgement.excuse is not None),
         }
 
 
 def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge | None, *, points: bool = True,
-                  states: bool = True, on_result: Callable[[CrashResult], None] | None = None) -> ShapeReport:
-    """Every crash point and power-loss state of every op of ``shape`` in ``case`` (its shape_case), judged."""
+                  states: bool = True, on_result: Callable[[CrashResult], None] | None = None,
+                  confirm_limit: int | None = None) -> ShapeReport:
+    """Every crash point and power-loss state of every op of ``shape`` in ``case`` (its shape_case), judged;
+    ``confirm_limit``: replay only that many failures per op and kind (the rest stay unconfirmed failures)."""
     report = ShapeReport(shape)
     report.control = check_history(case, run_case(case, runners), runners.cls.clear_errors)
     confirm_ = confirm if report.control.ok else None  # failures the shape has anyway are not the fault's
@@ -166,9 +169,10 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
         try:
             with traced(fcase, runners) as t:
                 if points:
-                    report.points += judge_points(t, t.points(), runners, confirm_, seen)
+                    report.points += judge_points(t, t.points(), runners, at_most(confirm_, confirm_limit), seen)
                 if states:
-                    report.states += judge_states(t, list(t.states()), runners, confirm_, seen)
+                    report.states += judge_states(t, list(t.states()), runners, at_most(confirm_, confirm_limit),
+                                                  seen)
         except Exception as exc:  # the trace of this op failed: one unjudged entry says why
             report.errors.append(f"op {op}: {type(exc).__name__}: {exc}")
     if not report.control.ok:
@@ -180,7 +184,7 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
 
 def explore(sut: str, runners: Runners, world: int, max_len: int, confirm: CaseJudge | None = None, *,
             options: dict | None = None, points: bool = True, states: bool = True,
-            only: Iterable[str] | None = None,
+            only: Iterable[str] | None = None, confirm_limit: int | None = None,
             on_result: Callable[[str, CrashResult], None] | None = None) -> list[ShapeReport]:
     """Explore every shape of at most ``max_len`` ops (or just ``only``) for ``sut`` on ``world`` ranks."""
     caps = runners.cls.capabilities
@@ -188,5 +192,6 @@ def explore(sut: str, runners: Runners, world: int, max_len: int, confirm: CaseJ
     for shape in (list(only) if only is not None else shapes(caps, max_len)):
         case = shape_case(sut, caps, world, shape, options)
         seen = (lambda r, s=shape: on_result(s, r)) if on_result is not None else None
-        reports.append(explore_shape(shape, case, runners, confirm, points=points, states=states, on_result=seen))
+        reports.append(explore_shape(shape, case, runners, confirm, points=points, states=states, on_result=seen,
+                                     confirm_limit=confirm_limit))
     return reports

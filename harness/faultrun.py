@@ -43,6 +43,26 @@ from .runners import Runners
 RUN_ERRORS = (PoolFailure, FaultSpecError, TraceMismatch, CaseError, OSError)  # a point or state that could not run
 
 
+class NotConfirmed(Exception):
+    """A failure left unconfirmed on purpose (a confirmation budget spent): its warm verdict stands."""
+
+
+def at_most(confirm: CaseJudge | None, n: int | None) -> CaseJudge | None:
+    """``confirm`` for the first ``n`` failures only (None: all); later ones stay unconfirmed (NotConfirmed)."""
+    if confirm is None or n is None:
+        return confirm
+    left = [n]
+
+    def limited(case: Case):
+        if left[0] <= 0:
+            raise NotConfirmed(f"only the first {n} failures of this op are replayed")
+        left[0] -= 1
+        return confirm(case)
+
+    limited.runners = confirm.runners  # type: ignore[attr-defined]
+    return limited  # type: ignore[return-value]
+
+
 class CaseJudge(Protocol):
     """What crash-point runs need of harness.judge.Judge (named here so this module never imports the judge)."""
 
@@ -105,12 +125,12 @@ def kill_faults(root: str, recording: Recording, op: int) -> list[KillFault]:
     """Every syscall the op made on a path under ``root``, as a replayable ``kill`` fault (path relative). Only the
     calls a plain recording traces count (strace.DEFAULT_SYSCALLS), so a recording that also captured data for
     crash states gives the same points."""
-    faults = []
+    faults: dict[KillFault, None] = {}  # the same call made by two ranks is one fault: its k-th call anywhere
     for point in enumerate_points(recording, DEFAULT_SYSCALLS):
         rel = _under(root, point.path)
         if rel is not None:
-            faults.append(KillFault(op=op, syscall=point.syscall, k=point.k, path=rel))
-    return faults
+            faults.setdefault(KillFault(op=op, syscall=point.syscall, k=point.k, path=rel))
+    return list(faults)
 
 
 def _under(root: str, path: str | None) -> str | None:
@@ -225,7 +245,8 @@ class Traced:
                                           fault={"kind": "state", "fired": True,
                                                  "acknowledged": state.prefix >= n_ops})
                         try:
-                            run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
+                            with runners.warm():
+                                run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
                         except RUN_ERRORS as exc:
                             error = f"{type(exc).__name__}: {exc}"
                     shutil.rmtree(root.parent, ignore_errors=True)
@@ -289,7 +310,7 @@ def _confirm(result: CrashResult, case: Case, confirm: CaseJudge | None) -> Cras
         return result
     try:
         again, _ = confirm(case)
-    except (CaseError, TraceMismatch) as exc:  # e.g. the state's interleaving never recurred: the failure stands
+    except (CaseError, TraceMismatch, NotConfirmed) as exc:  # e.g. the state's interleaving never recurred
         result.error = f"not replayed: {exc}"
         return result
     if not again.ok or again.excuse is not None:
@@ -304,11 +325,8 @@ def judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runne
     """Judge each crash point of a traced op (Traced.run_point); failures are confirmed (``confirm``). Each point
     kills its ranks, so a replacement pool launches in the background while the point runs (Runners.keep_spare)."""
     results: list[CrashResult] = []
-    spare, runners.keep_spare = runners.keep_spare, True
-    try:
+    with runners.warm():
         _judge_points(t, faults, runners, confirm, on_result, results)
-    finally:
-        runners.keep_spare = spare
     return results
 
 
@@ -321,7 +339,8 @@ def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runn
             result = CrashResult(fault, description, judgement, outcome.fault or {})
         except RUN_ERRORS as exc:
             result = CrashResult(fault, description, None, error=f"{type(exc).__name__}: {exc}")
-        results.append(_confirm(result, dataclasses.replace(t.case, fault=fault), confirm))
+        with runners.strict():
+            results.append(_confirm(result, dataclasses.replace(t.case, fault=fault), confirm))
         if on_result is not None:
             on_result(n, results[-1])
 
@@ -330,14 +349,10 @@ def judge_states(t: Traced, states: list, runners: Runners, confirm: CaseJudge |
                  on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
     """Judge each power-loss state of a traced op (Traced.run_states); failures are confirmed (``confirm``)."""
     results: list[CrashResult] = []
-    spare, runners.keep_spare = runners.keep_spare, True  # a state whose loads wedge the ranks replaces them
-    try:
-        for n, result in enumerate(t.run_states(states, runners)):
-            results.append(_confirm(result, dataclasses.replace(t.case, fault=result.fault), confirm))
-            if on_result is not None:
-                on_result(n, results[-1])
-    finally:
-        runners.keep_spare = spare
+    for n, result in enumerate(t.run_states(states, runners)):
+        results.append(_confirm(result, dataclasses.replace(t.case, fault=result.fault), confirm))
+        if on_result is not None:
+            on_result(n, results[-1])
     return results
 
 

@@ -121,9 +121,11 @@ class _Job:
         _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners)))
         if op.kind == "save" and rec.ok:
             rec.written = self.runners.cls.written(self.root, op.name) or {}
-        if self.case.fault is not None and not rec.ok and runner.launched:
+        if self.case.fault is not None and not rec.ok and runner.launched and not (
+                self.runners.keep_failed and rec.symmetric and runner.healthy()):
             # After a fault every op is judged on its own: a failed op may leave the group wedged
-            # (one rank raised, one waits), which must not be charged to the next op.
+            # (one rank raised, one waits), which must not be charged to the next op (Runners.keep_failed:
+            # the warm pass over crash points and states keeps ranks that pass a health check).
             self.drop(runner)
 
     def faulted_op(self, runner: Runner, rec: OpRecord) -> None:

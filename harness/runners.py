@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .inprocess import InProcessRunner
 from .pool import RankPool
@@ -34,6 +36,10 @@ class Runners:
         # keep_spare: a pool killed by a fault is replaced at once by one launched in the background, ready for the
         # next op that needs it (crash-point runs kill a pool per point, and a launch is most of a point's cost).
         self.keep_spare = False
+        # keep_failed: after a failed op of a fault case, ranks that all failed the same way and pass a health check
+        # stay for the next op (as between cases) instead of being replaced; the warm passes over crash points and
+        # states set it, and every failure they find is replayed under the strict rule before it counts.
+        self.keep_failed = False
         self._spares: dict[tuple[int, str, bool], _Spare] = {}
 
     def get(self, world: int, options: dict, launched: bool = False) -> Runner:
@@ -54,6 +60,25 @@ class Runners:
                       else RankPool(self.sut, world, setup, nnodes=nodes))
             self._runners[key] = runner
         return runner
+
+    @contextmanager
+    def warm(self) -> Iterator[Runners]:
+        """Crash points and states judged one after another: ``keep_spare`` and ``keep_failed`` on."""
+        before = self.keep_spare, self.keep_failed
+        self.keep_spare = self.keep_failed = True
+        try:
+            yield self
+        finally:
+            self.keep_spare, self.keep_failed = before
+
+    @contextmanager
+    def strict(self) -> Iterator[Runners]:
+        """Inside a warm pass: a replay that must follow the judge's own rules (``keep_failed`` off)."""
+        before, self.keep_failed = self.keep_failed, False
+        try:
+            yield self
+        finally:
+            self.keep_failed = before
 
     def discard(self, runner: Runner, graceful: bool = True) -> None:
         """Close ``runner`` and forget it; ``graceful=False`` kills its ranks at once (after a crash or a fault a
