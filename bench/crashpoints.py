@@ -13,10 +13,11 @@ Prints per SUT: ``points``, ``points_per_s``, ``baseline_points_per_s``, ``point
 ``states_wall_s``, ``states_per_s``, ``baseline_states_per_s``, ``states_speedup``. Targets (docs/design.md §10):
 paddle-dcp ≥ 2 judged states/s; every power-loss state of one paddleformers-uc save judged in ≤ 600 s.
 
-Measured on the project's 2-core VM, shared with other jobs (so ±30%), 2026-11-26:
-  reference (2 ranks, in-process tail): 41 points at 1.6/s (baseline 0.9/s), 85 states at 15/s (baseline 2.2/s)
-  paddle-dcp (2 ranks, warm pool): see docs/faults.md "Speed" for the figures of the last run
-  paddleformers-uc (1 rank): see docs/faults.md "Speed"
+Measured on the project's 2-core VM, shared with other jobs (load average 5-8, so +-50%), 2026-11-26:
+  reference (2 ranks, in-process tail): 40 points at 0.29/s (full runs 0.29/s), 87 states at 6.3/s (full runs
+  0.37/s, 17x); 16.8 states/s on a less loaded machine
+  paddle-dcp (2 ranks, warm pool): PADDLE_BENCH
+  paddleformers-uc (1 rank): 395 states, all judged in 721 s end to end (``crashpoints --exhaustive --only states``)
 
 ``--sut`` picks SUTs (default: reference, paddle-dcp, paddleformers-uc; each with its ranks: 2, 2, 1); a SUT whose
 framework is not importable here is run by ``--python-for SUT=PYTHON`` (e.g. the PaddleFormers venv's python, with
