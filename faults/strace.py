@@ -335,14 +335,18 @@ class Attached:
 
     def _settle(self, trace: str, timeout: float = 2.0) -> None:
         """Before detaching, let strace log a kill it caused: a tracee's death reaches the harness (a closed socket)
-        before strace has reaped it and written ``= ?`` / ``killed by SIGKILL``, and a detach would drop both."""
+        before strace has reaped it and written ``= ?`` / ``killed by SIGKILL``, and a detach would drop both.
+        A dead attached process must have its own ``killed by`` line: its threads die (and are logged) first, and
+        a detach in the middle of that group exit leaves strace waiting on the leader (30 s, measured)."""
         if self.inject is None or not self.inject[2].startswith("signal="):
             return
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             text = _read(trace)
             gone = [p for p in self.pids if not _running(p)]
-            if ("killed by SIG" in text and " = ?" in text) or (not gone and " = ?" not in text):
+            if gone and all(f"{p} +++ killed by SIG" in text for p in gone):
+                return
+            if not gone and (("killed by SIG" in text and " = ?" in text) or " = ?" not in text):
                 return
             time.sleep(0.01)
 

@@ -7,10 +7,13 @@ wrong and what to do).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import re
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from properties import registry as catalogue
@@ -19,7 +22,7 @@ from properties.fault_strategies import has_latest
 from properties.known import KnownFindingsError, read_known
 
 from .campaign import Campaign, default_seed, fuzz
-from .judge import Judge
+from .judge import EXHAUSTIVE_BOUND, Judge
 from .report import findings_table, write_results
 from .runner import PoolFailure
 from .runners import DEVICES, MODES, Runners
@@ -40,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--out", type=Path, required=True, help="output directory (findings/, summary.json, report.md)")
     f.add_argument("--property", action="append", dest="properties", metavar="ID", help="restrict to property IDs")
     f.add_argument("--faults", action="store_true", help="turn the fault layer on")
+    f.add_argument("--exhaustive-bound", type=int, default=EXHAUSTIVE_BOUND, metavar="N",
+                   help="a drawn crash point or power-loss state is judged together with every other one of the case "
+                   f"where it has at most N of them (default {EXHAUSTIVE_BOUND}; 0: only the drawn one)")
     f.add_argument("--seed", type=int, default=None, help="campaign seed (default: random, recorded in summary)")
     f.add_argument("--skip-known", type=Path, default=None, metavar="DIR",
                    help="regression cases with a 'signature': failures they explain are counted, not shrunk")
@@ -58,13 +64,33 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--op-timeout", type=float, default=120.0)
     c = sub.add_parser("crashpoints", help="kill a save at every syscall it makes (or, with --states, lose power in "
                        "every state its IO may leave) and judge each crash")
-    c.add_argument("case", type=Path, help="a case or finding file; its tensors and layouts, or its own fault op")
+    c.add_argument("case", type=Path, nargs="?", help="a case or finding file; its tensors and layouts, or its own "
+                   "fault op (not with --exhaustive)")
     c.add_argument("--async", dest="use_async", action="store_true", help="crash an async save (and its writer)")
     c.add_argument("--states", action="store_true", help="power-loss crash states instead of process kills")
     c.add_argument("--limit", type=int, default=None,
                    help="at most this many crash points or states (a deterministic spread, first and last included)")
     c.add_argument("--launch", choices=MODES, default="pool")
     c.add_argument("--op-timeout", type=float, default=120.0)
+    c.add_argument("--exhaustive", action="store_true",
+                   help="bounded-exhaustive: every shape of up to --max-len saves, re-saves and rotations over a fixed "
+                   "small state, every crash point and power-loss state of each of its ops (needs --sut)")
+    c.add_argument("--sut", default=None, help="with --exhaustive: the SUT (see `list`)")
+    c.add_argument("--max-len", type=int, default=2, help="with --exhaustive: ops per shape (default 2; nightly 3)")
+    c.add_argument("--ranks", type=int, default=2, help="with --exhaustive: world size (default 2)")
+    c.add_argument("--shape", action="append", dest="shapes", metavar="SHAPE",
+                   help="with --exhaustive: only this shape (letters S save, R re-save, T rotate; e.g. SST)")
+    c.add_argument("--option", action="append", dest="options", default=[], metavar="KEY=JSON",
+                   help="with --exhaustive: a case option, e.g. same_dir=true or format='\"safetensors\"'")
+    c.add_argument("--only", choices=("points", "states"), default=None,
+                   help="with --exhaustive: only crash points (process kills) or only power-loss states")
+    c.add_argument("--confirm", type=int, default=None, metavar="N",
+                   help="with --exhaustive: replay at most N failures per op and kind in fresh processes (default: "
+                   "all); the rest count as failing, unconfirmed")
+    c.add_argument("--verbose", action="store_true", help="with --exhaustive: a line per point or state judged "
+                   "(the default on a terminal)")
+    c.add_argument("--out", type=Path, default=None,
+                   help="with --exhaustive: write failing cases as findings (DIR/findings/) and DIR/explore.json")
     for p in (f, r, c):
         p.add_argument("--device", choices=DEVICES, default="auto",
                        help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
@@ -123,7 +149,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 
         campaign.ptrace = strace.available()  # without ptrace: psutil triggers instead of crash points
     known = read_known(args.skip_known) if args.skip_known is not None else []
-    judge_case = Judge(_runners(args, args.sut), exploring=True, known=known)
+    judge_case = Judge(_runners(args, args.sut), exploring=True, known=known, exhaustive=args.exhaustive_bound)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:
@@ -144,9 +170,9 @@ def _read_case(path: Path):
     case, finding = read_case_file(path)
     if case.fault is not None:
         op = case.fault.op
-        if case.ops[op].kind not in ("save", "load"):
-            raise HarnessError(f"{path}: bad fault: op {op} is a {case.ops[op].kind!r}; a fault hits a save "
-                               "or a load, which run on the ranks")
+        if case.ops[op].kind not in ("save", "load", "rotate"):
+            raise HarnessError(f"{path}: bad fault: op {op} is a {case.ops[op].kind!r}; a fault hits a save, "
+                               "a load or a rotation, which run on the ranks")
     return case, finding
 
 
@@ -171,11 +197,15 @@ def _crashpoints(args: argparse.Namespace) -> int:
 
     from .faultrun import as_fault_case, crashpoints, crashstates
 
-    case, _ = _read_case(args.case)
-    cls = adapter_class(case.sut)
     if not strace.available():
         raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace); "
                            "use `fuzz --faults`, whose kill-when faults need only psutil")
+    if args.exhaustive:
+        return _explore(args)
+    if args.case is None:
+        raise HarnessError("crashpoints: give a case file, or --exhaustive --sut NAME")
+    case, _ = _read_case(args.case)
+    cls = adapter_class(case.sut)
     if args.use_async and "async" not in cls.capabilities:
         raise HarnessError(f"crashpoints --async: {case.sut} does not claim async saves")
     case = as_fault_case(case, latest=has_latest(cls.capabilities, case.options), use_async=args.use_async)
@@ -190,6 +220,105 @@ def _crashpoints(args: argparse.Namespace) -> int:
         return _print_points(crashpoints(case, judge_case, sample=args.limit, on_result=progress))
     finally:
         judge_case.close()
+
+
+def _explore(args: argparse.Namespace) -> int:
+    """``crashpoints --exhaustive``: explore every shape, print shape -> judged / total / failing, write findings."""
+    from .explore import explore, shapes
+
+    if args.sut is None:
+        raise HarnessError("crashpoints --exhaustive needs --sut")
+    if args.max_len < 1 or args.ranks < 1:
+        raise HarnessError("--max-len and --ranks must be at least 1")
+    cls = adapter_class(args.sut)
+    options = _options(args)
+    only = args.shapes
+    if only:
+        valid = set(shapes(cls.capabilities, max(len(s) for s in only)))
+        bad = [s for s in only if s not in valid]
+        if bad:
+            raise HarnessError(f"--shape {bad}: not shapes of {args.sut} (S first, then S, R"
+                               f"{', T' if 'rotate' in cls.capabilities else ''})")
+    judge_case = Judge(_runners(args, args.sut), exploring=True)
+
+    def progress(shape: str, r) -> None:
+        verdict = r.judgement.verdict.value if r.judged else f"NOT RUN ({r.error})"
+        print(f"{shape} op {r.fault.op}: {r.description} -> {verdict}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    try:
+        reports = explore(args.sut, judge_case.runners, args.ranks, args.max_len, judge_case, options=options,
+                          only=only, confirm_limit=args.confirm, points=args.only != "states",
+                          states=args.only != "points",
+                          on_result=progress if args.verbose or sys.stderr.isatty() else None)
+    finally:
+        judge_case.close()
+    wall = time.perf_counter() - start
+    return _print_exploration(args, reports, wall)
+
+
+def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> int:
+    from .campaign import Finding
+    from .report import finding_json
+
+    print("| shape | ops | without fault | crash points judged/total | power-loss states judged/total | "
+          "judged/total | failing | unconfirmed | flaky | excused |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    rows = [r.row() for r in reports]
+    for row in rows:
+        print(f"| {row['shape']} | {row['ops']} | {row['control']} | {row['points']} | {row['states']} | "
+              f"{row['judged']}/{row['total']} | {row['failing']} | {row['unconfirmed']} | {row['flaky']} | "
+              f"{row['excused']} |")
+    failing = [(rep.shape, r) for rep in reports for r in rep.failing]
+    judged, total = sum(r["judged"] for r in rows), sum(r["total"] for r in rows)
+    for rep in reports:
+        for error in rep.errors:
+            print(f"{rep.shape}: not run: {error}")
+        for r in rep.results:
+            if not r.judged:
+                print(f"{rep.shape} op {r.fault.op} {r.description}: not run: {r.error}")
+    written = []
+    if args.out is not None:
+        (args.out / "findings").mkdir(parents=True, exist_ok=True)
+        safe = re.sub(r"[^A-Za-z0-9._-]", "_", args.sut)
+        for n, (shape, r) in enumerate(failing):
+            path = args.out / "findings" / f"{n:03d}-{shape}-{r.fault.kind}-{safe}.json"
+            case = case_of(args, shape, r.fault)
+            finding = Finding(case, r.judgement, fault=r.report)
+            path.write_text(json.dumps(finding_json(finding, f"ckpt-harness replay {path}"), indent=1,
+                                       sort_keys=True) + "\n", encoding="utf-8")
+            written.append(str(path))
+        summary = {"sut": args.sut, "ranks": args.ranks, "max_len": args.max_len, "wall_time_s": round(wall, 1),
+                   "judged": judged, "total": total, "failing": len(failing), "shapes": rows, "findings": written}
+        (args.out / "explore.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    for (shape, r), path in itertools.zip_longest(failing, written):
+        print(f"{shape} op {r.fault.op} {r.description}: {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
+        print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}" + (f"  (finding: {path})" if path else ""))
+    print(f"{args.sut}, {args.ranks} ranks, shapes of up to {args.max_len} ops: {judged}/{total} judged, "
+          f"{len(failing)} failing, {wall:.0f} s")
+    return 1 if failing or judged < total else 0
+
+
+def _options(args: argparse.Namespace) -> dict:
+    """``--option KEY=JSON`` (a bare KEY is true) as a case's options."""
+    options = {}
+    for item in args.options:
+        key, sep, value = item.partition("=")
+        try:
+            options[key] = json.loads(value) if sep else True
+        except json.JSONDecodeError as exc:
+            raise HarnessError(f"--option {item}: the value is not JSON ({exc})") from None
+    return options
+
+
+def case_of(args: argparse.Namespace, shape: str, fault):
+    """The replayable case of one explored fault: the shape's case with that fault."""
+    import dataclasses
+
+    from .explore import shape_case
+
+    case = shape_case(args.sut, adapter_class(args.sut).capabilities, args.ranks, shape, _options(args))
+    return dataclasses.replace(case, fault=fault)
 
 
 def _print_points(results: list) -> int:

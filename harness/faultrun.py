@@ -4,6 +4,10 @@ enumeration of crash points and power-loss crash states for one case, on any SUT
 The scenario (``fault_ops``): save version 0 and see it acknowledged; save version 1 with the fault armed; then,
 in fresh processes, load the latest (or version 1's name where the SUT has no "latest"), load version 0 by name,
 and save and load version 2 (the job must recover). ``properties.atomic.check_history`` judges the lot.
+
+Crash points and states of one fault op share one traced run of it (``Traced``: its syscalls with the bytes they
+wrote, and the root as it was before it): points start from a copy of that root, states are materialised from it,
+so the ops before the fault op run once, not once per point or state; a failure is replayed as its own case.
 """
 
 from __future__ import annotations
@@ -13,24 +17,50 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Protocol
 
 from faults.crashpoints import enumerate_points
+from faults.errors import FaultSpecError, TraceMismatch
 from faults.interleave import schedule_of
 from faults.spec import ErrorFault, Fault, KillFault, PointFault, PowerFault, RecordFault, StateFault
-from faults.strace import Recording
+from faults.strace import DEFAULT_SYSCALLS, Recording
 from properties.atomic import check_history
-from properties.case import Case, TensorCase
+from properties.case import Case, CaseError, TensorCase
 from properties.fault_strategies import fault_ops
 from properties.outcome import Outcome
-from properties.verdicts import Judgement, Verdict
+from properties.verdicts import Judgement
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
-from .run import run_ops
+from .run import listing, run_ops
+from .runner import PoolFailure
 from .runners import Runners
+
+RUN_ERRORS = (PoolFailure, FaultSpecError, TraceMismatch, CaseError, OSError)  # a point or state that could not run
+
+
+class NotConfirmed(Exception):
+    """A failure left unconfirmed on purpose (a confirmation budget spent): its warm verdict stands."""
+
+
+def at_most(confirm: CaseJudge | None, n: int | None) -> CaseJudge | None:
+    """``confirm`` for the first ``n`` failures only (None: all); later ones stay unconfirmed (NotConfirmed)."""
+    if confirm is None or n is None:
+        return confirm
+    left = [n]
+
+    def limited(case: Case):
+        if left[0] <= 0:
+            raise NotConfirmed(f"only the first {n} failures of this op are replayed")
+        left[0] -= 1
+        return confirm(case)
+
+    limited.runners = confirm.runners  # type: ignore[attr-defined]
+    return limited  # type: ignore[return-value]
 
 
 class CaseJudge(Protocol):
@@ -91,24 +121,16 @@ def _trace_fault_op(case: Case, runners: Runners, tmp: Path, *, capture: bool = 
     return outcome
 
 
-def record(case: Case, runners: Runners) -> tuple[str, Recording, Outcome]:
-    """(root it ran in, the fault op's syscalls, outcome) of a traced run of ``case`` up to its fault op."""
-    tmp = Path(tempfile.mkdtemp(prefix="ckh-record-"))
-    try:
-        outcome = _trace_fault_op(case, runners, tmp)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return outcome.trace[0], outcome.trace[1], outcome
-
-
 def kill_faults(root: str, recording: Recording, op: int) -> list[KillFault]:
-    """Every syscall the op made on a path under ``root``, as a replayable ``kill`` fault (path relative)."""
-    faults = []
-    for point in enumerate_points(recording):
+    """Every syscall the op made on a path under ``root``, as a replayable ``kill`` fault (path relative). Only the
+    calls a plain recording traces count (strace.DEFAULT_SYSCALLS), so a recording that also captured data for
+    crash states gives the same points."""
+    faults: dict[KillFault, None] = {}  # the same call made by two ranks is one fault: its k-th call anywhere
+    for point in enumerate_points(recording, DEFAULT_SYSCALLS):
         rel = _under(root, point.path)
         if rel is not None:
-            faults.append(KillFault(op=op, syscall=point.syscall, k=point.k, path=rel))
-    return faults
+            faults.setdefault(KillFault(op=op, syscall=point.syscall, k=point.k, path=rel))
+    return list(faults)
 
 
 def _under(root: str, path: str | None) -> str | None:
@@ -119,100 +141,239 @@ def _under(root: str, path: str | None) -> str | None:
     return os.path.relpath(path, root) if path.startswith(root + os.sep) else None
 
 
+
+
+@dataclass
+class Traced:
+    """One traced run of a case up to its fault op — the op's syscalls with the bytes they wrote, and a copy of the
+    root as it was before it — shared by every crash point and power-loss state of that op, so the ops before it
+    run once per op rather than once per point or state. Each point or state still runs in a fresh directory, on
+    ranks that keep nothing from another one (the adapters' ``end_case``)."""
+
+    case: Case  # with its fault op fixed (``case.fault`` names it; fault_op_of)
+    op: int
+    tmp: Path
+    outcome: Outcome  # the records of ops 0..op (op: traced, not faulted)
+    runs: int = 0
+
+    @property
+    def root(self) -> str:
+        return self.outcome.trace[0]
+
+    @property
+    def recording(self) -> Recording:
+        return self.outcome.trace[1]
+
+    @cached_property
+    def fs_ops(self) -> list:
+        from faults.crashstates import fs_ops
+
+        return fs_ops(self.recording, self.root)
+
+    @cached_property
+    def schedule(self) -> dict:
+        return schedule_of(self.fs_ops, self.recording, self.outcome.trace[2])
+
+    def points(self) -> list[KillFault]:
+        return kill_faults(self.root, self.recording, self.op)
+
+    def states(self, limit: int | None = None):
+        from faults.crashstates import enumerate_states
+
+        return enumerate_states(self.fs_ops, limit=limit)
+
+    def concrete(self, drawn: Fault | None) -> list[Fault]:
+        """Every concrete fault a drawn ``point`` or ``power`` fault may name here, in index order."""
+        if isinstance(drawn, PowerFault):
+            return [self.state_fault(s) for s in self.states()]
+        if not isinstance(drawn, PointFault):
+            raise ValueError(f"fault kind {None if drawn is None else drawn.kind!r} needs no resolving")
+        wanted = set(drawn.syscalls or ())
+        kills = [f for f in self.points() if not wanted or f.syscall in wanted]
+        if drawn.action in (None, "kill"):
+            return list(kills)
+        return [ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=drawn.action) for f in kills]
+
+    def state_fault(self, state) -> StateFault:
+        return StateFault(op=self.op, state=json.loads(state.to_json()), schedule=self.schedule)
+
+    def _fresh(self) -> Path:
+        self.runs += 1
+        return self.tmp / f"run-{self.runs}" / "ckpt"
+
+    def run_point(self, fault: KillFault | ErrorFault, runners: Runners) -> tuple[Judgement, Outcome]:
+        """Judge the case with ``fault`` on its op, started from a copy of the root before the op (the records of
+        the earlier ops are the traced run's): the op runs on launched ranks with the fault armed, then the job
+        restarts and the rest of the ops run."""
+        case = dataclasses.replace(self.case, fault=fault)
+        root = self._fresh()
+        shutil.copytree(self.tmp / "ckpt.before", root, symlinks=True)
+        outcome = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(self.outcome.records[: self.op]))
+        try:
+            run_ops(case, runners, root, range(self.op, len(case.ops)), outcome)
+        finally:
+            shutil.rmtree(root.parent, ignore_errors=True)
+            runners.after_case()
+        return check_history(case, outcome, runners.cls.clear_errors), outcome
+
+    def run_states(self, states: list, runners: Runners, batch: int = 64) -> Iterator[CrashResult]:
+        """Judge every state: materialise a batch of them first (each in a fresh directory), then run the ops after
+        the fault op on each, on warm ranks. A state that cannot be materialised or run is yielded unjudged."""
+        from faults.crashstates import materialize
+
+        n_ops = len(self.fs_ops)
+        for start in range(0, len(states), batch):
+            ready: list[tuple[object, Path | None, str | None]] = []
+            for state in states[start:start + batch]:
+                root = self._fresh()
+                try:
+                    materialize(self.fs_ops, state, root, base=self.tmp / "ckpt.before")
+                    ready.append((state, root, None))
+                except RUN_ERRORS as exc:
+                    ready.append((state, root, f"{type(exc).__name__}: {exc}"))
+            try:
+                for state, root, error in ready:
+                    fault = self.state_fault(state)
+                    if error is None:
+                        case = dataclasses.replace(self.case, fault=fault)
+                        # The fault op's record as the traced run left it, but with what the SUT lists as finished
+                        # on this state's root (the history holds the next op's load to that listing).
+                        faulted = dataclasses.replace(self.outcome.records[self.op],
+                                                      complete=listing(case, runners, root))
+                        outcome = Outcome(sut=case.sut, launch_mode=runners.mode,
+                                          records=[*self.outcome.records[: self.op], faulted],
+                                          fault={"kind": "state", "fired": True,
+                                                 "acknowledged": state.prefix >= n_ops})
+                        try:
+                            with runners.warm():
+                                run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
+                        except RUN_ERRORS as exc:
+                            error = f"{type(exc).__name__}: {exc}"
+                    shutil.rmtree(root.parent, ignore_errors=True)
+                    yield (CrashResult(fault, state.describe(), None, error=error) if error is not None else
+                           CrashResult(fault, state.describe(), check_history(case, outcome, runners.cls.clear_errors),
+                                       outcome.fault or {}))
+            finally:
+                for _, root, _ in ready:
+                    shutil.rmtree(root.parent, ignore_errors=True)
+                runners.after_case()
+
+
+@contextmanager
+def traced(case: Case, runners: Runners) -> Iterator[Traced]:
+    """A :class:`Traced` run of ``case`` up to its fault op, its directory removed on exit."""
+    tmp = Path(tempfile.mkdtemp(prefix="ckh-traced-"))
+    try:
+        yield Traced(case, fault_op_of(case), tmp, _trace_fault_op(case, runners, tmp, capture=True))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def concrete_fault(case: Case, runners: Runners) -> Case | None:
     """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
     fault it picks from a recording of this very case (modulo how many there are); None when the op made no IO
     under the root. Findings carry the concrete fault, so a replay needs no recording."""
-    fault = case.fault
-    if isinstance(fault, PointFault):
-        root, recording, _ = record(case, runners)
-        wanted = set(fault.syscalls or ())
-        kills = [f for f in kill_faults(root, recording, fault.op) if not wanted or f.syscall in wanted]
-        faults: list[Fault] = list(kills) if fault.action in (None, "kill") else [
-            ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=fault.action) for f in kills]
-        return dataclasses.replace(case, fault=faults[fault.index % len(faults)]) if faults else None
-    if isinstance(fault, PowerFault):
-        results, _ = crashstates(case, runners, only=fault.index)
-        return dataclasses.replace(case, fault=results[0].fault) if results else None
-    raise ValueError(f"fault kind {None if fault is None else fault.kind!r} needs no resolving")
+    with traced(case, runners) as t:
+        faults = t.concrete(case.fault)
+    return dataclasses.replace(case, fault=faults[case.fault.index % len(faults)]) if faults else None
 
 
 @dataclass
-class PointResult:
-    fault: KillFault
-    judgement: Judgement
-    report: dict
+class CrashResult:
+    """One crash point or power-loss state, judged (``judgement`` None: it could not be run, ``error`` says why)."""
+
+    fault: Fault
+    description: str
+    judgement: Judgement | None
+    report: dict = field(default_factory=dict)
+    confirmed: bool | None = None  # for failures: does a replay as its own case, in fresh processes, reproduce it?
+    error: str | None = None
+
+    @property
+    def judged(self) -> bool:
+        return self.judgement is not None
+
+    @property
+    def failing(self) -> bool:
+        """Failed, and not shown flaky by its replay (an unconfirmed failure still counts)."""
+        return self.judgement is not None and not self.judgement.ok and self.confirmed is not False
 
 
-def crashpoints(case: Case, judge: CaseJudge, sample: int | None = None,
-                on_result: Callable[[int, PointResult], None] | None = None) -> list[PointResult]:
-    """SIGKILL the fault op at every syscall it makes under the root (one fresh run per point) and judge each;
-    ``sample``: only that many points, evenly spread (first and last included); ``on_result`` sees each result as
-    it comes (a long run reports as it goes)."""
-    root, recording, _ = record(case, judge.runners)
-    faults = kill_faults(root, recording, fault_op_of(case))
-    if sample is not None and len(faults) > sample > 1:
-        faults = [faults[round(i * (len(faults) - 1) / (sample - 1))] for i in range(sample)]
-    results = []
+PointResult = StateResult = CrashResult  # the names crashpoints and crashstates gave them
+
+
+def _confirm(result: CrashResult, case: Case, confirm: CaseJudge | None) -> CrashResult:
+    """A failure on warm ranks, replayed as its own case in fresh processes through the judge (which also charges it
+    to the fault only if the ops pass without it, and excuses known findings): the replay's judgement stands; a
+    replay that passes plainly marks the failure flaky (``confirmed`` False)."""
+    if result.judgement is None or result.judgement.ok or confirm is None:
+        return result
+    try:
+        again, _ = confirm(case)
+    except (CaseError, TraceMismatch, NotConfirmed) as exc:  # e.g. the state's interleaving never recurred
+        result.error = f"not replayed: {exc}"
+        return result
+    if not again.ok or again.excuse is not None:
+        result.judgement, result.confirmed = again, not again.ok
+    else:
+        result.confirmed = False
+    return result
+
+
+def judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runners, confirm: CaseJudge | None = None,
+                 on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
+    """Judge each crash point of a traced op (Traced.run_point); failures are confirmed (``confirm``). Each point
+    kills its ranks, so a replacement pool launches in the background while the point runs (Runners.keep_spare)."""
+    results: list[CrashResult] = []
+    with runners.warm():
+        _judge_points(t, faults, runners, confirm, on_result, results)
+    return results
+
+
+def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runners, confirm: CaseJudge | None,
+                  on_result: Callable[[int, CrashResult], None] | None, results: list[CrashResult]) -> None:
     for n, fault in enumerate(faults):
-        judgement, outcome = judge(dataclasses.replace(case, fault=fault))
-        results.append(PointResult(fault, judgement, outcome.fault or {}))
+        description = f"{fault.syscall} #{fault.k} on {fault.path}"
+        try:
+            judgement, outcome = t.run_point(fault, runners)
+            result = CrashResult(fault, description, judgement, outcome.fault or {})
+        except RUN_ERRORS as exc:
+            result = CrashResult(fault, description, None, error=f"{type(exc).__name__}: {exc}")
+        with runners.strict():
+            results.append(_confirm(result, dataclasses.replace(t.case, fault=fault), confirm))
+        if on_result is not None:
+            on_result(n, results[-1])
+
+
+def judge_states(t: Traced, states: list, runners: Runners, confirm: CaseJudge | None = None,
+                 on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
+    """Judge each power-loss state of a traced op (Traced.run_states); failures are confirmed (``confirm``)."""
+    results: list[CrashResult] = []
+    for n, result in enumerate(t.run_states(states, runners)):
+        results.append(_confirm(result, dataclasses.replace(t.case, fault=result.fault), confirm))
         if on_result is not None:
             on_result(n, results[-1])
     return results
 
 
-@dataclass
-class StateResult:
-    fault: StateFault
-    description: str
-    judgement: Judgement
-    confirmed: bool | None = None  # for failures: does a replay in fresh processes reproduce it?
+def crashpoints(case: Case, judge: CaseJudge, sample: int | None = None,
+                on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
+    """SIGKILL the fault op at every syscall it makes under the root and judge each: the ops before it run once (a
+    traced run), each point starts from a copy of the root they left; ``sample``: only that many points, evenly
+    spread (first and last included); ``on_result`` sees each result as it comes (a long run reports as it goes).
+    A failing point is replayed as its own case through ``judge`` before it counts."""
+    with traced(case, judge.runners) as t:
+        faults = t.points()
+        if sample is not None and len(faults) > sample > 1:
+            faults = [faults[round(i * (len(faults) - 1) / (sample - 1))] for i in range(sample)]
+        return judge_points(t, faults, judge.runners, judge, on_result)
 
 
-def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: CaseJudge | None = None,
-                only: int | None = None) -> tuple[list[StateResult], int]:
+def crashstates(case: Case, runners: Runners, *, limit: int | None = None,
+                confirm: CaseJudge | None = None) -> tuple[list[CrashResult], int]:
     """Record the fault op's IO once, then for every power-loss state of it (faults.crashstates): materialise it in
-    a fresh directory and run the remaining ops there. Returns the results and the number of IO ops modelled.
-    ``only``: just state number ``only`` (modulo their count), unjudged — what ``concrete_fault`` needs.
-
-    Loads of all states share warm ranks that never saw any other state's directory; a failing state is replayed
-    as its own case in fresh processes (``confirm``) before it counts."""
-    from faults.crashstates import enumerate_states, fs_ops, materialize
-
-    f = fault_op_of(case)
-    tmp = Path(tempfile.mkdtemp(prefix="ckh-states-"))
-    try:
-        outcome = _trace_fault_op(case, runners, tmp, capture=True)
-        root, recording, tid_stream = outcome.trace
-        ops = fs_ops(recording, root)
-        schedule = schedule_of(ops, recording, tid_stream)
-
-        def state_case(state) -> Case:
-            return dataclasses.replace(case, fault=StateFault(op=f, state=json.loads(state.to_json()),
-                                                              schedule=schedule))
-
-        results: list[StateResult] = []
-        states = enumerate_states(ops, limit=limit)
-        if only is not None:
-            if not states:
-                return [], len(ops)
-            state = states[only % len(states)]
-            return [StateResult(state_case(state).fault, state.describe(), Judgement(case.property, Verdict.PASS))], \
-                len(ops)
-        for n, state in enumerate(states):
-            dest = tmp / f"state-{n}" / "ckpt"
-            materialize(ops, state, dest, base=tmp / "ckpt.before")
-            case_n = state_case(state)
-            run = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(outcome.records[: f + 1]),
-                          fault={"kind": "state", "acknowledged": state.prefix >= len(ops)})
-            run_ops(case_n, runners, dest, range(f + 1, len(case.ops)), run)
-            judgement = check_history(case_n, run, runners.cls.clear_errors)
-            result = StateResult(case_n.fault, state.describe(), judgement)
-            if not judgement.ok and confirm is not None:
-                result.confirmed = not confirm(case_n)[0].ok
-            results.append(result)
-            shutil.rmtree(dest.parent, ignore_errors=True)
-        return results, len(ops)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    a fresh directory and run the remaining ops there on warm ranks that never saw any other state's directory.
+    Returns the results and the number of IO ops modelled. A failing state is replayed as its own case in fresh
+    processes (``confirm``) before it counts."""
+    with traced(case, runners) as t:
+        return judge_states(t, t.states(limit=limit), runners, confirm), len(t.fs_ops)

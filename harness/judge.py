@@ -12,6 +12,7 @@ import dataclasses
 from collections import Counter
 
 from faults.errors import TraceMismatch
+from faults.spec import PowerFault
 from properties.atomic import check_history
 from properties.case import Case, CaseError
 from properties.known import Known, explained_by
@@ -20,22 +21,36 @@ from properties.outcome import Outcome
 from properties.registry import Checker, checker_for
 from properties.verdicts import Excuse, Judgement, Verdict
 
-from .faultrun import concrete_fault
+from .faultrun import judge_points, judge_states, traced
 from .run import run_case
 from .runners import Runners
 
 STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
+EXHAUSTIVE_BOUND = 64  # fuzz: a drawn crash point or state is judged with all of its kind where there are this few
 
 
-class Unreplayable(Exception):
-    """A drawn power-loss state whose IO interleaving did not recur (fuzzing skips it; replay reports it)."""
+def attributed(case: Case, judgement: Judgement, plain: Judgement) -> Judgement:
+    """A fault case's failing ``judgement``, given ``plain``, the same ops judged without the fault: it stands if
+    those pass, else it is a pass excused as not attributed to the fault."""
+    if plain.ok:
+        return judgement
+    return Judgement(case.property, Verdict.PASS,
+                     (f"not attributed to the fault: the case fails without it too ({plain.verdict.value}: "
+                      f"{'; '.join(plain.details)[:300]})",), judgement.anomalies, Excuse.UNATTRIBUTED)
+
+
+class Unreplayable(TraceMismatch):
+    """A drawn power-loss state whose IO interleaving did not recur in any of the runs tried (fuzzing skips it;
+    replay reports it)."""
 
 
 class Judge:
     """Runs a case and judges it; P-DIFF also runs the reference engine on the same case, in-process."""
 
-    def __init__(self, runners: Runners, *, exploring: bool = False, known: list[Known] | None = None) -> None:
+    def __init__(self, runners: Runners, *, exploring: bool = False, known: list[Known] | None = None,
+                 exhaustive: int = 0) -> None:
         self.runners = runners
+        self.exhaustive = exhaustive  # a drawn point or state: judge all of them where there are at most this many
         self.exploring = exploring  # fuzzing: a power-loss state that cannot be replayed is skipped, not an error
         self.unreplayable = 0
         self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
@@ -68,16 +83,41 @@ class Judge:
         return check_diff(case, outcome, ref), outcome
 
     def _drawn(self, case: Case) -> tuple[Judgement, Outcome]:
-        """A drawn fault, judged as the concrete fault it picks from a recording of this very case."""
-        concrete = concrete_fault(case, self.runners)
-        if concrete is None:
-            return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",),
-                             excuse=Excuse.SKIPPED), Outcome(case.sut)
+        """A drawn fault, judged as the concrete fault it picks from a recording of this very case; where the case
+        has at most ``exhaustive`` crash points (or states) of that kind, every one of them is judged on warm ranks
+        (from the drawn one on) and the first whose replay as its own case fails is the finding."""
+        with traced(case, self.runners) as t:
+            faults = t.concrete(case.fault)
+            if not faults:
+                return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",),
+                                 excuse=Excuse.SKIPPED), Outcome(case.sut)
+            first = case.fault.index % len(faults)
+            if len(faults) > self.exhaustive:
+                return self._concrete(dataclasses.replace(case, fault=faults[first]))
+            if isinstance(case.fault, PowerFault):
+                states = list(t.states())
+                results = judge_states(t, states[first:] + states[:first], self.runners)
+            else:
+                results = judge_points(t, faults[first:] + faults[:first], self.runners)
+        unjudged = [r for r in results if not r.judged]
+        for r in results:
+            if r.judged and not r.judgement.ok:
+                judgement, outcome = self._concrete(dataclasses.replace(case, fault=r.fault))
+                if not judgement.ok or judgement.excuse is Excuse.UNATTRIBUTED:  # the same for every fault here
+                    return judgement, outcome
+        what = "crash states" if isinstance(case.fault, PowerFault) else "crash points"
+        note = f"; {len(unjudged)} could not be run: {unjudged[0].error}" if unjudged else ""
+        return Judgement(case.property, Verdict.PASS, (f"every one of {len(results)} {what} judged, "
+                                                       f"{len(results) - len(unjudged)} ran, none failing{note}",)
+                         ), Outcome(case.sut)
+
+    def _concrete(self, concrete: Case) -> tuple[Judgement, Outcome]:
+        """Judge a drawn fault's concrete case; the outcome names the concrete fault (the finding carries it)."""
         try:
             judgement, outcome = self(concrete)
         except Unreplayable as exc:
-            skipped = Judgement(case.property, Verdict.PASS, (f"skipped: {exc}",), excuse=Excuse.SKIPPED)
-            return skipped, Outcome(case.sut)
+            skipped = Judgement(concrete.property, Verdict.PASS, (f"skipped: {exc}",), excuse=Excuse.SKIPPED)
+            return skipped, Outcome(concrete.sut)
         outcome.resolved_fault = concrete.fault
         return judgement, outcome
 
@@ -89,11 +129,7 @@ class Judge:
         control_outcome = run_case(control, self.runners)
         # The same history rules as the faulted run (rotation, latest, ...), only without the fault.
         plain = check_history(control, control_outcome, self.runners.cls.clear_errors)
-        if plain.ok:
-            return judgement
-        return Judgement(case.property, Verdict.PASS,
-                         (f"not attributed to the fault: the case fails without it too ({plain.verdict.value}: "
-                          f"{'; '.join(plain.details)[:300]})",), judgement.anomalies, Excuse.UNATTRIBUTED)
+        return attributed(case, judgement, plain)
 
     def _run(self, case: Case) -> Outcome:
         """Run the case; a power-loss state needs the save's IO in the order it was enumerated from, and ranks

@@ -111,8 +111,8 @@ class RankPool(Runner):
         for conn in self.conns.values():
             with contextlib.suppress(OSError):
                 conn.send({"type": "stop"})
-        deadline = time.monotonic() + (5 if graceful else 0)
-        for proc in self.procs:
+        deadline = time.monotonic() + 5
+        for proc in self.procs if graceful else ():  # not graceful: killed at once (after a fault or a crash)
             with contextlib.suppress(Exception):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
         kill_trees(self.procs)

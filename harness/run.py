@@ -105,9 +105,7 @@ class _Job:
         """Record what the SUT presents as finished checkpoints after the op (on the root a fault left): the
         history judge holds every one of them to loading bitwise, and a job to never having none. A listing, no
         load; a root the SUT cannot read counts as "cannot tell"."""
-        names = sorted({op.name for op in self.case.ops if op.kind == "save" and op.name})
-        found = _unless_unreadable(lambda: self.runners.cls.complete(self.root, names, self.case.options))
-        rec.complete = None if found is None else tuple(found)
+        rec.complete = listing(self.case, self.runners, self.root)
         return rec
 
     def begin(self, runner: Runner) -> None:
@@ -126,10 +124,12 @@ class _Job:
         _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners)))
         if op.kind == "save" and rec.ok:
             rec.written = _unless_unreadable(lambda: self.runners.cls.written(self.root, op.name)) or {}
-        if self.case.fault is not None and not rec.ok and runner.launched:
+        if self.case.fault is not None and not rec.ok and runner.launched and not (
+                self.runners.keep_failed and rec.symmetric and runner.healthy()):
             # After a fault every op is judged on its own: a failed op may leave the group wedged
-            # (one rank raised, one waits), which must not be charged to the next op. The history hears of it:
-            # saves the ranks had in flight died with them.
+            # (one rank raised, one waits), which must not be charged to the next op (Runners.keep_failed:
+            # the warm pass over crash points and states keeps ranks that pass a health check). The history
+            # hears of it: saves the ranks had in flight died with them.
             self.drop(runner)
             rec.restarted = True
 
@@ -185,6 +185,13 @@ class _Job:
                     self.runners.discard(runner)
             except PoolFailure:
                 self.runners.discard(runner)
+
+
+def listing(case: Case, runners: Runners, root: Path) -> tuple[str, ...] | None:
+    """The case's checkpoint names that the SUT presents as finished on ``root`` (None: it cannot tell)."""
+    names = sorted({op.name for op in case.ops if op.kind == "save" and op.name})
+    found = _unless_unreadable(lambda: runners.cls.complete(root, names, case.options))
+    return None if found is None else tuple(found)
 
 
 def op_timeout(case: Case, runners: Runners) -> float:

@@ -4,6 +4,9 @@ fresh launch per case, in-process) is chosen here and nowhere else."""
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from .inprocess import InProcessRunner
 from .pool import RankPool
@@ -30,6 +33,14 @@ class Runners:
         self._runners: dict[tuple[int, str, bool], Runner] = {}
         self._retired_launches = 0
         self._retired_devices: set[str] = set()
+        # keep_spare: a pool killed by a fault is replaced at once by one launched in the background, ready for the
+        # next op that needs it (crash-point runs kill a pool per point, and a launch is most of a point's cost).
+        self.keep_spare = False
+        # keep_failed: after a failed op of a fault case, ranks that all failed the same way and pass a health check
+        # stay for the next op (as between cases) instead of being replaced; the warm passes over crash points and
+        # states set it, and every failure they find is replayed under the strict rule before it counts.
+        self.keep_failed = False
+        self._spares: dict[tuple[int, str, bool], _Spare] = {}
 
     def get(self, world: int, options: dict, launched: bool = False) -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
@@ -38,6 +49,11 @@ class Runners:
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
         key = (world, json.dumps(setup, sort_keys=True), in_process)
         runner = self._runners.get(key)
+        spare = self._spares.pop(key, None) if runner is None else None
+        if spare is not None:
+            runner = spare.take()
+            if runner is not None:
+                self._runners[key] = runner
         if runner is None:
             nodes = self.nnodes if world % self.nnodes == 0 else 1  # a world too small to split runs on one node
             runner = (InProcessRunner(self.sut, world, setup) if in_process
@@ -45,13 +61,36 @@ class Runners:
             self._runners[key] = runner
         return runner
 
+    @contextmanager
+    def warm(self) -> Iterator[Runners]:
+        """Crash points and states judged one after another: ``keep_spare`` and ``keep_failed`` on."""
+        before = self.keep_spare, self.keep_failed
+        self.keep_spare = self.keep_failed = True
+        try:
+            yield self
+        finally:
+            self.keep_spare, self.keep_failed = before
+
+    @contextmanager
+    def strict(self) -> Iterator[Runners]:
+        """Inside a warm pass: a replay that must follow the judge's own rules (``keep_failed`` off)."""
+        before, self.keep_failed = self.keep_failed, False
+        try:
+            yield self
+        finally:
+            self.keep_failed = before
+
     def discard(self, runner: Runner, graceful: bool = True) -> None:
         """Close ``runner`` and forget it; ``graceful=False`` kills its ranks at once (after a crash or a fault a
         surviving rank may sit in a collective or a commit wait and would only answer "stop" after a timeout)."""
         self._retired_devices |= runner.devices()
         runner.close(graceful)
         self._retired_launches += runner.launches
+        keys = [k for k, r in self._runners.items() if r is runner]
         self._runners = {k: r for k, r in self._runners.items() if r is not runner}
+        spare = self.keep_spare and self.mode != "fresh" and not graceful and isinstance(runner, RankPool)
+        if spare and keys and keys[0] not in self._spares:
+            self._spares[keys[0]] = _Spare(RankPool(runner.sut, runner.world, runner.options, nnodes=runner.nnodes))
 
     def after_case(self) -> None:
         if self.mode == "fresh":
@@ -67,5 +106,37 @@ class Runners:
         return self._retired_devices.union(*(r.devices() for r in self._runners.values()))
 
     def close(self) -> None:
+        spares, self._spares = list(self._spares.values()), {}
+        for spare in spares:
+            self._retired_launches += spare.close()
         for runner in list(self._runners.values()):
             self.discard(runner)
+
+
+class _Spare:
+    """A rank pool launching in a background thread (launching is mostly waiting for the ranks to start)."""
+
+    def __init__(self, pool: RankPool) -> None:
+        self.pool, self.error = pool, None
+        self.thread = threading.Thread(target=self._launch, name="ckh-spare-pool", daemon=True)
+        self.thread.start()
+
+    def _launch(self) -> None:
+        try:
+            self.pool.ensure()
+        except BaseException as exc:
+            self.error = exc
+
+    def take(self) -> RankPool | None:
+        """The launched pool, or None if its launch failed (the caller then launches one the usual way)."""
+        self.thread.join()
+        if self.error is not None:
+            self.pool.close(False)
+            return None
+        return self.pool
+
+    def close(self) -> int:
+        """Stop it (after its launch finished); returns its launches, for the count."""
+        self.thread.join()
+        self.pool.close(False)
+        return self.pool.launches

@@ -118,3 +118,13 @@ def test_fault_cases_found_in_the_reference_stay_fixed(judge_case, path: Path) -
     case, _ = read_case_file(path)
     judgement, _ = judge_case(case)
     assert judgement.ok, judgement.details
+
+
+@needs_strace
+def test_a_state_is_judged_by_what_the_sut_lists_on_the_state_itself(judge_case) -> None:
+    """Without a "latest" load first, the load after the fault op is held to the listing after that op: it must
+    be the listing of the power-loss state's root, not of the traced run's (where the save had finished)."""
+    case = standard_case(latest=False)
+    results, _ = crashstates(case, judge_case.runners, limit=12)
+    assert results and all(r.judged for r in results)
+    assert not [(r.description, r.judgement.details) for r in results if not r.judgement.ok]

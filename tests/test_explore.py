@@ -1,0 +1,157 @@
+"""Bounded-exhaustive crash exploration (harness/explore.py): the shapes and their cases, the reference passing
+every crash point and power-loss state of every shape (CI: every state of the shapes of up to 2 ops; nightly:
+points too, and shapes of 3 ops), a broken SUT caught with the exact state named, and ``fuzz --faults`` judging
+every crash point or state of a drawn fault where there are few."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+
+from faults import strace
+from faults.spec import KillFault, PointFault, PowerFault, StateFault
+from harness.cli import main
+from harness.explore import explore, family, shape_case, shape_ops, shapes
+from harness.faultrun import standard_case
+from harness.judge import Judge
+from harness.runners import Runners
+from harness.sut import adapter_class
+from properties.case import Op, read_case_file
+from reference.layout import layout_from_json
+
+needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
+NIGHTLY = settings.default.max_examples >= 1000  # the nightly profile: the long enumerations
+REFERENCE = adapter_class("reference").capabilities
+BROKEN = "tests.suts.buggy:IndexFirstSut"  # publishes a checkpoint's index before its data
+
+
+def test_shapes_start_with_a_save_and_use_only_what_the_sut_claims() -> None:
+    assert shapes(REFERENCE, 2) == ["S", "SS", "SR", "ST"]
+    assert len(shapes(REFERENCE, 3)) == 13
+    assert shapes(set(), 2) == ["S", "SS", "SR"]  # no rotation claimed
+    assert len(shapes(set(), 3)) == 7
+
+
+def test_a_shape_ends_with_the_recovery_tail() -> None:
+    ops = shape_ops("SRT", latest=True)
+    assert ops[:3] == (Op("save", "step-0", 0), Op("save", "step-0", 1), Op("rotate", keep=1))
+    assert ops[3:] == (Op("load", None, 1), Op("load", "step-0", 1), Op("save", "step-3", 3),
+                       Op("load", "step-3", 3))
+    ops = shape_ops("SSR", latest=False)  # every name by the version its last save wrote, newest first
+    assert [(o.kind, o.name, o.version) for o in ops[3:]] == [
+        ("load", "step-1", 2), ("load", "step-0", 0), ("save", "step-3", 3), ("load", "step-3", 3)]
+
+
+def test_the_state_is_the_fixed_family_within_the_sut_claims() -> None:
+    case = shape_case("reference", REFERENCE, 2, "SS")
+    by_name = {t.name: t for t in case.tensors}
+    assert by_name["model/emb"].shape == (0, 3) and by_name["ema/w"].dtype == "BF16"
+    uneven = layout_from_json(case.save_layout["model/w"])
+    assert [uneven.local((5, 2), rank).region.shape[0] for rank in (0, 1)] == [3, 2]
+    assert case.save_layout["model/b"]["placements"] == ["R"]
+    tensors, layout = family({"trainer_state", "replicated", "dtype:F32", "dtype:BF16"}, 2)
+    names = {t.name for t in tensors}  # a trainer's state, no zero-size tensor where the SUT does not claim it
+    assert {"model/w", "master/w", "optimizer/w.m1", "model/b"} <= names
+    assert all(t.shape != (0,) for t in tensors)
+    assert all(lay["placements"] == ["R"] for lay in layout.values())
+    with pytest.raises(ValueError):
+        shape_case("reference", REFERENCE, 2, "SR")  # the reference claims no re-save
+
+
+def _counts(reports) -> dict[str, tuple[int, int, int]]:
+    return {r.shape: (r.judged, r.total, len(r.failing)) for r in reports}
+
+
+@needs_strace
+@pytest.mark.slow
+def test_reference_passes_every_power_loss_state_of_every_shape_up_to_2_ops() -> None:
+    """CI's share: every power-loss state of every op of every shape of up to 2 ops (the crash points of those
+    shapes, and shapes of 3 ops, run nightly)."""
+    judge = Judge(Runners("reference", "in-process"))
+    try:
+        reports = explore("reference", judge.runners, 2, 2, judge, points=False)
+    finally:
+        judge.close()
+    counts = _counts(reports)
+    print("reference, power-loss states, judged/total/failing per shape:", counts)
+    assert set(counts) == {"S", "SS", "ST"}
+    for r in reports:
+        assert r.control.ok and not r.errors
+        assert r.total >= 50 and r.judged == r.total, (r.shape, r.row())
+        assert not r.failing, [(f.description, f.judgement.details) for f in r.failing]
+    assert counts["SS"][1] > counts["S"][1]  # both saves of SS were explored
+
+
+@needs_strace
+@pytest.mark.nightly
+@pytest.mark.timeout(7200)
+@pytest.mark.parametrize("max_len", [2, 3])
+def test_reference_passes_every_crash_point_and_state_of_every_shape(max_len: int) -> None:
+    judge = Judge(Runners("reference", "in-process"))
+    try:
+        reports = explore("reference", judge.runners, 2, max_len, judge)
+    finally:
+        judge.close()
+    print(f"reference, shapes of up to {max_len} ops, judged/total/failing:", _counts(reports))
+    assert len(reports) == len(shapes(REFERENCE, max_len))
+    for r in reports:
+        assert r.points and r.states and r.judged == r.total, r.row()
+        assert not r.failing, [(f.description, f.judgement.details) for f in r.failing]
+
+
+@needs_strace
+@pytest.mark.slow
+def test_a_broken_sut_is_caught_and_the_finding_names_its_exact_state(tmp_path: Path) -> None:
+    code = main(["crashpoints", "--exhaustive", "--sut", BROKEN, "--shape", "S", "--only", "states",
+                 "--launch", "in-process",
+                 "--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "explore.json").read_text())
+    assert code == 1 and summary["failing"] > 0 and summary["judged"] == summary["total"], summary
+    finding = Path(summary["findings"][0])
+    case, data = read_case_file(finding)
+    assert isinstance(case.fault, StateFault), case.fault  # the exact state, not an index
+    assert data["verdict"] == "data-loss"
+    judge = Judge(Runners(case.sut, "in-process"))
+    try:
+        judgement, _ = judge(case)  # the finding replays as it is
+    finally:
+        judge.close()
+    assert not judgement.ok and judgement.verdict.value == "data-loss", judgement.details
+
+
+@needs_strace
+def test_fuzz_judges_every_state_of_a_drawn_fault_below_the_bound() -> None:
+    """State 0 (nothing of the save on disk) passes on its own; judged with every other state of the save, the
+    broken SUT fails, and the judgement names the concrete state that did it."""
+    case = shape_case(BROKEN, REFERENCE, 2, "S")
+    drawn = dataclasses.replace(case, fault=PowerFault(op=0, index=0))
+    judge = Judge(Runners(BROKEN, "in-process"), exploring=True)
+    try:
+        alone, _ = judge(drawn)  # bound 0: only the drawn state
+        judge.exhaustive = 1000
+        judgement, outcome = judge(drawn)
+    finally:
+        judge.close()
+    assert alone.ok, alone.details
+    assert not judgement.ok, judgement.details
+    assert isinstance(outcome.resolved_fault, StateFault) and outcome.resolved_fault.state["prefix"] > 0
+
+
+@needs_strace
+def test_fuzz_samples_above_the_bound_and_reports_how_many_it_judged_below() -> None:
+    drawn = dataclasses.replace(standard_case(), fault=PointFault(op=1, index=3))
+    judge = Judge(Runners("reference", "in-process"), exploring=True, exhaustive=2)
+    try:
+        sampled, outcome = judge(drawn)  # more than 2 points: just the drawn one, as before
+        assert sampled.ok and isinstance(outcome.resolved_fault, KillFault)
+        judge.exhaustive = 1000
+        drawn = dataclasses.replace(drawn, fault=PointFault(op=1, index=3, syscalls=["rename", "renameat"]))
+        every, _ = judge(drawn)
+    finally:
+        judge.close()
+    assert every.ok and every.details[0].startswith("every one of "), every.details
+    assert "none failing" in every.details[0]
