@@ -3,9 +3,10 @@ most three operations): every sequence of at most ``max_len`` writing ops over o
 it in turn the fault op, and for each, every crash point (a SIGKILL at each syscall it makes under the root) and
 every power-loss state of its IO (faults.crashstates), each judged by the history checker.
 
-A *shape* is a string over ``S`` (save under a new name), ``R`` (re-save into the name saved last: a job
-resumed from an older step saves that step again; every SUT is asked, and one that cannot is a finding) and ``T`` (``rotate`` keeping 1: SUTs claiming ``rotate``); it starts with ``S`` (a re-save or a
-rotation before any save means nothing). Its ops are followed by the recovery tail of the fault scenario
+A *shape* is a string over ``S`` (save under a new name), ``R`` (re-save into the name saved last: a job resumed
+from an older step saves that step again; every SUT is asked, and one that cannot is a finding) and ``T``
+(``rotate`` keeping 1: SUTs claiming ``rotate``); it starts with ``S`` (a re-save or a rotation before any save
+means nothing). Its ops are followed by the recovery tail of the fault scenario
 (properties.fault_strategies.fault_ops): after the faulted op the job restarts, the ops after it in the shape run,
 then the latest is loaded (where the SUT has one), every saved name by the version it should hold, and a new
 version is saved and loaded.
