@@ -217,11 +217,28 @@ def _failed(rec: OpRecord, failure: PoolFailure) -> None:
     rec.dead, rec.silent = failure.dead, failure.silent
 
 
+CAUSE_MARGIN_S = 5.0  # a rank that failed this much sooner than the others raised first; they waited on it
+
+
+def cause(replies: list[dict]) -> dict | None:
+    """The failed reply an op's record cites: the lowest failed rank, unless another failed rank's op ended at
+    least ``CAUSE_MARGIN_S`` sooner. One rank raising inside a collective load or save leaves its peers waiting in
+    the next collective until the backend times out (gloo: ``TIMEOUT`` after 30 s); the timeout says nothing of
+    the bug and no known finding's signature can recognise it, the first rank's error does. The margin keeps the
+    choice deterministic where ranks fail on their own at about the same time (rank order then)."""
+    failed = sorted((r for r in replies if not r["ok"]), key=lambda r: r["rank"])
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: r["seconds"])
+    return first if first["seconds"] + CAUSE_MARGIN_S <= failed[0]["seconds"] else failed[0]
+
+
 def _merge(rec: OpRecord, replies: list[dict]) -> None:
     rec.seconds = max((r["seconds"] for r in replies), default=0.0)
+    r = cause(replies)
+    if r is not None and rec.ok:
+        rec.ok, rec.error_type, rec.traceback = False, r["error_type"], r.get("traceback")
+        rec.error = f"rank {r['rank']}: {r['error']}"
     for r in replies:
-        if not r["ok"] and rec.ok:
-            rec.ok, rec.error_type, rec.traceback = False, r["error_type"], r.get("traceback")
-            rec.error = f"rank {r['rank']}: {r['error']}"
         rec.loaded[r["rank"]] = {name: unpack(p) for name, p in r["loaded"].items()}
     rec.symmetric = len({(r["ok"], r.get("error_type")) for r in replies}) <= 1

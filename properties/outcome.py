@@ -19,7 +19,7 @@ class OpRecord:
     failure: str | None = None  # "hang" or "crash" when a rank stopped answering or died
     error_type: str | None = None
     error: str | None = None
-    traceback: str | None = None  # the first failing rank's, for triage (never judged)
+    traceback: str | None = None  # the cited failed rank's (harness.run.cause), for triage (never judged)
     symmetric: bool = True  # every rank failed the same way (or none did): collectives are still in step
     loaded: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # rank -> tensors (loads)
     written: dict[str, tuple[tuple[int, ...], list[Region]]] = field(default_factory=dict)  # saves: what hit disk

@@ -6,7 +6,10 @@ tensors owned by some ranks only (keyed experts) are plain tensors on their owne
 replicated and saves once. On a GPU machine each rank takes ``cuda:<local rank>``, tensors live on it and the
 process group is ``cpu:gloo,cuda:nccl`` (DCP gathers its plans on the CPU group); elsewhere everything is CPU
 and gloo. Async saves use DCP's own thread or process executor (``options["async_executor"]``); they stage
-device memory to the host before returning.
+device memory to the host before returning. A thread-executor save runs DCP's collectives in a background thread,
+so each gets a gloo process group of its own (as torchtitan does for its async checkpoints): on the default group
+they would interleave with the caller's next load or save, or another pending save, in an order that differs
+between ranks, and the ranks would wait on each other until gloo's timeout — a misuse, not DCP's bug.
 
 Capabilities, honestly: no "flat" (DTensor has no flattened ranges), no "latest" (DCP has no notion of the newest
 checkpoint), no "same_dir" (one checkpoint per directory), no typed errors (any exception counts as clear).
@@ -62,6 +65,7 @@ class TorchHandle:
     tensors: list[Any]
     future: Any = None
     waited: bool = field(default=False)
+    group: Any = None  # the process group its background thread's collectives run on (thread executor)
 
 
 class TorchDcpSut(SutAdapter):
@@ -91,6 +95,7 @@ class TorchDcpSut(SutAdapter):
             dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
         self._meshes: dict[tuple, Any] = {}
         self._pending: list[TorchHandle] = []
+        self._free_groups: list[Any] = []  # async save groups whose saves every rank has settled (oldest first)
         return []
 
     def describe(self) -> dict[str, str]:
@@ -118,15 +123,36 @@ class TorchDcpSut(SutAdapter):
         executor = options.get("async_executor", "thread")
         if executor not in EXECUTORS:
             raise NotImplementedError(f"async_executor {executor!r}: only {', '.join(EXECUTORS)}")
-        response = dcp.async_save(state, checkpoint_id=path, async_checkpointer_type=AsyncCheckpointerType(executor))
+        handle.group = self._async_group() if executor == "thread" else None
+        response = dcp.async_save(state, checkpoint_id=path, async_checkpointer_type=AsyncCheckpointerType(executor),
+                                  process_group=handle.group)
         handle.future = getattr(response, "upload_completion", response)  # newer torch wraps the future
         self._pending.append(handle)
         return handle
 
     def wait(self, handle: TorchHandle) -> None:
         handle.waited = True
-        if handle.future is not None:
-            handle.future.result()
+        try:
+            if handle.future is not None:
+                handle.future.result()
+        finally:
+            self._release_group(handle)
+
+    def _async_group(self) -> Any:
+        """A process group for one thread-executor save: a settled save's, or a new one. Every rank saves and
+        settles its saves in the same op order, so every rank picks the same group (``new_group`` is collective).
+        None (the default group) in a one-process world, which has no collectives to interleave."""
+        import torch.distributed as dist
+
+        if not dist.is_initialized() or self.world <= 1:
+            return None
+        return self._free_groups.pop(0) if self._free_groups else dist.new_group(backend="gloo")
+
+    def _release_group(self, handle: TorchHandle) -> None:
+        """The save's collectives are over on this rank; its peers reuse the group only after settling it too."""
+        if handle.group is not None:
+            self._free_groups.append(handle.group)
+            handle.group = None
 
     def mutate(self, handle: TorchHandle) -> None:
         import torch
@@ -174,6 +200,7 @@ class TorchDcpSut(SutAdapter):
             if not handle.waited and handle.future is not None:
                 with contextlib.suppress(Exception):
                     handle.future.result()
+            self._release_group(handle)
         self._pending.clear()
 
     def close(self) -> None:
