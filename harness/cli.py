@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("case", type=Path, nargs="?", help="a case or finding file; its tensors and layouts, or its own "
                    "fault op (not with --exhaustive)")
     c.add_argument("--async", dest="use_async", action="store_true", help="crash an async save (and its writer)")
+    c.add_argument("--op", type=int, default=None, help="crash this op of the case's own ops (a job's life: any save "
+                   "or rotation of it); default: the save whose result the first load checks")
     c.add_argument("--states", action="store_true", help="power-loss crash states instead of process kills")
     c.add_argument("--limit", type=int, default=None,
                    help="at most this many crash points or states (a deterministic spread, first and last included)")
@@ -208,7 +210,11 @@ def _crashpoints(args: argparse.Namespace) -> int:
     cls = adapter_class(case.sut)
     if args.use_async and "async" not in cls.capabilities:
         raise HarnessError(f"crashpoints --async: {case.sut} does not claim async saves")
-    case = as_fault_case(case, latest=has_latest(cls.capabilities, case.options), use_async=args.use_async)
+    try:
+        case = as_fault_case(case, latest=has_latest(cls.capabilities, case.options), use_async=args.use_async,
+                             op=args.op)
+    except ValueError as exc:
+        raise HarnessError(f"crashpoints: {exc}") from None
     judge_case = Judge(_runners(args, case.sut))
     try:
         if args.states:

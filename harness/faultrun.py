@@ -30,7 +30,7 @@ from faults.interleave import schedule_of
 from faults.spec import ErrorFault, Fault, KillFault, PointFault, PowerFault, RecordFault, StateFault
 from faults.strace import DEFAULT_SYSCALLS, Recording
 from properties.atomic import check_history
-from properties.case import Case, CaseError, TensorCase
+from properties.case import HARNESS_KINDS, Case, CaseError, TensorCase
 from properties.fault_strategies import fault_ops
 from properties.outcome import Outcome
 from properties.verdicts import Judgement
@@ -71,9 +71,17 @@ class CaseJudge(Protocol):
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]: ...
 
 
-def as_fault_case(case: Case, prop: str = "P-ATOMIC", *, latest: bool, use_async: bool = False) -> Case:
-    """``case`` as a fault scenario: its tensors and layouts, the standard ops (unless it already has a fault)."""
-    if case.fault is not None:
+def as_fault_case(case: Case, prop: str = "P-ATOMIC", *, latest: bool, use_async: bool = False,
+                  op: int | None = None) -> Case:
+    """``case`` as a fault scenario: its tensors and layouts, the standard ops — unless it has a fault already, or
+    lives a job's life (sequence ops, P-LIFECYCLE): then its own ops, crashed at op ``op`` (default: the save
+    whose result the first load checks)."""
+    if op is not None:
+        if not 0 <= op < len(case.ops) or case.ops[op].kind in HARNESS_KINDS:
+            raise ValueError(f"--op {op}: the case's op {op} is not an op its ranks run "
+                             f"(ops: {', '.join(o.kind for o in case.ops)})")
+        return dataclasses.replace(case, fault=RecordFault(op=op))
+    if case.fault is not None or case.sequence or case.property == "P-LIFECYCLE":
         return case
     return dataclasses.replace(case, property=prop, ops=fault_ops(latest=latest, use_async=use_async))
 

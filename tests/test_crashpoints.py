@@ -128,3 +128,25 @@ def test_a_state_is_judged_by_what_the_sut_lists_on_the_state_itself(judge_case)
     results, _ = crashstates(case, judge_case.runners, limit=12)
     assert results and all(r.judged for r in results)
     assert not [(r.description, r.judgement.details) for r in results if not r.judgement.ok]
+
+
+def test_a_job_life_keeps_its_own_ops_and_crashes_the_op_asked_for() -> None:
+    """``crashpoints`` on a P-LIFECYCLE case (or any sequence) crashes one of its own ops, not the standard
+    scenario's; ``--op`` names which (a rank op: never a restart or a corruption, which the harness does)."""
+    import dataclasses
+
+    from faults.spec import RecordFault
+    from harness.faultrun import as_fault_case, fault_op_of, standard_case
+    from properties.case import Op
+
+    ops = (Op("save", "step-0", 0), Op("save", "step-1", 1), Op("restart"), Op("save", "step-1", 2),
+           Op("load", None, 2))
+    life = dataclasses.replace(standard_case(), property="P-LIFECYCLE", ops=ops)
+    assert as_fault_case(life, latest=True) is life and fault_op_of(life) == 3
+    picked = as_fault_case(life, latest=True, op=1)
+    assert picked.ops == ops and picked.fault == RecordFault(op=1) and fault_op_of(picked) == 1
+    for bad in (2, 5, -1):
+        with pytest.raises(ValueError, match=f"--op {bad}"):
+            as_fault_case(life, latest=True, op=bad)
+    plain = dataclasses.replace(life, property="P-ROUNDTRIP", ops=ops[:2] + ops[4:])
+    assert as_fault_case(plain, latest=True).ops != plain.ops  # not a job's life: the standard scenario
