@@ -131,10 +131,12 @@ def test_killed_writer_leaves_previous_checkpoint(tmp_path: Path) -> None:
 
 
 def test_writer_error_is_reraised_with_its_type(tmp_path: Path) -> None:
+    """The writer's error (here: the marker protocol refusing to save a committed name again) comes back from
+    ``wait`` as an AsyncWriterError caused by the writer's own type, and nothing of the refused save is visible."""
     root = tmp_path / "root"
     first = make_state(5)
-    async_save(root, first, LAYOUTS2, name="a").wait(timeout=120)
-    handle = async_save(root, make_state(6), LAYOUTS2, name="a")
+    async_save(root, first, LAYOUTS2, name="a", commit_protocol="marker").wait(timeout=120)
+    handle = async_save(root, make_state(6), LAYOUTS2, name="a", commit_protocol="marker")
     with pytest.raises(AsyncWriterError) as info:
         handle.wait(timeout=120)
     err = info.value

@@ -187,13 +187,17 @@ def test_commit_with_missing_rank_names_it(tmp_path: Path) -> None:
 
 
 def test_checkpoint_exists_leaves_previous_and_staging_is_collected(tmp_path: Path) -> None:
+    """The marker protocol cannot replace a name atomically and refuses; the rename protocol swaps it in."""
     root = tmp_path / "root"
-    R.save(root, state2(1), LAYOUTS2, name="a")
+    R.save(root, state2(1), LAYOUTS2, name="a", commit_protocol="marker")
     with pytest.raises(CheckpointExists):
-        R.save(root, state2(2), LAYOUTS2, name="a")
+        R.save(root, state2(2), LAYOUTS2, name="a", commit_protocol="marker")
     assert read_latest(root) == "a"
     assert_same(state2(1), R.load_global(root))
     R.save(root, state2(3), LAYOUTS2, name="b")
+    assert listing(root) == ["a", "b", "latest"]
+    R.save(root, state2(4), LAYOUTS2, name="b")  # rename protocol: replaced by one atomic exchange
+    assert_same(state2(4), R.load_global(root, name="b"))
     assert listing(root) == ["a", "b", "latest"]
 
 
