@@ -16,7 +16,9 @@ Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string fi
 such objects names ways a bug shows that share no fields (a wrong version here, a failed load there): an anomaly
 matches when one of them does. A failure may show several bugs at once (the worst anomaly first, the others after
 it, properties.verdicts.worst): it is known only when every anomaly is explained by some known finding of the
-same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own.
+same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own. A
+``no-complete-checkpoint`` gap cites no error of its own: it is explained by the findings that explain the failed
+loads of the checkpoints it names, one per name.
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -154,16 +156,35 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
         return [legacy]
     if not judgement.anomalies:
         return None
+    found = {i: next((k for k in known if k.matches(sut, a)), None) for i, a in enumerate(judgement.anomalies)}
     used: list[Known] = []
-    for anomaly in judgement.anomalies:
-        k = next((k for k in known if k.matches(sut, anomaly)), None)
-        if k is None:
+    for i, anomaly in enumerate(judgement.anomalies):
+        ks = [found[i]] if found[i] is not None else _gap_explained_by(anomaly, judgement.anomalies, found)
+        if not ks:
             return None
-        if k not in used:
-            used.append(k)
+        used.extend(k for k in ks if k not in used)
     if not any(judgement.verdict.value in k.verdicts for k in used):
         return None
     return [k.case_file for k in used]
+
+
+def _gap_explained_by(gap: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, Known | None]) -> list[Known]:
+    """The known findings behind a ``no-complete-checkpoint`` gap that its failed loads show (``gone``: every
+    checkpoint then failed to load afterwards): one per name, each a failed load of that name that a known finding
+    explains. Such a gap carries no error of its own for a signature to match; when each of its loads failed by a
+    known bug, the gap is that bug's doing. Empty (unexplained) for any other anomaly, or a name without one."""
+    data = gap.to_json()
+    if data["anomaly"] != "no-complete-checkpoint" or not data.get("gone"):
+        return []
+    out: list[Known] = []
+    for name in data["gone"]:
+        k = next((found[i] for i, a in enumerate(anomalies) if found[i] is not None
+                  and a.to_json().get("op_kind") == "load" and a.to_json().get("name") == name
+                  and a.to_json().get("message") is not None), None)
+        if k is None:
+            return []
+        out.append(k)
+    return out
 
 
 def explained_by(known: list[Known], sut: str, judgement: Judgement) -> str | None:
