@@ -18,7 +18,7 @@ matches when one of them does. A failure may show several bugs at once (the wors
 it, properties.verdicts.worst): it is known only when every anomaly is explained by some known finding of the
 same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own. A
 ``no-complete-checkpoint`` gap cites no error of its own: it is explained by the findings that explain the failed
-loads of the checkpoints it names, one per name.
+loads of the checkpoints it names (those the checker did not excuse).
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -169,22 +169,19 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
 
 
 def _gap_explained_by(gap: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, Known | None]) -> list[Known]:
-    """The known findings behind a ``no-complete-checkpoint`` gap that its failed loads show (``gone``: every
-    checkpoint then failed to load afterwards): one per name, each a failed load of that name that a known finding
-    explains. Such a gap carries no error of its own for a signature to match; when each of its loads failed by a
-    known bug, the gap is that bug's doing. Empty (unexplained) for any other anomaly, or a name without one."""
+    """The known findings behind a ``no-complete-checkpoint`` gap, as its failed loads show (``gone``: every
+    checkpoint then failed to load afterwards). Such a gap carries no error of its own for a signature to match: when
+    the failed loads of its checkpoints that are anomalies (the others the checker excused: rotated away, corrupted)
+    are all explained by known findings, and there is at least one, the gap is those bugs' doing. Empty (unexplained)
+    otherwise, and for any other anomaly."""
     data = gap.to_json()
     if data["anomaly"] != "no-complete-checkpoint" or not data.get("gone"):
         return []
-    out: list[Known] = []
-    for name in data["gone"]:
-        k = next((found[i] for i, a in enumerate(anomalies) if found[i] is not None
-                  and a.to_json().get("op_kind") == "load" and a.to_json().get("name") == name
-                  and a.to_json().get("message") is not None), None)
-        if k is None:
-            return []
-        out.append(k)
-    return out
+    behind = [i for i, a in enumerate(anomalies) if a.to_json().get("op_kind") == "load"
+              and a.to_json().get("message") is not None and a.to_json().get("name") in data["gone"]]
+    if not behind or any(found[i] is None for i in behind):
+        return []
+    return [k for k in dict.fromkeys(found[i] for i in behind) if k is not None]
 
 
 def explained_by(known: list[Known], sut: str, judgement: Judgement) -> str | None:

@@ -149,9 +149,9 @@ def test_a_load_failing_because_its_save_failed_is_not_a_second_bug() -> None:
 
 
 def test_a_gap_is_known_when_each_of_its_failed_loads_is(tmp_path: Path) -> None:
-    """"No complete checkpoint" cites no error: it is the consequence of loads that failed. When each checkpoint it
-    names failed to load by a known bug, the gap is that bug's; one name whose failure is not known keeps it a
-    finding, and so does a gap the SUT's listing showed (no failed loads behind it)."""
+    """"No complete checkpoint" cites no error: it is the consequence of loads that failed. When the failed loads of
+    the checkpoints it names (those not excused) are known bugs, the gap is those bugs'; one whose failure is not
+    known keeps it a finding, and so does a gap the SUT's listing showed or one with no failed load behind it."""
     from properties.anomalies import AcknowledgedLost, NoCompleteCheckpoint, SutError
     from properties.known import explanations
     from properties.verdicts import worst
@@ -171,5 +171,7 @@ def test_a_gap_is_known_when_each_of_its_failed_loads_is(tmp_path: Path) -> None
     assert explanations(known, "paddle-dcp", case(gap, lost0)) == ["wedge.json"]
     assert explanations(known, "paddle-dcp", case(dataclasses.replace(gap, gone=("step-0", "step-1")), lost0,
                                                   lost1)) is None
+    rotated = dataclasses.replace(gap, gone=("step-0", "step-9"))  # step-9 failed by name too, excused (rotated)
+    assert explanations(known, "paddle-dcp", case(rotated, lost0)) == ["wedge.json"]
     assert explanations(known, "paddle-dcp", case(dataclasses.replace(gap, gone=()), lost0)) is None
     assert explanations(known, "paddle-dcp", case(gap)) is None
