@@ -10,8 +10,9 @@ or async and waited for), a detached async save when a later ``wait`` returned; 
 the newest acknowledged save (the one issued last) or any save whose fate was still open when that one was issued
 (a newer attempt, or a concurrent pending save); an older acknowledged one is data loss. Where it may fail clearly:
 nothing acknowledged yet; "latest" in a fault case or behind an unacknowledged newer attempt (the newest checkpoint
-is incomplete); a checkpoint saved before a ``corrupt`` (which must still never load wrong data); a name that a
-``rotate`` may have deleted, i.e. ``keep`` other saves may be newer — never the newest acknowledged one itself.
+is incomplete); a name while a save of it is still in flight (a re-save may rewrite it in place); a checkpoint
+saved before a ``corrupt`` (which must still never load wrong data); a name that a ``rotate`` may have deleted,
+i.e. ``keep`` other saves may be newer — never the newest acknowledged one itself.
 A SUT that rotates inside every save (option ``keep_last``, as a Trainer's ``save_total_limit``) is judged as if
 each save were followed by ``rotate(keep_last)`` counting that save, finished or not. Where a rotation excuses a
 named acknowledged checkpoint that no longer loads, some newer save it counted must load: if every one of them was

@@ -66,7 +66,8 @@ class LoadFacts:
     error: SutError | None  # None: it gave a state
     ack: Save | None  # the newest save acknowledged under the name by then
     allowed: tuple[Save, ...]  # ack (if any), then every save still undecided when ack was issued
-    newest_incomplete: bool  # "latest" in a fault case or behind an unacknowledged newer attempt
+    newest_incomplete: bool  # "latest" in a fault case or behind an unacknowledged newer attempt; by name, while a
+    # save of that name is still in flight (a re-save may rewrite the name in place: a clear error is then allowed)
     corrupted: bool  # a corruption hit ack
     rotated: bool  # by name: a rotation after ack counted ``keep`` saves that may be newer than it
     lost_since_ack: bool  # a kill, restart or rotation ran after ack was settled
@@ -204,7 +205,8 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
     allowed = ([ack] if ack is not None else []) + undecided
     facts = LoadFacts(
         at(rec), name, None if rec.ok else sut_error(rec), ack, tuple(allowed),
-        newest_incomplete=name is None and (b.fault_kind is not None or any(not s.acked for s in undecided)),
+        newest_incomplete=(b.fault_kind is not None or any(not s.acked for s in undecided)) if name is None
+        else any(s.settled is None for s in undecided),
         corrupted=ack is not None and any(ack.index <= c for c in b.corrupted),
         rotated=name is not None and ack is not None and b.rotated_away(ack),
         lost_since_ack=ack is not None and any(i > (ack.settled or 0) for i in [*b.crashes, *dict(b.rotations)]),

@@ -20,7 +20,9 @@ a failed load that is an acknowledged checkpoint lost, a listed checkpoint that 
 whatever verdict that rule gives: the error names the bug, the rule only where it struck. A failure may show
 several bugs at once (the worst anomaly first, the others after
 it, properties.verdicts.worst): it is known only when every anomaly is explained by some known finding of the
-same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own.
+same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own. A
+``no-complete-checkpoint`` gap cites no error of its own: it is explained by the findings that explain the failed
+loads of the checkpoints it names (those the checker did not excuse).
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -165,16 +167,32 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
         return [legacy]
     if not judgement.anomalies:
         return None
+    found = {i: next((k for k in known if k.matches(sut, a)), None) for i, a in enumerate(judgement.anomalies)}
     used: list[Known] = []
-    for anomaly in judgement.anomalies:
-        k = next((k for k in known if k.matches(sut, anomaly)), None)
-        if k is None:
+    for i, anomaly in enumerate(judgement.anomalies):
+        ks = [found[i]] if found[i] is not None else _gap_explained_by(anomaly, judgement.anomalies, found)
+        if not ks:
             return None
-        if k not in used:
-            used.append(k)
+        used.extend(k for k in ks if k not in used)
     if not any(judgement.verdict.value in k.verdicts for k in used) and not cites_sut_error(judgement.anomalies[0]):
         return None
     return [k.case_file for k in used]
+
+
+def _gap_explained_by(gap: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, Known | None]) -> list[Known]:
+    """The known findings behind a ``no-complete-checkpoint`` gap, as its failed loads show (``gone``: every
+    checkpoint then failed to load afterwards). Such a gap carries no error of its own for a signature to match: when
+    the failed loads of its checkpoints that are anomalies (the others the checker excused: rotated away, corrupted)
+    are all explained by known findings, and there is at least one, the gap is those bugs' doing. Empty (unexplained)
+    otherwise, and for any other anomaly."""
+    data = gap.to_json()
+    if data["anomaly"] != "no-complete-checkpoint" or not data.get("gone"):
+        return []
+    behind = [i for i, a in enumerate(anomalies) if a.to_json().get("op_kind") == "load"
+              and a.to_json().get("message") is not None and a.to_json().get("name") in data["gone"]]
+    if not behind or any(found[i] is None for i in behind):
+        return []
+    return [k for k in dict.fromkeys(found[i] for i in behind) if k is not None]
 
 
 def explained_by(known: list[Known], sut: str, judgement: Judgement) -> str | None:

@@ -16,7 +16,7 @@ from harness.sut import adapter_class
 from properties.atomic import anomalies
 from properties.case import Case, Op
 from properties.history import history
-from properties.outcome import Outcome
+from properties.outcome import OpRecord, Outcome
 
 BUGGY = "tests.suts.buggy:"
 
@@ -118,3 +118,17 @@ def test_ranks_replaced_after_a_failed_op_lose_what_they_had_in_flight() -> None
     assert not check_history(case, Outcome("reference", records), None).ok  # the wait seemed to acknowledge it
     records[3].restarted = True
     assert check_history(case, Outcome("reference", records), None).ok
+
+
+@pytest.mark.parametrize("settle, lost", [(None, False), ("wait", True), ("kill", True)])
+def test_a_name_may_fail_clearly_only_while_its_re_save_is_in_flight(settle: str | None, lost: bool) -> None:
+    """Saved and acknowledged, then saved again under the same name by a detached save: while that one is in flight
+    a load of the name may find it half rewritten (paddle.save writes in place) and fail clearly. Once it is
+    waited for, or killed, the name must load: a kill that tears down the acknowledged checkpoint is data loss."""
+    resave = Op("save", "step-1", 1, use_async=True, detach=True)
+    ops = (save(1), resave, *([Op(settle)] if settle else []), load(1))
+    case = _ops(*ops)
+    records = [OpRecord(i, op.kind, op.name) for i, op in enumerate(ops)]
+    records[-1] = dataclasses.replace(records[-1], ok=False, error_type="SafetensorError",
+                                      error="rank 0: Error while deserializing header: header too small")
+    assert ("acknowledged-lost" in _kinds("reference", case, Outcome("reference", records))) is lost

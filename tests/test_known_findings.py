@@ -171,3 +171,32 @@ def test_a_known_sut_error_is_known_whichever_rule_it_breaks() -> None:
                                                                                  "op_kind": "load"}))
     assert explained_by([by_op_only], "paddle-save", judged([AcknowledgedLost("P-LIFECYCLE", LOAD, error, 0, 0)])) \
         is None  # a signature that names no error recognises only its own anomaly type
+
+
+def test_a_gap_is_known_when_each_of_its_failed_loads_is(tmp_path: Path) -> None:
+    """"No complete checkpoint" cites no error: it is the consequence of loads that failed. When the failed loads of
+    the checkpoints it names (those not excused) are known bugs, the gap is those bugs'; one whose failure is not
+    known keeps it a finding, and so does a gap the SUT's listing showed or one with no failed load behind it."""
+    from properties.anomalies import AcknowledgedLost, NoCompleteCheckpoint, SutError
+    from properties.known import explanations
+    from properties.verdicts import worst
+    _known(tmp_path, "wedge.json", {"anomaly": "acknowledged-lost", "message": {"regex": "pair closure"}},
+           verdict="data-loss")
+    known = read_known(tmp_path)
+    wedged = SutError("RuntimeError", "rank 0: Application timeout caused pair closure")
+    lost0 = AcknowledgedLost("P-LIFECYCLE", At(2, "load", "step-0"), wedged, 0, 0)
+    lost1 = AcknowledgedLost("P-LIFECYCLE", At(3, "load", "step-1"), SutError("ValueError", "rank 0: other"), 1, 1)
+    gap = NoCompleteCheckpoint("P-NOLOSS", At(1, "save", "step-1"), 0, 0, ("step-0",))
+
+    def case(gap: NoCompleteCheckpoint, *lost: AcknowledgedLost) -> Judgement:
+        j = worst([judged([gap]), *(judged([x]) for x in lost)])  # as the history checker gathers them
+        assert j is not None
+        return j
+
+    assert explanations(known, "paddle-dcp", case(gap, lost0)) == ["wedge.json"]
+    assert explanations(known, "paddle-dcp", case(dataclasses.replace(gap, gone=("step-0", "step-1")), lost0,
+                                                  lost1)) is None
+    rotated = dataclasses.replace(gap, gone=("step-0", "step-9"))  # step-9 failed by name too, excused (rotated)
+    assert explanations(known, "paddle-dcp", case(rotated, lost0)) == ["wedge.json"]
+    assert explanations(known, "paddle-dcp", case(dataclasses.replace(gap, gone=()), lost0)) is None
+    assert explanations(known, "paddle-dcp", case(gap)) is None
