@@ -3,7 +3,8 @@
 A job trains (its version grows), saves (sync, async and waited, or detached: returning at once, perhaps with its
 writers held until a ``resume`` while the job trains on, rotates or loads), waits, loses its writers (``kill``) or
 itself (``restart``, perhaps onto the case's other layout and world size, resuming from an older step: the next
-saves re-save names that exist, beside the debris of the crashed attempt), rotates, has its root corrupted, loads
+saves re-save names that exist, beside the debris of the crashed attempt; ``reshape``: back on the other layout,
+it saves the step it resumed from again at once), rotates, has its root corrupted, loads
 the latest or a name (also one never saved: a failed load, and the next load runs in the same processes), and
 keeps up to ``MAX_VERSIONS`` versions in one directory. ``properties.atomic.check_history`` judges the lot.
 
@@ -26,10 +27,13 @@ from .case import Case, Op
 from .case_strategies import MAX_VERSIONS, Caps, _layouts_for, mesh_of, options, tensor_cases
 from .fault_strategies import has_latest
 
+MIN_STEPS = 3  # drawn steps at least: Hypothesis often stops a loop at once, and one save is no job's life
 MAX_OPS = 24  # ops drawn before the closing loads (a burst of versions may pass it once)
 MISSING = "step-999"  # a name no job saves: loading it must fail clearly, and the next load must not care
-KINDS = ("train", "save", "async", "detach", "wait", "resume", "kill", "restart", "latest", "load", "missing",
-         "rotate", "corrupt", "burst")
+# A job trains between saves inside each save step (``step``), not as a step of its own: Hypothesis draws the first
+# kind far more often than the others, and a life of training steps alone would save nothing.
+KINDS = ("save", "async", "detach", "wait", "resume", "kill", "restart", "reshape", "latest", "load",
+         "missing", "rotate", "corrupt", "burst")
 
 
 @dataclass
@@ -52,7 +56,6 @@ class JobModel:
         """The kinds that may come next (``KINDS`` order, so shrinking moves towards training and saving)."""
         caps, saves = self.caps, len(self.saved)
         ok = {
-            "train": True,
             "save": not self.held,
             "async": "async" in caps and not self.held,
             "detach": "async" in caps and not self.held and self.pending < self.max_pending,
@@ -60,6 +63,7 @@ class JobModel:
             "resume": self.held,
             "kill": self.pending > 0 and "kill_writer" in caps,
             "restart": bool(self.ops),
+            "reshape": self.two_layouts and saves > 0,
             "latest": self.latest and saves > 0,
             "load": saves > 0,
             "missing": saves > 0,
@@ -130,6 +134,10 @@ class JobModel:
             layout = draw(st.sampled_from(("save", "load"))) if self.two_layouts else "save"
             steps = sorted(set(self.saved.values()), reverse=True)
             self.restart(layout, draw(st.sampled_from(steps)) if steps else None)
+        elif kind == "reshape":  # the job comes back on the other layout at a step it saved, and saves it again
+            self.restart("load" if self.layout == "save" else "save", draw(st.sampled_from(
+                sorted(set(self.saved.values()), reverse=True))))
+            self.save()
         elif kind == "latest":
             self.load(None)
         elif kind == "load":
@@ -192,8 +200,10 @@ def lifecycle_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterabl
     opts["commit_timeout"] = 10  # the reference's file rendezvous: a killed writer's peers fail within 10 s
     model = JobModel(caps.caps, has_latest(caps.caps, opts), load != save)
     model.save()  # a job's first checkpoint
-    while len(model.ops) < MAX_OPS and draw(st.integers(0, 5)) > 0:  # about six steps; shrinks to none
+    steps = 0  # at least MIN_STEPS (a life, not one save), then each further one with odds 5:1; shrinks to few
+    while len(model.ops) < MAX_OPS and (steps < MIN_STEPS or draw(st.integers(0, 5)) > 0):
         model.step(draw, draw(st.sampled_from(model.enabled())))
+        steps += 1
     _checks(model, draw)
     ops = tuple(model.ops)
     fault = draw(job_faults(ops, ranks, ptrace)) if faults else None
