@@ -16,7 +16,8 @@ paddle-dcp ≥ 2 judged states/s; every power-loss state of one paddleformers-uc
 Measured on the project's 2-core VM, shared with other jobs (load average 5-8, so +-50%), 2026-11-26:
   reference (2 ranks, in-process tail): 40 points at 0.29/s (full runs 0.29/s), 87 states at 6.3/s (full runs
   0.37/s, 17x); 16.8 states/s on a less loaded machine
-  paddle-dcp (2 ranks, warm pool): PADDLE_BENCH
+  paddle-dcp (2 ranks, warm pool): 41 states at 0.13/s (full runs 0.04/s, 3.4x; 32 of them fail, and a failed
+  load wedges the gloo group, so the ranks are relaunched), 3 points at 0.02/s (full runs 0.07/s)
   paddleformers-uc (1 rank): 395 states, all judged in 721 s end to end (``crashpoints --exhaustive --only states``)
 
 ``--sut`` picks SUTs (default: reference, paddle-dcp, paddleformers-uc; each with its ranks: 2, 2, 1); a SUT whose

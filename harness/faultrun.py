@@ -255,7 +255,7 @@ class Traced:
                         try:
                             with runners.warm():
                                 run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
-                        except RUN_ERRORS as exc:
+                        except Exception as exc:  # whatever stopped it: this state stays unjudged
                             error = f"{type(exc).__name__}: {exc}"
                     shutil.rmtree(root.parent, ignore_errors=True)
                     yield (CrashResult(fault, state.describe(), None, error=error) if error is not None else
@@ -345,7 +345,7 @@ def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runn
         try:
             judgement, outcome = t.run_point(fault, runners)
             result = CrashResult(fault, description, judgement, outcome.fault or {})
-        except RUN_ERRORS as exc:
+        except Exception as exc:  # e.g. strace could not attach: this point stays unjudged, with the error
             result = CrashResult(fault, description, None, error=f"{type(exc).__name__}: {exc}")
         with runners.strict():
             results.append(_confirm(result, dataclasses.replace(t.case, fault=fault), confirm))
