@@ -27,7 +27,9 @@ from reference.tensor import Tensor
 
 SUT = "paddleformers-uc"
 CAPS = PaddleFormersUcSut.capabilities  # the module imports no framework
-PROPS = drawable_properties(CAPS)
+# A job's life on UC costs minutes per case (every save is a Trainer checkpoint, every restart a relaunch): the
+# nightly profile carries P-LIFECYCLE here, and `fuzz --property P-LIFECYCLE` any time.
+PROPS = [pytest.param(p, marks=pytest.mark.nightly) if p == "P-LIFECYCLE" else p for p in drawable_properties(CAPS)]
 REGRESSIONS = Path(__file__).parent / "regressions"
 needs_uc = pytest.mark.skipif(not framework_available(REGISTRY[SUT]),
                               reason="needs paddleformers==1.2.0 in its own environment (README: PaddleFormers)")
