@@ -68,20 +68,14 @@ def measure(sut: str, ranks: int, launch: str, points: int | None, states: int |
             out["trace_s"] = round(time.perf_counter() - start, 1)
             all_points, all_states = t.points(), list(t.states())
             out["points_total"], out["states_total"] = len(all_points), len(all_states)
-            chosen = _spread(all_points, points)
-            start = time.perf_counter()
-            pres = judge_points(t, chosen, judge.runners)
-            wall = time.perf_counter() - start
-            out.update(points=sum(r.judged for r in pres), points_wall_s=round(wall, 1),
-                       points_per_s=round(sum(r.judged for r in pres) / wall, 2),
-                       points_failing=sum(1 for r in pres if r.failing))
-            chosen = _spread(all_states, states)
-            start = time.perf_counter()
-            sres = judge_states(t, chosen, judge.runners)
-            wall = time.perf_counter() - start
-            out.update(states=sum(r.judged for r in sres), states_wall_s=round(wall, 1),
-                       states_per_s=round(sum(r.judged for r in sres) / wall, 2),
-                       states_failing=sum(1 for r in sres if r.failing))
+            for kind, judge_all, found, n in (("points", judge_points, all_points, points),
+                                              ("states", judge_states, all_states, states)):
+                start = time.perf_counter()
+                results = judge_all(t, _spread(found, n), judge.runners)
+                wall = time.perf_counter() - start
+                judged = sum(r.judged for r in results)
+                out.update({kind: judged, f"{kind}_wall_s": round(wall, 1), f"{kind}_per_s": round(judged / wall, 2),
+                            f"{kind}_failing": sum(1 for r in results if r.failing)})
             base_points = _spread(all_points, baseline)
             base_states = [t.state_fault(s) for s in _spread(all_states, baseline)]
         for kind, faults in (("points", base_points), ("states", base_states)):
