@@ -57,6 +57,7 @@ class Campaign:
     devices: list[str] = field(default_factory=list)  # where the ranks ran ("cuda:0 (cpu:gloo,cuda:nccl)", "cpu")
     known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
     harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
+    flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
 
 
 def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], progress: bool = False) -> Campaign:
@@ -81,6 +82,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     campaign.devices = sorted(judge_case.runners.devices)
     campaign.unreplayable = judge_case.unreplayable
     campaign.known = dict(judge_case.known_hits)
+    campaign.flaky = list(judge_case.flaky)
     if progress:
         sys.stderr.write("\n")
     return campaign

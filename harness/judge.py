@@ -13,6 +13,7 @@ from collections import Counter
 
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault
+from properties.anomalies import ranks_stopped
 from properties.atomic import check_history
 from properties.case import Case, CaseError
 from properties.known import Known, explained_by
@@ -55,16 +56,33 @@ class Judge:
         self.unreplayable = 0
         self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
         self.known_hits: Counter = Counter()
+        self.flaky: list[str] = []  # exploring: failures (ranks died or hung) that a second run did not repeat
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
         judgement, outcome = self._judge(case)
         known = explained_by(self.known, case.sut, judgement)
-        if known is None:
-            return judgement, outcome
-        self.known_hits[known] += 1
-        return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",),
-                         judgement.anomalies, Excuse.KNOWN), outcome
+        if known is not None:
+            self.known_hits[known] += 1
+            return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",),
+                             judgement.anomalies, Excuse.KNOWN), outcome
+        if self._flaky(case, judgement):
+            first = f"flaky: {judgement.details[0]}; the case passed when run again"
+            return Judgement(case.property, Verdict.PASS, (first, *judgement.details[1:]), judgement.anomalies,
+                             Excuse.FLAKY), outcome
+        return judgement, outcome
+
+    def _flaky(self, case: Case, judgement: Judgement) -> bool:
+        """While fuzzing, a fault-free case whose only failure is ranks that died or hung runs once more: a crash
+        the same ops do not repeat (a race in the runtime's own teardown, a wedged collective) is reported as
+        flaky instead of failing the campaign and being shrunk towards nothing; one that repeats stands."""
+        if not self.exploring or judgement.ok or case.fault is not None or not ranks_stopped(judgement.anomalies):
+            return False
+        again, _ = self._judge(case)
+        if not again.ok:
+            return False
+        self.flaky.append(f"{case.property}: {judgement.details[0][:300]}")
+        return True
 
     def _judge(self, case: Case) -> tuple[Judgement, Outcome]:
         if case.fault is not None and case.fault.drawn:

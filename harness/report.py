@@ -57,6 +57,7 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "unreplayable_states": campaign.unreplayable,
         "known_findings_skipped": campaign.known,
         "harness_errors": campaign.harness_errors[:20],
+        "flaky_failures": campaign.flaky[:20],
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
@@ -81,6 +82,8 @@ def report(summary: dict, rows: list[dict]) -> str:
           summary.get("known_findings_skipped", {}).items()],
         *[f"The harness itself failed on a case (a harness bug, not a finding): {e}" for e in
           summary.get("harness_errors", [])],
+        *[f"Ranks died or hung once, and the case passed when run again (flaky, not shrunk): {e}" for e in
+          summary.get("flaky_failures", [])],
         "",
     ]
     lines += findings_table(rows)

@@ -420,6 +420,15 @@ def cites_sut_error(anomaly: Anomaly) -> bool:
     return isinstance(anomaly, _OpError) or (isinstance(anomaly, OutcomeDiffers) and anomaly.sut is not None)
 
 
+def ranks_stopped(anomalies: Sequence[Anomaly]) -> bool:
+    """The failure is only that ranks died or hung (no data the SUT got wrong): such a failure may come from the
+    machine or the runtime's own races, so a fuzzing judge runs the case once more before it stands."""
+    def stopped(a: Anomaly) -> bool:
+        error = a.error if isinstance(a, _OpError) else a.sut if isinstance(a, OutcomeDiffers) else None
+        return error is not None and error.failure in ("crash", "hang")
+    return any(stopped(a) for a in anomalies) and all(stopped(a) or isinstance(a, OpsMissing) for a in anomalies)
+
+
 #: The anomaly types that quote the SUT's error (``cites_sut_error``).
 ERROR_KINDS = frozenset(k for k, cls in TYPES.items() if issubclass(cls, (_OpError, OutcomeDiffers)))
 

@@ -22,11 +22,13 @@ class Verdict(str, Enum):
 
 class Excuse(str, Enum):
     """Why a verdict of "pass" is not a real pass: a known finding explained the failure, the case was skipped
-    (it could not run or replay here), or a fault case failed without its fault too (not attributed to it)."""
+    (it could not run or replay here), a fault case failed without its fault too (not attributed to it), or its ranks
+    died or hung once and the case passed when run again (flaky: reported, not shrunk)."""
 
     KNOWN = "known"
     SKIPPED = "skipped"
     UNATTRIBUTED = "unattributed"
+    FLAKY = "flaky"
 
 
 @dataclass(frozen=True)

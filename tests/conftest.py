@@ -64,7 +64,7 @@ def sut_judge(request: pytest.FixtureRequest):
 
     name = request.config.getoption("--sut")
     try:
-        judge = Judge(Runners(name, mode="pool"))
+        judge = Judge(Runners(name, mode="pool"), exploring=True)  # Hypothesis draws: fuzzing
     except UnknownSut as exc:
         pytest.fail(f"--sut {name}: {exc}")
     yield judge
