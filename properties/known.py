@@ -11,7 +11,8 @@ A signature is a JSON object naming an anomaly type and fields it must have::
     {"anomaly": "op-failed", "op_kind": "save", "error_type": "ValueError",
      "message": {"regex": "'size' must be a positive number"}}
 
-Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say).
+Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say)
+or in the JSON text of any other (``"versions": {"regex": "\\d+, \\d+"}``: two versions or more were in play).
 ``anomaly`` may list several types that share the fields (one bug seen by the oracle and by P-DIFF); a list of
 such objects names ways a bug shows that share no fields (a wrong version here, a failed load there): an anomaly
 matches when one of them does. A signature of an anomaly that quotes the SUT's error (a failed op, a hang) and that
@@ -92,7 +93,8 @@ class Signature:
 
 def _field_matches(got: Any, want: Any) -> bool:
     if isinstance(want, re.Pattern):
-        return isinstance(got, str) and want.search(got) is not None
+        text = got if isinstance(got, str) else json.dumps(got)
+        return got is not None and want.search(text) is not None
     return got == want
 
 

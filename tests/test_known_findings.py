@@ -200,3 +200,15 @@ def test_a_gap_is_known_when_each_of_its_failed_loads_is(tmp_path: Path) -> None
     assert explanations(known, "paddle-dcp", case(rotated, lost0)) == ["wedge.json"]
     assert explanations(known, "paddle-dcp", case(dataclasses.replace(gap, gone=()), lost0)) is None
     assert explanations(known, "paddle-dcp", case(gap)) is None
+
+
+def test_a_pattern_reads_the_json_text_of_a_field_that_is_not_a_string(tmp_path: Path) -> None:
+    """``versions`` is a list: a pattern over its JSON text tells a mix of a re-saved name's two versions from a
+    wrong state of a name saved once."""
+    from properties.anomalies import LoadedNoVersion
+    _known(tmp_path, "mix.json", {"anomaly": "loaded-none-of-versions", "versions": {"regex": r"\d+, \d+"}},
+           verdict="silent-corruption")
+    known = read_known(tmp_path)
+    mixed = LoadedNoVersion("P-NOLOSS", LOAD, (0, 1), 0, (OTHER,))
+    assert explained_by(known, "paddle-dcp", judged([mixed])) == "mix.json"
+    assert explained_by(known, "paddle-dcp", judged([dataclasses.replace(mixed, versions=(1,))])) is None
