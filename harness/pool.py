@@ -126,17 +126,21 @@ class RankPool(Runner):
 
     # -- cases ----------------------------------------------------------------------------------------------
 
-    def _broadcast(self, msg: dict, timeout: float, what: str, fail_fast: bool = True) -> list[dict]:
+    def _broadcast(self, msg: dict, timeout: float, what: str, fail_fast: bool = True,
+                   stuck_after: float | None = None) -> list[dict]:
         """Send ``msg`` to every rank and collect one reply each. A rank that dies raises "crash" at once
         (``fail_fast``) or once the survivors have answered or ``timeout`` passed (a fault run judges whether the
-        survivors turn the death into an error in time); a rank that stays silent raises "hang"."""
+        survivors turn the death into an error in time); a rank that stays silent raises "hang", unless it is
+        still busy ``stuck_after`` seconds after another rank raised (Runner.op)."""
         for conn in self.conns.values():
             with contextlib.suppress(OSError):
                 conn.send(msg)
         replies: dict[int, dict] = {}
         dead: set[int] = set()
         waiting = {conn: rank for rank, conn in self.conns.items()}
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        raised: int | None = None  # the first rank that answered with an error (stuck_after counts from it)
         while waiting and time.monotonic() < deadline and not (dead and fail_fast):
             for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
                 rank = waiting.pop(conn)
@@ -144,6 +148,15 @@ class RankPool(Runner):
                     replies[rank] = conn.recv()
                 except (EOFError, OSError):
                     dead.add(rank)
+                    continue
+                if stuck_after is not None and raised is None and not replies[rank].get("ok", True):
+                    raised, deadline = rank, min(deadline, time.monotonic() + stuck_after)
+        if raised is not None and waiting and not dead:
+            waited = time.monotonic() - start
+            for rank in waiting.values():
+                replies[rank] = {"rank": rank, "ok": False, "error_type": "Stuck", "loaded": {}, "seconds": waited,
+                                 "error": f"still busy {stuck_after:.0f} s after rank {raised} raised (waiting on it)"}
+            waiting.clear()
         answered = [replies[r] for r in sorted(replies)]
         silent = tuple(sorted(waiting.values()))
         if dead:
@@ -159,8 +172,8 @@ class RankPool(Runner):
         self.ensure()
         self._broadcast({"type": "begin", "case": case_json, "root": root}, 60, "case set-up")
 
-    def op(self, index: int, timeout: float, fail_fast: bool = True) -> list[dict]:
-        return self._broadcast({"type": "op", "index": index}, timeout, f"op {index}", fail_fast)
+    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None) -> list[dict]:
+        return self._broadcast({"type": "op", "index": index}, timeout, f"op {index}", fail_fast, stuck_after)
 
     def end(self) -> None:
         if self.alive:

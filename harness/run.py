@@ -121,7 +121,11 @@ class _Job:
         self.runners.discard(runner, graceful=False)
 
     def ranks_op(self, runner: Runner, op: Op, rec: OpRecord) -> None:
-        _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners)))
+        # The warm pass over crash points and states does not wait out a collective that a raising rank left
+        # (gloo: 30 s per failing state): the ranks still in it are dropped below, and a failure it finds is
+        # replayed as its own case, with every wait, before it counts.
+        stuck = STUCK_AFTER_S if self.case.fault is not None and self.runners.keep_failed else None
+        _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners), stuck_after=stuck))
         if op.kind == "save" and rec.ok:
             rec.written = _unless_unreadable(lambda: self.runners.cls.written(self.root, op.name)) or {}
         if self.case.fault is not None and not rec.ok and runner.launched and not (
@@ -218,6 +222,7 @@ def _failed(rec: OpRecord, failure: PoolFailure) -> None:
 
 
 CAUSE_MARGIN_S = 5.0  # a rank that failed this much sooner than the others raised first; they waited on it
+STUCK_AFTER_S = CAUSE_MARGIN_S + 1.0  # warm fault passes: ranks busy this long after one raised wait on it
 
 
 def cause(replies: list[dict]) -> dict | None:

@@ -40,3 +40,42 @@ def test_the_only_failed_rank_is_cited_however_long_it_took() -> None:
 def test_an_op_every_rank_finished_stays_ok() -> None:
     rec = _record(_reply(0, 1.0), _reply(1, 9.0))
     assert rec.ok and rec.error is None and rec.symmetric and set(rec.loaded) == {0, 1}
+
+
+def test_a_warm_fault_pass_does_not_wait_out_a_peer_stuck_on_the_rank_that_raised(tmp_path) -> None:
+    """With ``stuck_after`` the op returns that long after rank 0 raised, rank 1 answered for as "Stuck" (and the
+    record cites rank 0); without it the same op is a hang at the op's timeout."""
+    import time
+
+    import pytest
+
+    from harness.pool import RankPool
+    from harness.runner import PoolFailure
+    from properties.case import Case, Op, TensorCase
+    from reference.layout import Mesh, replicated
+
+    layout = {"w": replicated(Mesh((2,))).to_json()}
+    case = Case("P-ROUNDTRIP", "tests.suts.buggy:RaisesWhilePeerWaitsSut", (TensorCase("w", "F32", (2,), 1),),
+                layout, layout, (Op("save", "step-0"), Op("load", "step-0")))
+    pool = RankPool(case.sut, 2, {})
+    try:
+        pool.begin(case.to_json(), str(tmp_path))
+        pool.op(0, 60)
+        start = time.monotonic()
+        replies = pool.op(1, 60, stuck_after=1.0)
+        assert time.monotonic() - start < 30
+        assert [(r["rank"], r["error_type"]) for r in replies] == [(0, "ValueError"), (1, "Stuck")]
+        rec = _record(*replies)
+        assert (rec.error_type, rec.error, rec.symmetric) == ("ValueError", "rank 0: rank 0 cannot read its shard",
+                                                              False)
+    finally:
+        pool.close(graceful=False)
+    pool = RankPool(case.sut, 2, {})
+    try:
+        pool.begin(case.to_json(), str(tmp_path / "again"))
+        pool.op(0, 60)
+        with pytest.raises(PoolFailure) as failure:
+            pool.op(1, 2.0)
+        assert failure.value.kind == "hang" and failure.value.silent == (1,)
+    finally:
+        pool.close(graceful=False)

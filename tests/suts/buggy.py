@@ -313,3 +313,17 @@ class RotationCountsUnfinishedSut(_FinishesAtWaitSut):
             for victim in newest_first[keep:]:
                 if victim in found:
                     shutil.rmtree(root / victim)
+
+
+class RaisesWhilePeerWaitsSut(ReferenceSut):
+    """On load rank 0 raises at once and rank 1 waits for it, as a peer left in a collective does (gloo gives up
+    after 30 s, NCCL much later)."""
+
+    name = "raises-while-peer-waits"
+
+    def load(self, root, name, targets, *, options):
+        import time
+
+        if self.rank == 1:
+            time.sleep(3600)
+        raise ValueError("rank 0 cannot read its shard")
