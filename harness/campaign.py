@@ -13,14 +13,16 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from properties.buckets import Bucket, bucket_of
 from properties.case import Case
 from properties.registry import property_cases
 from properties.verdicts import Judgement
 
 from .judge import Judge
 
-BATCH = 10  # examples per Hypothesis run; properties take turns between batches
-SHRINK_BUDGET = 60.0  # seconds of shrinking per finding (at least): a failing Paddle case can cost a relaunch
+MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
+MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
+SHRINK_BUDGET = 30.0  # seconds of shrinking per new bucket (at least): a failing Paddle case can cost a relaunch
 
 
 class _Failed(AssertionError):
@@ -34,6 +36,7 @@ class Finding:
     shims: tuple[str, ...] = ()
     traceback: str | None = None
     fault: dict | None = None  # what the fault did in the failing run (mechanism, whether and where it fired)
+    bucket: Bucket | None = None  # its root cause (properties.buckets): one finding per bucket and campaign
 
 
 @dataclass
@@ -58,25 +61,55 @@ class Campaign:
     known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
     harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
+    prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
+    buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
+    bucket_hits: Counter = field(default_factory=Counter)  # bucket id -> failing cases in it (new buckets)
+    bucket_props: dict[str, set[str]] = field(default_factory=dict)  # bucket id -> properties that met it
+
+    def counted(self, bucket: Bucket, prop: str) -> bool:
+        """Count a failure in the campaign's bucket that covers it; False when none does (a new bug)."""
+        seen = next((b for b in self.buckets if b.covers(bucket)), None)
+        if seen is None:
+            return False
+        self.bucket_hits[seen.id] += 1
+        self.bucket_props[seen.id].add(prop)
+        return True
+
+    def register(self, bucket: Bucket, prop: str) -> None:
+        """A new bucket, as its smallest case shows it (found by ``prop``)."""
+        self.buckets.append(bucket)
+        self.bucket_hits[bucket.id] += 1
+        self.bucket_props.setdefault(bucket.id, set()).add(prop)
+
+    def examples_for(self, prop: str, seconds: float) -> int:
+        """Cases for one turn of ``prop``: as many as its past cases say fit in ``seconds`` (one at first)."""
+        done = self.cases_run[prop]
+        if not done:
+            return 1
+        per_case = self.prop_seconds[prop] / done
+        return max(1, min(MAX_EXAMPLES, int(seconds / max(per_case, 1e-3))))
 
 
 def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], progress: bool = False) -> Campaign:
+    """Properties take turns in short time slices from the first second until the time is up. A failure in a
+    bucket not seen yet is shrunk once and becomes a finding; later failures in a seen bucket are only counted,
+    and the property goes on looking for other bugs."""
     start = time.monotonic()
     deadline = start + campaign.seconds
     hard_deadline = deadline + max(60.0, campaign.seconds * 0.5)  # room to finish shrinking a failure
-    pending = list(campaign.properties)
-    batch = 0
-    while pending and time.monotonic() < deadline:
-        for prop in list(pending):
+    turn = 0
+    while campaign.properties and time.monotonic() < deadline:
+        for n, prop in enumerate(campaign.properties):
             if time.monotonic() >= deadline:
                 break
-            finding = _batch(
-                judge_case, campaign, capabilities, prop, campaign.seed + batch, hard_deadline, progress, start
-            )
-            if finding is not None:
+            began = time.monotonic()
+            examples = campaign.examples_for(prop, _slice(campaign))
+            seed = campaign.seed + turn * len(campaign.properties) + n
+            for finding in _batch(judge_case, campaign, capabilities, prop, seed, examples, hard_deadline, progress,
+                                  start):
                 campaign.findings.append(finding)
-                pending.remove(prop)  # one shrunk finding per property and campaign
-        batch += 1
+            campaign.prop_seconds[prop] += time.monotonic() - began
+        turn += 1
     campaign.wall = time.monotonic() - start
     campaign.launches = judge_case.runners.launches
     campaign.devices = sorted(judge_case.runners.devices)
@@ -88,21 +121,32 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     return campaign
 
 
+def _slice(campaign: Campaign) -> float:
+    """Seconds per property turn: short enough that every property gets several turns in a short campaign."""
+    return max(MIN_SLICE, min(MAX_SLICE, campaign.seconds / (4 * max(1, len(campaign.properties)))))
+
+
 def _batch(
     judge_case: Judge,
     campaign: Campaign,
     capabilities: frozenset[str],
     prop: str,
     seed: int,
+    examples: int,
     hard_deadline: float,
     progress: bool,
     start: float,
-) -> Finding | None:
-    last_failure: list[Finding] = []
+) -> list[Finding]:
+    """One turn of ``prop``: ``examples`` drawn cases. The first failure in a new bucket is shrunk (staying in that
+    bucket: smaller cases that fail otherwise count as passes to the shrinker); failures in seen buckets are
+    counted; another new bucket met while shrinking is kept as its own finding, unshrunk."""
+    target: list[Bucket] = []
+    smallest: list[Finding] = []
+    others: dict[str, Finding] = {}
     shrink_until: list[float] = []  # set when the first failure appears: shrinking gets a bounded budget
 
     @settings(
-        max_examples=BATCH,
+        max_examples=examples,
         database=None,
         deadline=None,
         suppress_health_check=list(HealthCheck),
@@ -124,20 +168,34 @@ def _batch(
         campaign.shims.update(outcome.shims)
         if progress:
             _progress(campaign, prop, start)
-        if not judgement.ok:
-            # Hypothesis re-runs the shrunk example last, so the last failure kept is the smallest.
-            concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
-            last_failure[:] = [Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault)]
-            if not shrink_until:
-                shrink_until.append(time.monotonic() + max(SHRINK_BUDGET, campaign.seconds * 0.1))
+        if judgement.ok:
+            return
+        concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
+        bucket = bucket_of(concrete, judgement.anomalies, outcome.tracebacks) or Bucket(
+            f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
+        finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket)
+        if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go
+            smallest[:] = [finding]  # Hypothesis re-runs the shrunk example last: the last one kept is the smallest
             raise _Failed("; ".join(judgement.details))
+        if campaign.counted(bucket, prop):
+            return  # a bug this campaign already has a case of: counted, not shrunk again
+        if target:
+            others.setdefault(bucket.core, finding)  # another new bug, met while shrinking the first: kept as is
+            return
+        target.append(bucket)
+        smallest[:] = [finding]
+        shrink_until.append(time.monotonic() + max(SHRINK_BUDGET, campaign.seconds * 0.1))
+        raise _Failed("; ".join(judgement.details))
 
     try:
         hypothesis_seed(seed)(body)()
     except Exception:
-        if not last_failure:
+        if not smallest:
             raise
-    return last_failure[0] if last_failure else None
+    found = smallest + list(others.values())
+    for finding in found:
+        campaign.register(finding.bucket, prop)
+    return found
 
 
 def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):

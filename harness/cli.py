@@ -23,10 +23,12 @@ from properties.known import KnownFindingsError, read_known
 
 from .campaign import Campaign, default_seed, fuzz
 from .judge import EXHAUSTIVE_BOUND, Judge
-from .report import findings_table, write_results
+from .report import buckets, buckets_table, write_results
 from .runner import PoolFailure
 from .runners import DEVICES, MODES, Runners
 from .sut import REGISTRY, UnknownSut, adapter_class
+
+KNOWN_DIR = Path(__file__).resolve().parent.parent / "tests" / "regressions"  # fuzz's known set by default
 
 
 class HarnessError(Exception):
@@ -47,8 +49,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="a drawn crash point or power-loss state is judged together with every other one of the case "
                    f"where it has at most N of them (default {EXHAUSTIVE_BOUND}; 0: only the drawn one)")
     f.add_argument("--seed", type=int, default=None, help="campaign seed (default: random, recorded in summary)")
-    f.add_argument("--skip-known", type=Path, default=None, metavar="DIR",
-                   help="regression cases with a 'signature': failures they explain are counted, not shrunk")
+    known = f.add_mutually_exclusive_group()
+    known.add_argument("--known", "--skip-known", type=Path, default=KNOWN_DIR, metavar="DIR", dest="known",
+                       help="regression cases with a 'signature': failures they explain are counted as known bugs, "
+                       "not shrunk (default: this checkout's tests/regressions)")
+    known.add_argument("--no-known", action="store_const", const=None, dest="known",
+                       help="treat every failure as new (no known set)")
+    f.add_argument("--fail-on-known", action="store_true",
+                   help="exit 1 when known bugs were met too (default: only new buckets exit 1)")
     f.add_argument(
         "--launch", choices=MODES, default="pool", help="warm rank pool (default), fresh launch per case, or in-process"
     )
@@ -150,7 +158,8 @@ def _fuzz(args: argparse.Namespace) -> int:
         from faults import strace
 
         campaign.ptrace = strace.available()  # without ptrace: psutil triggers instead of crash points
-    known = read_known(args.skip_known) if args.skip_known is not None else []
+    known = read_known(args.known) if args.known is not None and (args.known != KNOWN_DIR or KNOWN_DIR.is_dir()) \
+        else []
     judge_case = Judge(_runners(args, args.sut), exploring=True, known=known, exhaustive=args.exhaustive_bound)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
@@ -162,8 +171,8 @@ def _fuzz(args: argparse.Namespace) -> int:
     print(f"{total} cases, {len(rows)} findings, {campaign.wall:.0f} s ({args.launch}); results in {args.out}")
     for error in campaign.harness_errors[:5]:
         print(f"harness error (a bug of the harness, not a finding): {error}", file=sys.stderr)
-    print("\n".join(findings_table(rows)))
-    return 1 if rows else 0
+    print("\n".join(buckets_table({"buckets": buckets(campaign, rows)})))
+    return 1 if rows or (args.fail_on_known and campaign.known) else 0
 
 
 def _read_case(path: Path):

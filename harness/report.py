@@ -27,6 +27,8 @@ def finding_json(finding: Finding, replay: str) -> dict:
         "fault": finding.fault,
         "case": finding.case.to_json(),
         "replay": replay,
+        "bucket": finding.bucket.id if finding.bucket else None,
+        "bucket_title": finding.bucket.title if finding.bucket else None,
     }
 
 
@@ -58,6 +60,8 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "known_findings_skipped": campaign.known,
         "harness_errors": campaign.harness_errors[:20],
         "flaky_failures": campaign.flaky[:20],
+        "seconds_per_property": {p: round(t, 1) for p, t in sorted(campaign.prop_seconds.items())},
+        "buckets": buckets(campaign, rows),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
@@ -73,9 +77,10 @@ def report(summary: dict, rows: list[dict]) -> str:
         f"launch mode {summary['launch_mode']} ({summary['launches']} launches), seed {summary['seed']}, "
         f"shims: {shims}, devices: {', '.join(summary.get('devices', [])) or 'unknown'}.",
         "",
-        "| property | cases |",
-        "|---|---|",
-        *[f"| {p} | {n} |" for p, n in summary["cases_run"].items()],
+        "| property | cases | seconds |",
+        "|---|---|---|",
+        *[f"| {p} | {n} | {summary.get('seconds_per_property', {}).get(p, '-')} |"
+          for p, n in summary["cases_run"].items()],
         *[f"| {p} | skipped: {why} |" for p, why in summary["skipped_properties"].items()],
         "",
         *[f"Cases explained by the known finding `{k}` (not shrunk): {n}." for k, n in
@@ -86,8 +91,34 @@ def report(summary: dict, rows: list[dict]) -> str:
           summary.get("flaky_failures", [])],
         "",
     ]
-    lines += findings_table(rows)
+    lines += ["## Buckets (one root cause each)", "", *buckets_table(summary), "", "## New findings", "",
+              *findings_table(rows)]
     return "\n".join(lines) + "\n"
+
+
+def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
+    """Every root-cause bucket the campaign met: the new ones (one shrunk finding each, how many cases fell in
+    them, which properties) and the known ones (the regression case that explains them, as FINDINGS.md lists
+    it)."""
+    out = [{"bucket": r["bucket"], "status": "new", "title": r["bucket_title"],
+            "cases": campaign.bucket_hits.get(r["bucket"], 1),
+            "properties": sorted(campaign.bucket_props.get(r["bucket"], {r["property"]})), "replay": r["replay"]}
+           for r in rows]
+    out += [{"bucket": Path(case_file).stem, "status": "known", "title": f"known finding {case_file} (FINDINGS.md)",
+             "cases": n} for case_file, n in sorted(campaign.known.items())]
+    return out
+
+
+def buckets_table(summary: dict) -> list[str]:
+    rows = summary.get("buckets", [])
+    if not rows:
+        return ["No failures."]
+    out = ["| bucket | new/known | cases | what | replay |", "|---|---|---|---|---|"]
+    for b in rows:
+        title = (b["title"] or "").replace("|", "\\|").replace("\n", " ")[:160]
+        out.append(f"| {b['bucket']} | {b['status']} | {b['cases']} | {title} | "
+                   f"{'`' + b['replay'] + '`' if b.get('replay') else '-'} |")
+    return out
 
 
 def findings_table(rows: list[dict]) -> list[str]:

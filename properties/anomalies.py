@@ -413,18 +413,25 @@ TYPES: dict[str, type[Anomaly]] = {cls.kind: cls for cls in (
     CoverViolated, OutcomeDiffers, OpsMissing)}
 
 
+def cited_error(anomaly: Anomaly) -> SutError | None:
+    """The SUT's error (or the harness's "crash"/"hang") the anomaly quotes, if it quotes one."""
+    if isinstance(anomaly, _OpError):
+        return anomaly.error
+    return anomaly.sut if isinstance(anomaly, OutcomeDiffers) else None
+
+
 def cites_sut_error(anomaly: Anomaly) -> bool:
     """The anomaly quotes an error the SUT raised (or a hang or death of its ranks): the error names the bug, and
     which rule it broke — a failed op, an acknowledged checkpoint lost, a listed one that does not load, a resume
     lost — says only where in the job's life it struck."""
-    return isinstance(anomaly, _OpError) or (isinstance(anomaly, OutcomeDiffers) and anomaly.sut is not None)
+    return cited_error(anomaly) is not None
 
 
 def ranks_stopped(anomalies: Sequence[Anomaly]) -> bool:
     """The failure is only that ranks died or hung (no data the SUT got wrong): such a failure may come from the
     machine or the runtime's own races, so a fuzzing judge runs the case once more before it stands."""
     def stopped(a: Anomaly) -> bool:
-        error = a.error if isinstance(a, _OpError) else a.sut if isinstance(a, OutcomeDiffers) else None
+        error = cited_error(a)
         return error is not None and error.failure in ("crash", "hang")
     return any(stopped(a) for a in anomalies) and all(stopped(a) or isinstance(a, OpsMissing) for a in anomalies)
 

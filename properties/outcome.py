@@ -48,5 +48,10 @@ class Outcome:
         return next((r.traceback for r in self.records if r.traceback), None)
 
     @property
+    def tracebacks(self) -> dict[int, str]:
+        """Op index -> the cited traceback of that op (properties.buckets reads the SUT frame it failed in)."""
+        return {r.index: r.traceback for r in self.records if r.traceback}
+
+    @property
     def sut_seconds(self) -> float:
         return sum(r.seconds for r in self.records)
