@@ -1,5 +1,14 @@
 """Time-bounded fuzzing: draw cases per property with Hypothesis, have the judge run and judge each, shrink
-failures, and hand the findings to ``report`` (docs/design.md §8, a contract)."""
+failures, and hand the findings to ``report`` (docs/design.md §8, a contract).
+
+The harness's own failures, by one rule: a case the harness fails on (any exception out of the judge) is recorded
+in ``Campaign.harness_errors`` and the campaign goes on, since the next case may well run — except ranks that
+cannot start (a ``PoolFailure`` of kind "setup": the adapter does not import or set up on a rank, a rank dies or
+is late during start-up, a launcher fails). That one ends the campaign at once (``Campaign.fatal``): ranks are
+started with what does not depend on the case (SUT, world size, device, shims) and the pool was already relaunched
+for this very case, so every later case would fail the same way, each after a launch attempt, and the campaign
+would read as clean. The CLI then exits 2 with that one error (after writing the results of the cases that ran).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ from properties.registry import property_cases
 from properties.verdicts import Judgement
 
 from .judge import Judge
+from .runner import PoolFailure
 
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
 MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
@@ -61,6 +71,7 @@ class Campaign:
     known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
     harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
+    fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (module docstring)
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
     buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
     bucket_hits: Counter = field(default_factory=Counter)  # bucket id -> failing cases in it (new buckets)
@@ -98,9 +109,9 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     deadline = start + campaign.seconds
     hard_deadline = deadline + max(60.0, campaign.seconds * 0.5)  # room to finish shrinking a failure
     turn = 0
-    while campaign.properties and time.monotonic() < deadline:
+    while campaign.properties and time.monotonic() < deadline and campaign.fatal is None:
         for n, prop in enumerate(campaign.properties):
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or campaign.fatal is not None:
                 break
             began = time.monotonic()
             examples = campaign.examples_for(prop, _slice(campaign))
@@ -156,12 +167,14 @@ def _batch(
     @given(_strategy(campaign, prop, capabilities))
     def body(case: Case) -> None:
         now = time.monotonic()
-        if now > hard_deadline or (shrink_until and now > shrink_until[0]):
-            return  # out of time: remaining attempts count as passes, the smallest failure so far is kept
+        if campaign.fatal is not None or now > hard_deadline or (shrink_until and now > shrink_until[0]):
+            return  # stopped or out of time: remaining attempts count as passes, the smallest failure is kept
         try:
             judgement, outcome = judge_case(case)
-        except Exception as exc:  # the harness's own failure: reported, never a finding, never the campaign's end
+        except Exception as exc:  # the harness's own failure: never a finding; the campaign's end only if fatal
             campaign.harness_errors.append(f"{prop}: {type(exc).__name__}: {exc}")
+            if is_fatal(exc):
+                campaign.fatal = exc
             return
         campaign.cases_run[prop] += 1
         campaign.sut_seconds += outcome.sut_seconds
@@ -196,6 +209,11 @@ def _batch(
     for finding in found:
         campaign.register(finding.bucket, prop)
     return found
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """Whether a harness failure on one case ends the campaign: ranks that cannot start (module docstring)."""
+    return isinstance(exc, PoolFailure) and exc.kind == "setup"
 
 
 def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):

@@ -1,7 +1,9 @@
-"""``ckpt-harness``: fuzz, replay and list (docs/design.md §8, a contract).
+"""``ckpt-harness``: fuzz, replay, crashpoints and list (docs/design.md §8, a contract).
 
-Exit codes: 0 clean, 1 findings or a reproduced failure, 2 harness error (one line on stderr saying what is
-wrong and what to do).
+Exit codes: 0 nothing found (the case passes), 1 findings (the failure reproduces), 2 the harness could not do its
+job: bad input, an adapter that does not import or set up on the ranks, ranks that cannot start, or a bug of the
+harness itself. Then one line on stderr says what is wrong, never a traceback; --debug (or the environment
+variable CKPT_HARNESS_DEBUG=1) re-raises it with its traceback instead, for developers of the harness.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import re
 import signal
 import sys
@@ -29,14 +32,21 @@ from .runners import DEVICES, MODES, Runners
 from .sut import REGISTRY, UnknownSut, adapter_class
 
 KNOWN_DIR = Path(__file__).resolve().parent.parent / "tests" / "regressions"  # fuzz's known set by default
+DEBUG_VAR = "CKPT_HARNESS_DEBUG"
+DEBUG_HELP = (f"a harness error (exit 2) re-raises with its traceback instead of one line on stderr; also {DEBUG_VAR}=1"
+              " (for developers of the harness)")
 
 
 class HarnessError(Exception):
     """Bad input to the harness itself; reported as one line, exit status 2."""
 
 
+INPUT_ERRORS = (HarnessError, UnknownSut, CaseError, KnownFindingsError)  # their message is the whole story
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ckpt-harness", description=__doc__)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True)
     f = sub.add_parser("fuzz", help="fuzz a system under test for a fixed time")
     f.add_argument("--sut", required=True, help="SUT name (see `list`) or package.module:ClassName")
@@ -106,7 +116,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
         p.add_argument("--nnodes", type=int, default=1,
                        help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
-    sub.add_parser("list", help="SUTs, properties and faults")
+    listing = sub.add_parser("list", help="SUTs, properties and faults")
+    for p in (f, r, c, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
 
@@ -126,15 +138,27 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return {"fuzz": _fuzz, "replay": _replay, "list": _list, "crashpoints": _crashpoints}[args.command](args)
-    except (HarnessError, UnknownSut, CaseError, KnownFindingsError) as exc:
-        print(f"ckpt-harness: error: {exc}", file=sys.stderr)
-        return 2
-    except PoolFailure as exc:  # ranks never came up: the harness cannot run, this is not a finding
-        print(f"ckpt-harness: error: could not start ranks: {exc}", file=sys.stderr)
+    except Exception as exc:  # the harness could not do its job: never a finding (exit 1), never a traceback
+        if args.debug or os.environ.get(DEBUG_VAR, "") not in ("", "0"):
+            raise
+        print(f"ckpt-harness: error: {error_line(exc)}", file=sys.stderr)
         return 2
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous)
+
+
+def error_line(exc: Exception) -> str:
+    """What went wrong, in one line: bad input as its own message; ranks that could not start (or failed outside
+    any case) with the tail of their logs; anything else as the harness's own bug, by type and message."""
+    if isinstance(exc, INPUT_ERRORS):
+        text = str(exc)
+    elif isinstance(exc, PoolFailure):
+        text = f"could not start ranks: {exc}" if exc.kind == "setup" else f"ranks failed ({exc.kind}): {exc}"
+    else:
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        text = f"internal error of the harness (not a finding): {what} (--debug shows the traceback)"
+    return " / ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def _fuzz(args: argparse.Namespace) -> int:
@@ -165,13 +189,23 @@ def _fuzz(args: argparse.Namespace) -> int:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:
         judge_case.close()
+    return _report(args, campaign)
+
+
+def _report(args: argparse.Namespace, campaign: Campaign) -> int:
+    """Write and print the campaign's results. A campaign stopped by ranks that cannot start (campaign.py) raises
+    that error (exit 2), after writing the results of the cases that did run."""
+    total = sum(campaign.cases_run.values())
+    if campaign.fatal is not None and not total:
+        raise campaign.fatal
     args.out.mkdir(parents=True, exist_ok=True)
     rows = write_results(campaign, args.out)
-    total = sum(campaign.cases_run.values())
     print(f"{total} cases, {len(rows)} findings, {campaign.wall:.0f} s ({args.launch}); results in {args.out}")
-    for error in campaign.harness_errors[:5]:
+    for error in campaign.harness_errors[:5] if campaign.fatal is None else ():  # else: one line, from main
         print(f"harness error (a bug of the harness, not a finding): {error}", file=sys.stderr)
     print("\n".join(buckets_table({"buckets": buckets(campaign, rows)})))
+    if campaign.fatal is not None:
+        raise campaign.fatal
     return 1 if rows or (args.fail_on_known and campaign.known) else 0
 
 

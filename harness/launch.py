@@ -20,9 +20,22 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "worker.py"
 
 
+def rank_pythonpath(existing: str | None = None) -> str:
+    """The PYTHONPATH of every launched process: this repository first (the ranks run this harness), then the
+    caller's working directory and each ``sys.path`` entry of the caller that exists, in the caller's order, then
+    what ``existing`` held; the first of duplicates is kept. Ranks start in the repository root, so without this
+    an external adapter the caller imports from its working directory (``--sut mypkg.mod:Class``, docs/design.md
+    §4) would not import on them. Deterministic: the same caller gives the same value."""
+    caller = [os.getcwd(), *(os.path.abspath(p) for p in sys.path if isinstance(p, str))]  # "" is the cwd
+    entries = [str(REPO_ROOT), *(p for p in caller if os.path.exists(p)), *(existing or "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(p for p in entries if p))  # "" would be the rank's cwd: the repo, first
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a launched process (framework launcher or rank): the caller's, with ``rank_pythonpath``
+    and defaults for shared GPU machines, then ``extra``."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONPATH"] = rank_pythonpath(env.get("PYTHONPATH"))
     env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on shared GPU machines
     env.setdefault("GLOG_minloglevel", "2")
     env.update(extra or {})

@@ -46,65 +46,116 @@ class RankPool(Runner):
             self._launch()
 
     def _launch(self) -> None:
+        """Start the ranks and wait until each has set the SUT up. Whatever keeps them from starting — a rank that
+        cannot import or set up the adapter, dies, or is late, a launcher that fails, no GPUs for a ``gpu`` run —
+        is a PoolFailure of kind "setup" saying why, with the tail of the ranks' logs (the CLI's exit 2)."""
         self._dir = Path(tempfile.mkdtemp(prefix="ckh-pool-"))  # short path: Unix socket names are limited
-        control = str(self._dir / "ctl")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(control)
-        listener.listen(self.world)
-        listener.settimeout(1.0)
-        log_dir = self._dir / "logs"
-        log_dir.mkdir()
         self.launches += 1
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            gpus = paddle_gpus(self.world // self.nnodes, self.options.get("device", "auto")) \
-                if self.launcher == "paddle" else 0
-            commands = launch_commands(
-                self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus, self.nnodes
-            )
-            for n, (cmd, env) in enumerate(commands):
-                env = {**env, SHM_VAR: str(self._dir / "shm")}
-                self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
-            deadline = time.monotonic() + self.start_timeout
-            pending: list[Connection] = []
-            while len(pending) < self.world:
-                if time.monotonic() > deadline:
-                    raise PoolFailure(
-                        "setup",
-                        f"{len(pending)} of {self.world} ranks connected within "
-                        f"{self.start_timeout:.0f} s; logs: {self._logs()}",
-                    )
-                if any(p.poll() is not None for p in self.procs) and self.launcher in ("plain", "torchrun"):
-                    raise PoolFailure("setup", f"a rank exited during start-up; logs: {self._logs()}")
-                try:
-                    sock, _ = listener.accept()
-                except TimeoutError:
-                    continue
-                sock.setblocking(True)
-                pending.append(Connection(sock.detach()))
-            for conn in pending:
-                if not conn.poll(max(1.0, deadline - time.monotonic())):
-                    raise PoolFailure("setup", f"a rank connected but never finished setup; logs: {self._logs()}")
-                hello = conn.recv()
-                if hello["type"] != "hello":
-                    raise PoolFailure("setup", f"rank {hello.get('rank')} failed to set up: {hello.get('error')}")
-                self.conns[hello["rank"]] = conn
-                self.pids[hello["rank"]] = hello["pid"]
-                self.shims = hello["shims"]
-                self.info[hello["rank"]] = hello.get("info", {})
+            control = str(self._dir / "ctl")
+            listener.bind(control)
+            listener.listen(self.world)
+            self._start(control)
+            self._gather(listener, time.monotonic() + self.start_timeout)
+        except PoolFailure:
+            self.close()
+            raise
+        except Exception as exc:
+            failure = PoolFailure("setup", f"{type(exc).__name__}: {exc}; logs: {self._logs()}")
+            self.close()
+            raise failure from exc
         except BaseException:
             self.close()
             raise
         finally:
             listener.close()
 
+    def _start(self, control: str) -> None:
+        """Start the launcher(s) or rank processes, each logging to its own file."""
+        assert self._dir is not None
+        log_dir = self._dir / "logs"
+        log_dir.mkdir()
+        gpus = paddle_gpus(self.world // self.nnodes, self.options.get("device", "auto")) \
+            if self.launcher == "paddle" else 0
+        commands = launch_commands(
+            self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus, self.nnodes
+        )
+        for n, (cmd, env) in enumerate(commands):
+            env = {**env, SHM_VAR: str(self._dir / "shm")}
+            self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
+
+    def _gather(self, listener: socket.socket, deadline: float) -> None:
+        """Accept every rank and read its hello as it comes, so a rank that reports a failed set-up is heard at once
+        (not after its peers connect or the start timeout passes)."""
+        waiting: list[Connection] = []
+        try:
+            while True:
+                self._read(waiting, 0)
+                if len(self.conns) == self.world:
+                    return
+                if time.monotonic() > deadline:
+                    raise PoolFailure("setup", f"{len(self.conns)} of {self.world} ranks set up within "
+                                      f"{self.start_timeout:.0f} s; logs: {self._logs()}")
+                if any(p.poll() is not None for p in self.procs) and self.launcher in ("plain", "torchrun"):
+                    while self._accept(listener, waiting, 0.0):  # an exited rank may have said why: hear it first
+                        pass
+                    self._read(waiting, 0.2)
+                    raise PoolFailure("setup", f"a rank exited during start-up; logs: {self._logs()}")
+                if len(self.conns) + len(waiting) == self.world:
+                    self._read(waiting, 1.0)  # every rank connected: wait for their hellos
+                else:
+                    self._accept(listener, waiting, 1.0)
+        finally:
+            for conn in waiting:
+                conn.close()
+
+    @staticmethod
+    def _accept(listener: socket.socket, waiting: list[Connection], timeout: float) -> bool:
+        """Accept one rank's connection within ``timeout`` seconds (0: only one already queued)."""
+        listener.settimeout(timeout)  # 0.0: non-blocking
+        try:
+            sock, _ = listener.accept()
+        except (TimeoutError, BlockingIOError):
+            return False
+        sock.setblocking(True)
+        waiting.append(Connection(sock.detach()))
+        return True
+
+    def _read(self, waiting: list[Connection], timeout: float) -> None:
+        """Read the first message of every connection that has one within ``timeout`` seconds."""
+        for conn in wait(waiting, timeout=timeout):
+            waiting.remove(conn)
+            self._hello(conn)
+
+    def _hello(self, conn: Connection) -> None:
+        """Register the rank that sent its first message on ``conn``, or raise the start-up failure it reports."""
+        try:
+            hello = conn.recv()
+        except (EOFError, OSError):
+            conn.close()
+            raise PoolFailure("setup", f"a rank died during start-up; logs: {self._logs()}") from None
+        if hello.get("type") != "hello":
+            conn.close()
+            raise PoolFailure("setup", f"rank {hello.get('rank')} could not set up the SUT adapter: "
+                              f"{hello.get('error')}; logs: {self._logs()}")
+        self.conns[hello["rank"]] = conn
+        self.pids[hello["rank"]] = hello["pid"]
+        self.shims = hello["shims"]
+        self.info[hello["rank"]] = hello.get("info", {})
+
     def _logs(self) -> str:
+        """The last lines of every non-empty rank and launcher log, in one line (a failure message quotes it; Paddle's
+        dumps of the environment, ``envlog.N``, say nothing about a failure)."""
         if self._dir is None:
             return "-"
         tails = []
         for log in sorted((self._dir / "logs").rglob("*")):
-            if log.is_file():
-                text = log.read_text(errors="replace").strip().splitlines()[-3:]
-                tails.append(f"{log.name}: {' / '.join(text)}")
+            wanted = log.is_file() and not log.name.startswith("envlog.")
+            text = log.read_text(errors="replace").split("\n") if wanted else []
+            lines = [line.strip()[-300:] for line in text if line.strip()][-3:]
+            if lines:
+                tails.append(f"{log.name}: {' / '.join(lines)}")
         return "; ".join(tails)[-2000:] or "-"
 
     def close(self, graceful: bool = True) -> None:

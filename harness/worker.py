@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 from multiprocessing.connection import Client
 from pathlib import Path
 
@@ -49,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     rank, world = rank_and_world()
     conn = Client(args.control, family="AF_UNIX")
     _keep_control_from_children(conn.fileno())
-    adapter = adapter_class(args.sut)()
     try:
+        adapter = adapter_class(args.sut)()
         shims = adapter.setup(rank, world, json.loads(args.options))
-    except Exception as exc:
+    except Exception as exc:  # the adapter does not import or set up here: the controller says why, in one line
+        traceback.print_exc()  # the rank's log keeps where; the controller quotes its tail
         conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims, "info": adapter.describe()})
