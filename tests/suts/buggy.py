@@ -327,3 +327,15 @@ class RaisesWhilePeerWaitsSut(ReferenceSut):
         if self.rank == 1:
             time.sleep(3600)
         raise ValueError("rank 0 cannot read its shard")
+
+
+class TwoBugsSut(FlipsLastElementSut):
+    """Two bugs at once: a load of a checkpoint holding a 0-d tensor raises, any other load flips a bit. A
+    campaign must report both, not stop at whichever it meets first."""
+
+    name = "two-bugs"
+
+    def load(self, root, name, targets, *, options):
+        if any(len(t.local.global_shape) == 0 for t in targets.values()):
+            raise ValueError(f"cannot load scalar {sorted(targets)[0]!r} from {root}")
+        return super().load(root, name, targets, options=options)
