@@ -27,6 +27,7 @@ from properties.case import Case
 from properties.registry import property_cases
 from properties.verdicts import Judgement
 
+from .corpus import Corpus, replay_corpus
 from .judge import Judge
 from .runner import PoolFailure
 
@@ -72,6 +73,8 @@ class Campaign:
     harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
     fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (module docstring)
+    corpus: Corpus | None = None  # --corpus: replayed first, its Hypothesis database used, new buckets kept
+    corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
     buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
     bucket_hits: Counter = field(default_factory=Counter)  # bucket id -> failing cases in it (new buckets)
@@ -83,7 +86,7 @@ class Campaign:
         if seen is None:
             return False
         self.bucket_hits[seen.id] += 1
-        self.bucket_props[seen.id].add(prop)
+        self.bucket_props.setdefault(seen.id, set()).add(prop)
         return True
 
     def register(self, bucket: Bucket, prop: str) -> None:
@@ -105,6 +108,9 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     """Properties take turns in short time slices from the first second until the time is up. A failure in a
     bucket not seen yet is shrunk once and becomes a finding; later failures in a seen bucket are only counted,
     and the property goes on looking for other bugs."""
+    if campaign.corpus is not None:  # before the clock starts: the budget is for exploring
+        campaign.corpus_rows, still = replay_corpus(campaign.corpus, campaign.sut, judge_case)
+        campaign.buckets += still
     start = time.monotonic()
     deadline = start + campaign.seconds
     hard_deadline = deadline + max(60.0, campaign.seconds * 0.5)  # room to finish shrinking a failure

@@ -25,6 +25,7 @@ from properties.fault_strategies import has_latest
 from properties.known import KnownFindingsError, read_known
 
 from .campaign import Campaign, default_seed, fuzz
+from .corpus import Corpus
 from .judge import EXHAUSTIVE_BOUND, Judge
 from .report import buckets, buckets_table, write_results
 from .runner import PoolFailure
@@ -65,6 +66,11 @@ def _parser() -> argparse.ArgumentParser:
                        "not shrunk (default: this checkout's tests/regressions)")
     known.add_argument("--no-known", action="store_const", const=None, dest="known",
                        help="treat every failure as new (no known set)")
+    f.add_argument("--corpus", type=Path, default=None, metavar="DIR",
+                   help="keep what campaigns learn here: replay every bucket case it holds first, store each new "
+                   "bucket's smallest case (harness/corpus.py)")
+    f.add_argument("--corpus-readonly", type=Path, default=None, metavar="DIR",
+                   help="with --corpus: also read this shared corpus, never writing to it (CI)")
     f.add_argument("--fail-on-known", action="store_true",
                    help="exit 1 when known bugs were met too (default: only new buckets exit 1)")
     f.add_argument(
@@ -178,6 +184,9 @@ def _fuzz(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else default_seed()
     campaign = Campaign(args.sut, args.ranks, props, args.time, seed, mode=args.launch, faults=args.faults)
     campaign.skipped = {p: why for p, why in skipped.items() if why is not None}
+    if args.corpus_readonly is not None and args.corpus is None:
+        raise HarnessError("--corpus-readonly needs --corpus (where this campaign writes)")
+    campaign.corpus = Corpus(args.corpus, args.corpus_readonly) if args.corpus is not None else None
     if args.faults:
         from faults import strace
 
@@ -200,6 +209,9 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
         raise campaign.fatal
     args.out.mkdir(parents=True, exist_ok=True)
     rows = write_results(campaign, args.out)
+    if campaign.corpus is not None:
+        for finding, row in zip(campaign.findings, rows):
+            campaign.corpus.keep(campaign.sut, finding.bucket, row)
     print(f"{total} cases, {len(rows)} findings, {campaign.wall:.0f} s ({args.launch}); results in {args.out}")
     for error in campaign.harness_errors[:5] if campaign.fatal is None else ():  # else: one line, from main
         print(f"harness error (a bug of the harness, not a finding): {error}", file=sys.stderr)

@@ -62,6 +62,7 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "flaky_failures": campaign.flaky[:20],
         "seconds_per_property": {p: round(t, 1) for p, t in sorted(campaign.prop_seconds.items())},
         "buckets": buckets(campaign, rows),
+        "corpus": campaign.corpus_rows,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
@@ -89,6 +90,7 @@ def report(summary: dict, rows: list[dict]) -> str:
           summary.get("harness_errors", [])],
         *[f"Ranks died or hung once, and the case passed when run again (flaky, not shrunk): {e}" for e in
           summary.get("flaky_failures", [])],
+        *[f"Corpus bucket `{r['bucket']}` ({r['title']}): {r['status']}." for r in summary.get("corpus", [])],
         "",
     ]
     lines += ["## Buckets (one root cause each)", "", *buckets_table(summary), "", "## New findings", "",

@@ -90,3 +90,36 @@ def test_known_bugs_are_counted_apart_and_exit_1_only_when_asked(tmp_path: Path,
     assert [b["status"] for b in summary["buckets"]] == ["known"] and summary["buckets"][0]["cases"] > 0
     assert main([*argv, "--fail-on-known"]) == 1
     assert main([*argv[:-2], "--no-known"]) == 1  # the same bug, new without a known set
+
+
+def test_a_corpus_carries_buckets_and_examples_to_the_next_campaign(tmp_path: Path, capsys) -> None:
+    corpus = tmp_path / "corpus"
+    argv = ["fuzz", "--sut", "tests.suts.buggy:TwoBugsSut", "--ranks", "2", "--time", "15", "--property",
+            "P-ROUNDTRIP", "--property", "P-EDGE", "--launch", "in-process", "--corpus", str(corpus)]
+    assert main([*argv, "--out", str(tmp_path / "night1"), "--seed", "3"]) == 1, capsys.readouterr()
+    stored = sorted((corpus / "buckets" / "tests.suts.buggy_TwoBugsSut").glob("*.json"))
+    assert len(stored) == 2
+    # The next night: both bugs are replayed first and still fail; nothing new, so exit 0.
+    assert main([*argv, "--out", str(tmp_path / "night2"), "--seed", "4"]) == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "night2" / "summary.json").read_text())
+    assert sorted(r["status"] for r in summary["corpus"]) == ["still failing", "still failing"]
+    assert not [b for b in summary["buckets"] if b["status"] == "new"]
+    # Fixed upstream: the same case on a SUT without the bug passes.
+    fixed = json.loads(stored[0].read_text())
+    fixed["case"]["sut"] = "reference"
+    (corpus / "buckets" / "reference").mkdir()
+    (corpus / "buckets" / "reference" / stored[0].name).write_text(json.dumps(fixed))
+    assert main(["fuzz", "--sut", "reference", "--ranks", "2", "--time", "2", "--property", "P-ROUNDTRIP",
+                 "--launch", "in-process", "--corpus", str(corpus), "--out", str(tmp_path / "fixed")]) == 0
+    rows = json.loads((tmp_path / "fixed" / "summary.json").read_text())["corpus"]
+    assert [r["status"] for r in rows] == ["passing"]
+
+
+def test_a_broken_corpus_file_is_named(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "corpus" / "buckets" / "reference"
+    bad.mkdir(parents=True)
+    (bad / "x.json").write_text("{not json")
+    assert main(["fuzz", "--sut", "reference", "--time", "1", "--launch", "in-process", "--corpus",
+                 str(tmp_path / "corpus"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "x.json" in err and "not a bucket case" in err and err.count("\n") == 1

@@ -1,0 +1,71 @@
+"""A corpus that survives the night (``fuzz --corpus DIR``): what one campaign learned, the next starts from.
+
+``DIR/buckets/<sut>/<id>.json`` holds the smallest case of every root-cause bucket ever seen (a finding file:
+``ckpt-harness replay`` runs it). A campaign with a corpus first replays every stored bucket case and reports each
+as still failing, known by now (a regression case explains it) or passing (fixed upstream?); the buckets still
+failing count as seen, so the campaign does not shrink them again and does not exit 1 for them. For CI,
+``--corpus-readonly SHARED`` also reads a shared corpus (a nightly job's) without writing to it.
+
+Not yet: Hypothesis's own example database. ``hypothesis.seed`` (which keeps a campaign replayable) switches it
+off, and the campaign's shrinking budget cuts the run that would save the failing example.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from properties.buckets import Bucket
+from properties.case import CaseError, read_case_file
+
+
+@dataclass(frozen=True)
+class Corpus:
+    root: Path
+    shared: Path | None = None  # read, never written (a nightly job's corpus, in CI)
+
+    def bucket_dirs(self, sut: str) -> list[Path]:
+        name = _safe(sut)
+        return [d / "buckets" / name for d in (self.root, self.shared) if d is not None]
+
+    def keep(self, sut: str, bucket: Bucket, finding: dict) -> Path:
+        """Store a bucket's smallest case (a finding file) unless the corpus has one for it already."""
+        path = self.bucket_dirs(sut)[0] / f"{bucket.id}.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            data = {**finding, "bucket": bucket.id, "bucket_core": bucket.core,
+                    "bucket_features": sorted(bucket.features), "bucket_title": bucket.title}
+            path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        return path
+
+    def stored(self, sut: str) -> list[tuple[Path, Bucket]]:
+        """Every stored bucket case of ``sut`` (local first; a shared one the local corpus also has is skipped)."""
+        out: dict[str, tuple[Path, Bucket]] = {}
+        for directory in self.bucket_dirs(sut):
+            for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
+                try:
+                    data = json.loads(path.read_text(encoding="utf-8"))
+                    bucket = Bucket(data["bucket_core"], frozenset(data["bucket_features"]), data["bucket_title"])
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    raise CaseError(f"corpus file {path}: not a bucket case ({type(exc).__name__}: {exc})") from None
+                out.setdefault(bucket.id, (path, bucket))
+        return list(out.values())
+
+
+def replay_corpus(corpus: Corpus, sut: str, judge) -> tuple[list[dict], list[Bucket]]:
+    """Replay every stored bucket case: rows for the summary, and the buckets still failing (seen already)."""
+    rows, failing = [], []
+    for path, bucket in corpus.stored(sut):
+        case, _ = read_case_file(path)
+        judgement, _ = judge(case)
+        status = ("known" if judgement.excuse == "known" else "passing") if judgement.ok else "still failing"
+        rows.append({"bucket": bucket.id, "title": bucket.title, "status": status, "case": str(path)})
+        if status == "still failing":
+            failing.append(bucket)
+    return rows, failing
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
