@@ -25,6 +25,7 @@ from hypothesis import seed as hypothesis_seed
 from properties.buckets import Bucket, bucket_of
 from properties.case import Case
 from properties.registry import property_cases
+from properties.swarm import swarm
 from properties.verdicts import Judgement
 
 from .corpus import Corpus, replay_corpus
@@ -48,6 +49,7 @@ class Finding:
     traceback: str | None = None
     fault: dict | None = None  # what the fault did in the failing run (mechanism, whether and where it fired)
     bucket: Bucket | None = None  # its root cause (properties.buckets): one finding per bucket and campaign
+    left_out: tuple[str, ...] = ()  # the swarm configuration of its batch: the capabilities it could not draw
 
 
 @dataclass
@@ -73,6 +75,7 @@ class Campaign:
     harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
     fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (module docstring)
+    swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities
     corpus: Corpus | None = None  # --corpus: replayed first, its Hypothesis database used, new buckets kept
     corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
@@ -161,6 +164,7 @@ def _batch(
     smallest: list[Finding] = []
     others: dict[str, Finding] = {}
     shrink_until: list[float] = []  # set when the first failure appears: shrinking gets a bounded budget
+    drawable, left_out = _configured(campaign, capabilities, seed)
 
     @settings(
         max_examples=examples,
@@ -170,7 +174,7 @@ def _batch(
         phases=[Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
     )
-    @given(_strategy(campaign, prop, capabilities))
+    @given(_strategy(campaign, prop, drawable))
     def body(case: Case) -> None:
         now = time.monotonic()
         if campaign.fatal is not None or now > hard_deadline or (shrink_until and now > shrink_until[0]):
@@ -192,7 +196,7 @@ def _batch(
         concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
         bucket = bucket_of(concrete, judgement.anomalies, outcome.tracebacks) or Bucket(
             f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
-        finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket)
+        finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out)
         if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go
             smallest[:] = [finding]  # Hypothesis re-runs the shrunk example last: the last one kept is the smallest
             raise _Failed("; ".join(judgement.details))
@@ -225,6 +229,11 @@ def is_fatal(exc: BaseException) -> bool:
 def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):
     return property_cases(prop, campaign.sut, campaign.ranks, capabilities, faults=campaign.faults,
                           ptrace=campaign.ptrace)
+
+
+def _configured(campaign: Campaign, capabilities: frozenset[str], seed: int) -> tuple[frozenset[str], tuple]:
+    """The batch's swarm configuration (properties.swarm): what it may draw, and what it leaves out."""
+    return swarm(capabilities, seed) if campaign.swarm else (capabilities, ())
 
 
 def _progress(campaign: Campaign, prop: str, start: float) -> None:

@@ -71,6 +71,9 @@ def _parser() -> argparse.ArgumentParser:
                    "bucket's smallest case (harness/corpus.py)")
     f.add_argument("--corpus-readonly", type=Path, default=None, metavar="DIR",
                    help="with --corpus: also read this shared corpus, never writing to it (CI)")
+    f.add_argument("--no-swarm", action="store_false", dest="swarm",
+                   help="draw every batch from all the SUT can hold (default: each batch leaves a random subset of "
+                   "optional capabilities out, properties/swarm.py)")
     f.add_argument("--fail-on-known", action="store_true",
                    help="exit 1 when known bugs were met too (default: only new buckets exit 1)")
     f.add_argument(
@@ -184,6 +187,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     seed = args.seed if args.seed is not None else default_seed()
     campaign = Campaign(args.sut, args.ranks, props, args.time, seed, mode=args.launch, faults=args.faults)
     campaign.skipped = {p: why for p, why in skipped.items() if why is not None}
+    campaign.swarm = args.swarm
     if args.corpus_readonly is not None and args.corpus is None:
         raise HarnessError("--corpus-readonly needs --corpus (where this campaign writes)")
     campaign.corpus = Corpus(args.corpus, args.corpus_readonly) if args.corpus is not None else None

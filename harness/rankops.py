@@ -198,6 +198,11 @@ def unpack(packed: tuple[str, tuple[int, ...], bytes]) -> Tensor:
     return Tensor(dt, np.frombuffer(raw, dt.bits_dtype).reshape(shape).copy())
 
 
-def _one_line(exc: BaseException) -> str:
+def _one_line(exc: BaseException, limit: int = 500) -> str:
+    """The error on one line; a long one keeps its head and its tail, where a wrapping error (torch's
+    CheckpointException quotes each rank's traceback) puts the root error that signatures name."""
     text = " ".join(str(exc).split())
-    return text[:500] + ("..." if len(text) > 500 else "")
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"

@@ -29,6 +29,7 @@ def finding_json(finding: Finding, replay: str) -> dict:
         "replay": replay,
         "bucket": finding.bucket.id if finding.bucket else None,
         "bucket_title": finding.bucket.title if finding.bucket else None,
+        "swarm_left_out": list(finding.left_out),
     }
 
 
@@ -104,7 +105,8 @@ def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
     it)."""
     out = [{"bucket": r["bucket"], "status": "new", "title": r["bucket_title"],
             "cases": campaign.bucket_hits.get(r["bucket"], 1),
-            "properties": sorted(campaign.bucket_props.get(r["bucket"], {r["property"]})), "replay": r["replay"]}
+            "properties": sorted(campaign.bucket_props.get(r["bucket"], {r["property"]})), "replay": r["replay"],
+            "swarm_left_out": r.get("swarm_left_out", [])}
            for r in rows]
     out += [{"bucket": Path(case_file).stem, "status": "known", "title": f"known finding {case_file} (FINDINGS.md)",
              "cases": n} for case_file, n in sorted(campaign.known.items())]

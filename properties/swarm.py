@@ -1,0 +1,38 @@
+"""Swarm configurations (Groce et al., ISSTA 2012): each batch of a campaign draws its cases from a random subset
+of what the SUT can hold, so one bug that dominates the default mix (a dtype, zero-size tensors, one file format)
+cannot mask the rest: in about half the batches it cannot even be drawn.
+
+A configuration leaves out optional capabilities that only widen what a case may hold — dtypes, file formats,
+tensor kinds and async executors (at least one of each group stays), zero-size tensors, saving every replica,
+boolean flags — never one a property needs to run at all (async, reshard, latest, ...), so every property still
+draws.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+
+#: A trainer's parameters and most strategies' plain tensors need one of these: one at least stays.
+FLOATS = ("dtype:F32", "dtype:BF16", "dtype:F16")
+#: Groups of alternatives (one at least stays) and lone options (each kept or left out).
+GROUPS = ("dtype:", "format:", "tensor_kind:", "async_executor:")
+OPTIONAL = ("zero_size", "save_replicas")
+FLAGS = "flag:"
+
+
+def swarm(capabilities: Iterable[str], seed: int) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The capabilities a batch draws from, and the ones it leaves out (sorted), for ``seed``."""
+    caps = sorted(set(capabilities))
+    rng = random.Random(seed)
+    out: set[str] = set()
+    for prefix in GROUPS:
+        members = [c for c in caps if c.startswith(prefix)]
+        if len(members) > 1:
+            kept = [c for c in members if rng.random() < 0.5] or [rng.choice(members)]
+            out.update(c for c in members if c not in kept)
+    floats = [c for c in FLOATS if c in caps]
+    if floats and all(c in out for c in floats):
+        out.discard(rng.choice(floats))
+    out.update(c for c in caps if (c in OPTIONAL or c.startswith(FLAGS)) and rng.random() < 0.5)
+    return frozenset(c for c in caps if c not in out), tuple(sorted(out))
