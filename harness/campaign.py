@@ -24,7 +24,7 @@ from hypothesis import seed as hypothesis_seed
 
 from properties.buckets import Bucket, bucket_of
 from properties.case import Case
-from properties.registry import property_cases
+from properties.registry import REGISTRY, property_cases
 from properties.swarm import swarm
 from properties.verdicts import Judgement
 
@@ -164,7 +164,7 @@ def _batch(
     smallest: list[Finding] = []
     others: dict[str, Finding] = {}
     shrink_until: list[float] = []  # set when the first failure appears: shrinking gets a bounded budget
-    drawable, left_out = _configured(campaign, capabilities, seed)
+    drawable, left_out = _configured(campaign, prop, capabilities, seed)
 
     @settings(
         max_examples=examples,
@@ -231,9 +231,10 @@ def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):
                           ptrace=campaign.ptrace)
 
 
-def _configured(campaign: Campaign, capabilities: frozenset[str], seed: int) -> tuple[frozenset[str], tuple]:
+def _configured(campaign: Campaign, prop: str, capabilities: frozenset[str], seed: int
+                ) -> tuple[frozenset[str], tuple]:
     """The batch's swarm configuration (properties.swarm): what it may draw, and what it leaves out."""
-    return swarm(capabilities, seed) if campaign.swarm else (capabilities, ())
+    return swarm(capabilities, seed, REGISTRY[prop].drawable) if campaign.swarm else (capabilities, ())
 
 
 def _progress(campaign: Campaign, prop: str, start: float) -> None:

@@ -11,7 +11,7 @@ draws.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 #: A trainer's parameters and most strategies' plain tensors need one of these: one at least stays.
 FLOATS = ("dtype:F32", "dtype:BF16", "dtype:F16")
@@ -21,8 +21,11 @@ OPTIONAL = ("zero_size", "save_replicas")
 FLAGS = "flag:"
 
 
-def swarm(capabilities: Iterable[str], seed: int) -> tuple[frozenset[str], tuple[str, ...]]:
-    """The capabilities a batch draws from, and the ones it leaves out (sorted), for ``seed``."""
+def swarm(capabilities: Iterable[str], seed: int, needs: Callable[[frozenset[str]], bool] = lambda _: True,
+          ) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The capabilities a batch draws from, and the ones it leaves out (sorted), for ``seed``. ``needs``: what
+    the batch's property must still be able to draw from (a training property needs BF16, say); left-out
+    capabilities come back, in order, until it can."""
     caps = sorted(set(capabilities))
     rng = random.Random(seed)
     out: set[str] = set()
@@ -35,4 +38,8 @@ def swarm(capabilities: Iterable[str], seed: int) -> tuple[frozenset[str], tuple
     if floats and all(c in out for c in floats):
         out.discard(rng.choice(floats))
     out.update(c for c in caps if (c in OPTIONAL or c.startswith(FLAGS)) and rng.random() < 0.5)
+    for cap in sorted(out):
+        if needs(frozenset(c for c in caps if c not in out)):
+            break
+        out.discard(cap)
     return frozenset(c for c in caps if c not in out), tuple(sorted(out))

@@ -1,0 +1,51 @@
+"""Swarm configurations (properties.swarm): deterministic per seed, never leave out what a property needs, and
+every drawable property of every SUT still draws cases under any of them."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.sut import REGISTRY
+from properties.registry import REGISTRY as PROPERTIES
+from properties.registry import drawable_properties, property_cases
+from properties.swarm import FLOATS, GROUPS, swarm
+
+
+def _caps(name: str) -> frozenset[str]:
+    info = REGISTRY[name]
+    module, _, cls = info.target.partition(":")
+    return frozenset(getattr(__import__(module, fromlist=[cls]), cls).capabilities)
+
+
+SUTS = sorted(REGISTRY)
+
+
+@pytest.mark.parametrize("sut", SUTS)
+def test_a_configuration_leaves_out_only_what_widens_a_case(sut: str) -> None:
+    caps = _caps(sut)
+    configs = [swarm(caps, seed) for seed in range(40)]
+    assert configs == [swarm(caps, seed) for seed in range(40)]  # deterministic
+    for kept, left_out in configs:
+        assert kept | set(left_out) == caps and not kept & set(left_out)
+        for prefix in GROUPS:
+            assert not any(c.startswith(prefix) for c in caps) or any(c.startswith(prefix) for c in kept)
+        assert not caps & set(FLOATS) or kept & set(FLOATS)
+    assert len({left for _, left in configs}) > 10  # configurations differ from batch to batch
+    for prop in drawable_properties(caps, faults=True):  # what a property needs comes back
+        needs = PROPERTIES[prop].drawable
+        assert all(needs(swarm(caps, seed, needs)[0]) for seed in range(40)), prop
+
+
+@pytest.mark.parametrize("sut", SUTS)
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_every_property_draws_under_a_configuration(sut: str, data: st.DataObject) -> None:
+    caps = _caps(sut)
+    prop = data.draw(st.sampled_from(drawable_properties(caps, faults=True)))
+    kept, _ = swarm(caps, data.draw(st.integers(0, 2**16)), PROPERTIES[prop].drawable)
+    case = data.draw(property_cases(prop, sut, 2, kept, faults=True))
+    dtypes = {c.split(":", 1)[1] for c in kept if c.startswith("dtype:")}
+    if "trainer_state" not in caps:  # a trainer's moments and master weights are F32 whatever its weights are
+        assert not dtypes or {t.dtype for t in case.tensors} <= dtypes
