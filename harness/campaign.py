@@ -194,7 +194,9 @@ def _batch(
         if judgement.ok:
             return
         concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
-        bucket = bucket_of(concrete, judgement.anomalies, outcome.tracebacks) or Bucket(
+        # A failure that shows a known bug and a new one is the new one's: its bucket is read past the known.
+        unknown = [a for a in judgement.anomalies if not any(k.matches(case.sut, a) for k in judge_case.known)]
+        bucket = bucket_of(concrete, unknown or judgement.anomalies, outcome.tracebacks) or Bucket(
             f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
         finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out)
         if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go

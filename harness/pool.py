@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shutil
 import socket
 import tempfile
@@ -17,6 +18,9 @@ from pathlib import Path
 from .launch import SHM_VAR, kill_trees, launch_commands, paddle_gpus, release_shm, start
 from .runner import PoolFailure, Runner
 from .sut import adapter_class
+
+#: A log line that names why a process failed (above a signal dump, which says only which signal).
+_CAUSE = re.compile(r"what\(\):|terminate called|Assertion .*failed|Check failed|\w+(Error|Exception): ")
 
 
 class RankPool(Runner):
@@ -145,17 +149,20 @@ class RankPool(Runner):
         self.info[hello["rank"]] = hello.get("info", {})
 
     def _logs(self) -> str:
-        """The last lines of every non-empty rank and launcher log, in one line (a failure message quotes it; Paddle's
-        dumps of the environment, ``envlog.N``, say nothing about a failure)."""
+        """The last lines of every non-empty rank and launcher log, in one line (a failure message quotes it), each
+        with the last line before them that names an error (a C++ abort prints its cause above the signal dump);
+        Paddle's dumps of the environment (``envlog.N``, ``backup_env.N.json``) say nothing about a failure."""
         if self._dir is None:
             return "-"
         tails = []
         for log in sorted((self._dir / "logs").rglob("*")):
-            wanted = log.is_file() and not log.name.startswith("envlog.")
+            wanted = log.is_file() and not log.name.startswith(("envlog.", "backup_env."))
             text = log.read_text(errors="replace").split("\n") if wanted else []
-            lines = [line.strip()[-300:] for line in text if line.strip()][-3:]
-            if lines:
-                tails.append(f"{log.name}: {' / '.join(lines)}")
+            lines = [line.strip()[-300:] for line in text if line.strip()]
+            cause = next((line for line in reversed(lines[:-3]) if _CAUSE.search(line)), None)
+            shown = ([cause] if cause else []) + lines[-3:]
+            if shown:
+                tails.append(f"{log.name}: {' / '.join(shown)}")
         return "; ".join(tails)[-2000:] or "-"
 
     def close(self, graceful: bool = True) -> None:
