@@ -34,7 +34,7 @@ from .runner import PoolFailure
 
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
 MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
-SHRINK_BUDGET = 30.0  # seconds of shrinking per new bucket (at least): a failing Paddle case can cost a relaunch
+SHRINK_BUDGET = 60.0  # seconds of shrinking per new bucket (at least): a failing Paddle case can cost a relaunch
 
 
 class _Failed(AssertionError):

@@ -10,15 +10,17 @@ The bucket of a failure is read from its worst anomaly (the judgement's first, p
   and paths abstracted, and the innermost frame of the traceback inside a third-party package (the SUT), e.g.
   ``paddle/distributed/flex_checkpoint/dcp/reshard_comm.py:communicate``. Which rule the error broke (a lost
   acknowledged checkpoint, a listed one that does not load) does not count: the error names the bug.
-* Wrong bits, a lost or mixed checkpoint: the verdict and anomaly type (the core), and as features the
-  structural differences of the differing tensors (``dtype:F8_E5M2->I8``, ``shape``, ``missing``,
-  ``unexpected``) and the case's tags that pick another code path (world-size change, async, file format). The
-  value pattern of each tensor's first differing element (``zeros``, ``sign-of-zero``, ``nan-payload``, other
-  ``bits``), the tensors' own features (dtype, layout kind, 0-d, zero-size) and whether every element or only
-  some differ are shown in the title but split no bucket: one element is too easily zero by chance, and a bug
-  that flips a bit of whatever it loads would otherwise be a bucket per dtype and shape. A campaign keeps a
-  bucket with the features of its *shrunk* case and counts a later failure as that bucket's when it has the
-  same core and features comparable with those (one set holds the other).
+* Wrong bits (in a load, a version that is none of those saved, a resumed run) and a lost or mixed checkpoint:
+  the verdict and, for wrong bits, ``wrong-data`` whichever checker met them (else the anomaly type) as the core,
+  and as features the structural differences of the differing tensors (``dtype:F8_E5M2->I8``, ``shape``,
+  ``missing``, ``unexpected``). What is shown in the title but splits no bucket: the value pattern of each
+  tensor's first differing element (``zeros``, ``sign-of-zero``, ``nan-payload``, other ``bits``: one element is
+  too easily zero by chance), the tensors' own features (dtype, layout kind, 0-d, zero-size), whether every
+  element or only some differ, and the case's code-path tags (world-size change, async, file format: a shrunk
+  case often keeps one it does not need, and a bug that flips a bit of whatever it loads would otherwise be a
+  bucket per dtype, shape and path). A campaign keeps a bucket with the features of its *shrunk* case and counts
+  a later failure as that bucket's when it has the same core and features comparable with those (one set holds
+  the other).
 
 When in doubt buckets split rather than merge: two buckets may turn out to be one bug (the report lists both,
 each with a small case), but a bucket should not hide a second bug.
@@ -108,8 +110,11 @@ def bucket_of(case: Case, anomalies: Sequence[Anomaly], tracebacks: dict[int, st
     features = sorted({t for name in tensors for t in _tensor_tags(case, name)})
     title = f"{first.verdict.value}: {first.kind}" + (f" ({', '.join(patterns)})" if patterns else "") + (
         f" [{', '.join(tags + features)}]" if tags or features else "")
-    structural = {p for p in patterns if p.split("/")[0] not in VALUE_PATTERNS}
-    return Bucket(f"{first.verdict.value}|{first.kind}", frozenset(structural | set(tags)), title)
+    structural = {p.split("/")[0] for p in patterns if p.split("/")[0] not in VALUE_PATTERNS}
+    # Wrong bits are one kind of failure whether the oracle met them in a load, the history checker in a version
+    # that is none of those saved, or a resumed run: which one depends on the case, not on the bug.
+    kind = "wrong-data" if _differences(first) else first.kind
+    return Bucket(f"{first.verdict.value}|{kind}", frozenset(structural), title)
 
 
 def _differences(anomaly: Anomaly) -> tuple[TensorDiffers, ...]:
