@@ -50,6 +50,7 @@ class Finding:
     fault: dict | None = None  # what the fault did in the failing run (mechanism, whether and where it fired)
     bucket: Bucket | None = None  # its root cause (properties.buckets): one finding per bucket and campaign
     left_out: tuple[str, ...] = ()  # the swarm configuration of its batch: the capabilities it could not draw
+    found_at: float = 0.0  # seconds into the campaign when its bucket's first case failed (bench/detect.py)
 
 
 @dataclass
@@ -76,6 +77,7 @@ class Campaign:
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
     fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (module docstring)
     swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities
+    stop_on_finding: bool = False  # end at the first new bucket (bench/detect.py measures time to detection)
     corpus: Corpus | None = None  # --corpus: replayed first, its Hypothesis database used, new buckets kept
     corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
@@ -98,6 +100,10 @@ class Campaign:
         self.bucket_hits[bucket.id] += 1
         self.bucket_props.setdefault(bucket.id, set()).add(prop)
 
+    def done(self) -> bool:
+        """Nothing more to do before the time is up: ranks that cannot start, or a first finding was all asked."""
+        return self.fatal is not None or (self.stop_on_finding and bool(self.findings))
+
     def examples_for(self, prop: str, seconds: float) -> int:
         """Cases for one turn of ``prop``: as many as its past cases say fit in ``seconds`` (one at first)."""
         done = self.cases_run[prop]
@@ -118,9 +124,9 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     deadline = start + campaign.seconds
     hard_deadline = deadline + max(60.0, campaign.seconds * 0.5)  # room to finish shrinking a failure
     turn = 0
-    while campaign.properties and time.monotonic() < deadline and campaign.fatal is None:
+    while campaign.properties and time.monotonic() < deadline and not campaign.done():
         for n, prop in enumerate(campaign.properties):
-            if time.monotonic() >= deadline or campaign.fatal is not None:
+            if time.monotonic() >= deadline or campaign.done():
                 break
             began = time.monotonic()
             examples = campaign.examples_for(prop, _slice(campaign))
@@ -165,6 +171,7 @@ def _batch(
     others: dict[str, Finding] = {}
     shrink_until: list[float] = []  # set when the first failure appears: shrinking gets a bounded budget
     drawable, left_out = _configured(campaign, prop, capabilities, seed)
+    first_seen: dict[str, float] = {}
 
     @settings(
         max_examples=examples,
@@ -195,10 +202,12 @@ def _batch(
             return
         concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
         # A failure that shows a known bug and a new one is the new one's: its bucket is read past the known.
-        unknown = [a for a in judgement.anomalies if not any(k.matches(case.sut, a) for k in judge_case.known)]
+        family = judge_case.family(case)
+        unknown = [a for a in judgement.anomalies if not any(k.matches(family, a) for k in judge_case.known)]
         bucket = bucket_of(concrete, unknown or judgement.anomalies, outcome.tracebacks) or Bucket(
             f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
-        finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out)
+        finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out,
+                          first_seen.get(bucket.core, time.monotonic() - start))
         if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go
             smallest[:] = [finding]  # Hypothesis re-runs the shrunk example last: the last one kept is the smallest
             raise _Failed("; ".join(judgement.details))
@@ -208,6 +217,7 @@ def _batch(
             others.setdefault(bucket.core, finding)  # another new bug, met while shrinking the first: kept as is
             return
         target.append(bucket)
+        first_seen[bucket.core] = finding.found_at  # the shrunk case keeps when its bucket was first met
         smallest[:] = [finding]
         shrink_until.append(time.monotonic() + max(SHRINK_BUDGET, campaign.seconds * 0.1))
         raise _Failed("; ".join(judgement.details))

@@ -25,6 +25,7 @@ from properties.verdicts import Excuse, Judgement, Verdict
 from .faultrun import judge_points, judge_states, traced
 from .run import run_case
 from .runners import Runners
+from .sut import REGISTRY
 
 STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
 EXHAUSTIVE_BOUND = 64  # fuzz: a drawn crash point or state is judged with all of its kind where there are this few
@@ -61,7 +62,7 @@ class Judge:
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
         judgement, outcome = self._judge(case)
-        known = explained_by(self.known, case.sut, judgement)
+        known = explained_by(self.known, self.family(case), judgement)
         if known is not None:
             self.known_hits[known] += 1
             return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",),
@@ -71,6 +72,12 @@ class Judge:
             return Judgement(case.property, Verdict.PASS, (first, *judgement.details[1:]), judgement.anomalies,
                              Excuse.FLAKY), outcome
         return judgement, outcome
+
+    def family(self, case: Case) -> str:
+        """The SUT whose known findings apply: an adapter that subclasses a registered SUT and keeps its ``name``
+        (a wrapper, a build with a planted defect) inherits that SUT's findings; any other goes by ``case.sut``."""
+        name = getattr(self.runners.cls, "name", None)
+        return name if name in REGISTRY else case.sut
 
     def _flaky(self, case: Case, judgement: Judgement) -> bool:
         """While fuzzing, a fault-free case whose only failure is ranks that died or hung runs once more: a crash

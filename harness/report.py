@@ -30,6 +30,7 @@ def finding_json(finding: Finding, replay: str) -> dict:
         "bucket": finding.bucket.id if finding.bucket else None,
         "bucket_title": finding.bucket.title if finding.bucket else None,
         "swarm_left_out": list(finding.left_out),
+        "found_at_s": round(finding.found_at, 1),
     }
 
 

@@ -1,0 +1,85 @@
+"""Detection power: does a campaign of a fixed budget find a planted defect unaided, with the SUT's known bugs
+there too (the known set is ``tests/regressions``, as ``fuzz`` uses by default)?
+
+For each defect of ``bench/planted.py`` one campaign runs (every default property, swarm on, seed fixed) until its
+first new bucket or the budget; a defect counts as found when the campaign reports a new bucket. Prints one JSON
+row per defect (``found``, ``seconds`` to the first new bucket, its title, cases run) and then
+``detected_ratio``. Target (docs/design.md §10): every planted defect found within 150 s on 2 ranks.
+
+``--main-job SECONDS`` also runs the README's main job (``fuzz --sut paddle-dcp --ranks 2``) for that long and
+prints ``distinct_buckets`` (new and known) and ``new_buckets``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.planted import DEFECTS  # noqa: E402
+from harness.campaign import Campaign, fuzz  # noqa: E402
+from harness.judge import Judge  # noqa: E402
+from harness.report import buckets  # noqa: E402
+from harness.runners import Runners  # noqa: E402
+from harness.sut import UnknownSut, adapter_class  # noqa: E402
+from properties.known import read_known  # noqa: E402
+from properties.registry import drawable_properties  # noqa: E402
+
+KNOWN = read_known(ROOT / "tests" / "regressions")
+
+
+def campaign(sut: str, ranks: int, mode: str, seconds: float, seed: int, first_only: bool) -> tuple[Campaign, float]:
+    caps = frozenset(adapter_class(sut).capabilities)
+    run = Campaign(sut, ranks, drawable_properties(caps), seconds, seed, mode=mode, stop_on_finding=first_only)
+    judge = Judge(Runners(sut, mode), exploring=True, known=KNOWN)
+    start = time.monotonic()
+    try:
+        fuzz(judge, run, caps)
+    finally:
+        judge.close()
+    return run, time.monotonic() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--budget", type=float, default=150.0, help="seconds per defect (default 150)")
+    parser.add_argument("--defect", action="append", choices=sorted(DEFECTS), help="only these (default: all)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--main-job", type=float, default=0.0, metavar="SECONDS")
+    args = parser.parse_args(argv)
+    found = total = 0
+    for name in args.defect or sorted(DEFECTS):
+        sut, ranks, mode = DEFECTS[name]
+        try:
+            run, wall = campaign(sut, ranks, mode, args.budget, args.seed, first_only=True)
+        except UnknownSut as exc:  # Paddle not installed here
+            print(json.dumps({"defect": name, "skipped": str(exc)}))
+            continue
+        total += 1
+        first = min(run.findings, key=lambda f: f.found_at, default=None)
+        found += first is not None
+        print(json.dumps({"defect": name, "found": first is not None,
+                          "seconds": round(first.found_at, 1) if first else None,
+                          "bucket": first.bucket.title if first else None, "property": first.judgement.property
+                          if first else None, "cases": sum(run.cases_run.values()), "wall_s": round(wall, 1),
+                          "known_met": sum(run.known.values())}), flush=True)
+    print(f"detected_ratio: {found / total:.2f}" if total else "detected_ratio: - (nothing ran)")
+    if args.main_job:
+        run, _ = campaign("paddle-dcp", 2, "pool", args.main_job, args.seed, first_only=False)
+        rows = [{"bucket": f.bucket.id, "property": f.judgement.property, "bucket_title": f.bucket.title,
+                 "replay": "-"} for f in run.findings]
+        listed = buckets(run, rows)
+        print(f"distinct_buckets: {len(listed)}")
+        print(f"new_buckets: {sum(1 for b in listed if b['status'] == 'new')}")
+        print(json.dumps({"cases": sum(run.cases_run.values()), "seconds_per_property": dict(run.prop_seconds),
+                          "buckets": [(b["status"], b["title"], b["cases"]) for b in listed]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
