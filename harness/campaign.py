@@ -17,6 +17,7 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -77,7 +78,8 @@ class Campaign:
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
     fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (module docstring)
     swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities
-    stop_on_finding: bool = False  # end at the first new bucket (bench/detect.py measures time to detection)
+    stop_when: Callable[[Finding], bool] | None = None  # end at the first finding this accepts (bench/detect.py)
+    stopped: bool = False
     corpus: Corpus | None = None  # --corpus: replayed first, its Hypothesis database used, new buckets kept
     corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
@@ -102,7 +104,7 @@ class Campaign:
 
     def done(self) -> bool:
         """Nothing more to do before the time is up: ranks that cannot start, or a first finding was all asked."""
-        return self.fatal is not None or (self.stop_on_finding and bool(self.findings))
+        return self.fatal is not None or self.stopped
 
     def examples_for(self, prop: str, seconds: float) -> int:
         """Cases for one turn of ``prop``: as many as its past cases say fit in ``seconds`` (one at first)."""
@@ -134,6 +136,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
             for finding in _batch(judge_case, campaign, capabilities, prop, seed, examples, hard_deadline, progress,
                                   start):
                 campaign.findings.append(finding)
+                campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
             campaign.prop_seconds[prop] += time.monotonic() - began
         turn += 1
     campaign.wall = time.monotonic() - start
