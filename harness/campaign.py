@@ -133,8 +133,9 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
             began = time.monotonic()
             examples = campaign.examples_for(prop, _slice(campaign))
             seed = campaign.seed + turn * len(campaign.properties) + n
+            turn_end = min(deadline, began + _slice(campaign))
             for finding in _batch(judge_case, campaign, capabilities, prop, seed, examples, hard_deadline, progress,
-                                  start):
+                                  start, turn_end):
                 campaign.findings.append(finding)
                 campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
             campaign.prop_seconds[prop] += time.monotonic() - began
@@ -165,6 +166,7 @@ def _batch(
     hard_deadline: float,
     progress: bool,
     start: float,
+    turn_end: float,
 ) -> list[Finding]:
     """One turn of ``prop``: ``examples`` drawn cases. The first failure in a new bucket is shrunk (staying in that
     bucket: smaller cases that fail otherwise count as passes to the shrinker); failures in seen buckets are
@@ -189,6 +191,8 @@ def _batch(
         now = time.monotonic()
         if campaign.fatal is not None or now > hard_deadline or (shrink_until and now > shrink_until[0]):
             return  # stopped or out of time: remaining attempts count as passes, the smallest failure is kept
+        if not shrink_until and now > turn_end:
+            return  # the turn's slice is spent (its cases grew costly): the next property's turn, not more of these
         try:
             judgement, outcome = judge_case(case)
         except Exception as exc:  # the harness's own failure: never a finding; the campaign's end only if fatal
