@@ -80,7 +80,7 @@ class Campaign:
     swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities
     stop_when: Callable[[Finding], bool] | None = None  # end at the first finding this accepts (bench/detect.py)
     stopped: bool = False
-    corpus: Corpus | None = None  # --corpus: replayed first, its Hypothesis database used, new buckets kept
+    corpus: Corpus | None = None  # --corpus: its bucket cases replayed first, new buckets kept in it
     corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
     buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
