@@ -6,6 +6,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -55,4 +56,20 @@ def kill_tree(proc: subprocess.Popen) -> None:
     for p in strays:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(kids + strays, timeout=5)
+    _wait_dead(kids + strays, timeout=5.0)
+
+
+def _wait_dead(procs: list[psutil.Process], timeout: float) -> None:
+    """Wait until each process is gone or a zombie: either way it makes no more syscalls. (Orphans are reaped by
+    init, whenever init gets to it; waiting for their pids to vanish costs a poll loop per process.)"""
+    deadline = time.monotonic() + timeout
+    left = list(procs)
+    while left and time.monotonic() < deadline:
+        alive = []
+        for p in left:
+            with contextlib.suppress(psutil.Error):
+                if p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        left = alive
+        if left:
+            time.sleep(0.005)

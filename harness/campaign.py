@@ -13,6 +13,7 @@ would read as clean. The CLI then exits 2 with that one error (after writing the
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import sys
 import time
@@ -69,6 +70,7 @@ class Campaign:
     skipped: dict[str, str] = field(default_factory=dict)
     wall: float = 0.0
     launches: int = 0
+    recovery: dict = field(default_factory=dict)  # Runners.recovery(): launches and seconds lost to failed ranks
     ptrace: bool = True  # fault cases may attach strace (else they use the psutil fallbacks)
     unreplayable: int = 0  # drawn power-loss states skipped: the ranks never interleaved their IO as recorded
     faults: bool = False  # the campaign injects faults (fault properties; P-RESUME may crash a save)
@@ -135,13 +137,14 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
             seed = campaign.seed + turn * len(campaign.properties) + n
             turn_end = min(deadline, began + _slice(campaign))
             for finding in _batch(judge_case, campaign, capabilities, prop, seed, examples, hard_deadline, progress,
-                                  start, turn_end):
+                                  start, turn_end, reuse=turn == 0):
                 campaign.findings.append(finding)
                 campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
             campaign.prop_seconds[prop] += time.monotonic() - began
         turn += 1
     campaign.wall = time.monotonic() - start
     campaign.launches = judge_case.runners.launches
+    campaign.recovery = judge_case.runners.recovery()
     campaign.devices = sorted(judge_case.runners.devices)
     campaign.unreplayable = judge_case.unreplayable
     campaign.known = dict(judge_case.known_hits)
@@ -167,10 +170,16 @@ def _batch(
     progress: bool,
     start: float,
     turn_end: float,
+    reuse: bool = False,
 ) -> list[Finding]:
     """One turn of ``prop``: ``examples`` drawn cases. The first failure in a new bucket is shrunk (staying in that
     bucket: smaller cases that fail otherwise count as passes to the shrinker); failures in seen buckets are
-    counted; another new bucket met while shrinking is kept as its own finding, unshrunk."""
+    counted; another new bucket met while shrinking is kept as its own finding, unshrunk.
+
+    With a corpus, Hypothesis's database keeps every example a shrink went through, and the property's first turn
+    (``reuse``) replays them first. Hypothesis drops an example that no longer fails there, and to the body a
+    failure in a bucket already counted (known, or replayed from the corpus's cases) is a pass: the database holds
+    what is not yet explained. Later turns do not replay it (each would drop what the first one counted)."""
     target: list[Bucket] = []
     smallest: list[Finding] = []
     others: dict[str, Finding] = {}
@@ -178,12 +187,13 @@ def _batch(
     drawable, left_out = _configured(campaign, prop, capabilities, seed)
     first_seen: dict[str, float] = {}
 
+    database = campaign.corpus.database() if campaign.corpus is not None else None
+
     @settings(
         max_examples=examples,
-        database=None,
         deadline=None,
         suppress_health_check=list(HealthCheck),
-        phases=[Phase.generate, Phase.shrink],
+        phases=[Phase.reuse, Phase.generate, Phase.shrink] if database and reuse else [Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
     )
     @given(_strategy(campaign, prop, drawable))
@@ -230,7 +240,7 @@ def _batch(
         raise _Failed("; ".join(judgement.details))
 
     try:
-        hypothesis_seed(seed)(body)()
+        _seeded(body, seed, database, f"{campaign.sut}|{prop}")()
     except Exception:
         if not smallest:
             raise
@@ -238,6 +248,17 @@ def _batch(
     for finding in found:
         campaign.register(finding.bucket, prop)
     return found
+
+
+def _seeded(test, seed: int, database, key: str):
+    """``test`` drawing from ``seed`` (a campaign is replayable), with ``database`` under ``key``. ``hypothesis.seed``
+    turns the database off, and a nested test's default key is its source's digest (the same for every property):
+    both are set back through the attributes Hypothesis's own decorators set (hypothesis 6.x)."""
+    test = hypothesis_seed(seed)(test)
+    if database is not None:
+        test._hypothesis_internal_use_settings = settings(test._hypothesis_internal_use_settings, database=database)
+        test._hypothesis_internal_database_key = hashlib.sha256(key.encode()).digest()
+    return test
 
 
 def is_fatal(exc: BaseException) -> bool:

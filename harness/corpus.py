@@ -6,9 +6,10 @@ as still failing, known by now (a regression case explains it) or passing (fixed
 failing count as seen, so the campaign does not shrink them again and does not exit 1 for them. For CI,
 ``--corpus-readonly SHARED`` also reads a shared corpus (a nightly job's) without writing to it.
 
-Not yet: Hypothesis's own example database. ``hypothesis.seed`` (which keeps a campaign replayable) switches it
-off; turning it back on through Hypothesis's internal attributes saved nothing in a campaign's runs (it does in
-a plain test), and that is not understood yet.
+``DIR/hypothesis/`` is Hypothesis's own example database (a directory database; with ``--corpus-readonly``, a
+multiplexed one that also reads the shared corpus's and writes only locally), keyed by SUT and property. Each
+batch of a property starts by replaying what it holds (Hypothesis's reuse phase): the choices of every failure a
+campaign shrank, drawn again under the batch's own swarm configuration, then explores as usual.
 """
 
 from __future__ import annotations
@@ -26,6 +27,15 @@ from properties.case import CaseError, read_case_file
 class Corpus:
     root: Path
     shared: Path | None = None  # read, never written (a nightly job's corpus, in CI)
+
+    def database(self):
+        """Hypothesis's example database in this corpus (reading the shared one too, writing only here)."""
+        from hypothesis.database import DirectoryBasedExampleDatabase, MultiplexedDatabase, ReadOnlyDatabase
+
+        local = DirectoryBasedExampleDatabase(self.root / "hypothesis")
+        if self.shared is None:
+            return local
+        return MultiplexedDatabase(local, ReadOnlyDatabase(DirectoryBasedExampleDatabase(self.shared / "hypothesis")))
 
     def bucket_dirs(self, sut: str) -> list[Path]:
         name = _safe(sut)

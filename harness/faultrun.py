@@ -229,6 +229,10 @@ class Traced:
         the fault op on each, on warm ranks. A state that cannot be materialised or run is yielded unjudged."""
         from faults.crashstates import materialize
 
+        with runners.warm():
+            yield from self._run_states(states, runners, batch, materialize)
+
+    def _run_states(self, states: list, runners: Runners, batch: int, materialize: Callable) -> Iterator[CrashResult]:
         n_ops = len(self.fs_ops)
         for start in range(0, len(states), batch):
             ready: list[tuple[object, Path | None, str | None]] = []
@@ -253,8 +257,7 @@ class Traced:
                                           fault={"kind": "state", "fired": True,
                                                  "acknowledged": state.prefix >= n_ops})
                         try:
-                            with runners.warm():
-                                run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
+                            run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
                         except Exception as exc:  # whatever stopped it: this state stays unjudged
                             error = f"{type(exc).__name__}: {exc}"
                     shutil.rmtree(root.parent, ignore_errors=True)
@@ -358,7 +361,8 @@ def judge_states(t: Traced, states: list, runners: Runners, confirm: CaseJudge |
     """Judge each power-loss state of a traced op (Traced.run_states); failures are confirmed (``confirm``)."""
     results: list[CrashResult] = []
     for n, result in enumerate(t.run_states(states, runners)):
-        results.append(_confirm(result, dataclasses.replace(t.case, fault=result.fault), confirm))
+        with runners.strict():  # the warm pass is suspended here: the replay follows the judge's own rules
+            results.append(_confirm(result, dataclasses.replace(t.case, fault=result.fault), confirm))
         if on_result is not None:
             on_result(n, results[-1])
     return results

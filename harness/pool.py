@@ -15,12 +15,55 @@ import time
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
+import psutil
+
 from .launch import SHM_VAR, kill_trees, launch_commands, paddle_gpus, release_shm, start
 from .runner import PoolFailure, Runner
 from .sut import adapter_class
 
 #: A log line that names why a process failed (above a signal dump, which says only which signal).
 _CAUSE = re.compile(r"what\(\):|terminate called|Assertion .*failed|Check failed|\w+(Error|Exception): ")
+
+
+IDLE_POLL_S = 0.1  # after a rank raised, how often the others' CPU time is read
+IDLE_FOR_S = 0.4  # a rank whose processes used no CPU this long, after a peer raised, waits on that peer
+
+
+class _IdleWatch:
+    """Which ranks sit blocked (no CPU time used by the rank's process tree for IDLE_FOR_S): after a peer raised,
+    such a rank waits in a collective the raiser will never join. The rank worker's own control thread blocks too,
+    so "no CPU" means the op makes no progress; a rank reading a file or computing keeps its clock moving."""
+
+    def __init__(self, pids: dict[int, int]) -> None:
+        self.pids = pids
+        self.seen: dict[int, tuple[float, float]] = {}  # rank -> (cpu seconds, when they last changed)
+
+    def all_idle(self, ranks) -> bool:
+        now, idle = time.monotonic(), True
+        for rank in ranks:
+            cpu = _tree_cpu(self.pids.get(rank))
+            last = self.seen.get(rank)
+            if cpu is None or last is None or cpu != last[0]:
+                self.seen[rank] = (cpu if cpu is not None else -1.0, now)
+                idle = False
+            elif now - last[1] < IDLE_FOR_S:
+                idle = False
+        return idle
+
+
+def _tree_cpu(pid: int | None) -> float | None:
+    """CPU seconds used so far by ``pid`` and its children (None: gone or unreadable)."""
+    if pid is None:
+        return None
+    try:
+        proc = psutil.Process(pid)
+        total = 0.0
+        for p in [proc, *proc.children(recursive=True)]:
+            t = p.cpu_times()
+            total += t.user + t.system
+        return total
+    except psutil.Error:
+        return None
 
 
 class RankPool(Runner):
@@ -55,6 +98,7 @@ class RankPool(Runner):
         is a PoolFailure of kind "setup" saying why, with the tail of the ranks' logs (the CLI's exit 2)."""
         self._dir = Path(tempfile.mkdtemp(prefix="ckh-pool-"))  # short path: Unix socket names are limited
         self.launches += 1
+        began = time.monotonic()
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             control = str(self._dir / "ctl")
@@ -74,6 +118,7 @@ class RankPool(Runner):
             raise
         finally:
             listener.close()
+            self.launch_seconds.append(time.monotonic() - began)
 
     def _start(self, control: str) -> None:
         """Start the launcher(s) or rank processes, each logging to its own file."""
@@ -199,24 +244,34 @@ class RankPool(Runner):
         start = time.monotonic()
         deadline = start + timeout
         raised: int | None = None  # the first rank that answered with an error (stuck_after counts from it)
+        raised_at = start
+        idle = _IdleWatch(self.pids)
         while waiting and time.monotonic() < deadline and not (dead and fail_fast):
-            for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
+            poll = deadline - time.monotonic() if raised is None else min(deadline - time.monotonic(), IDLE_POLL_S)
+            for conn in wait(list(waiting), timeout=max(0.0, poll)):
                 rank = waiting.pop(conn)
                 try:
                     replies[rank] = conn.recv()
                 except (EOFError, OSError):
                     dead.add(rank)
                     continue
-                if stuck_after is not None and raised is None and not replies[rank].get("ok", True):
-                    raised, deadline = rank, min(deadline, time.monotonic() + stuck_after)
-        if raised is not None and waiting and not dead:
+                if raised is None and not replies[rank].get("ok", True):
+                    raised, raised_at = rank, time.monotonic()
+                    if stuck_after is not None:
+                        deadline = min(deadline, raised_at + stuck_after)
+            if stuck_after is not None and raised is not None and waiting and idle.all_idle(waiting.values()):
+                break  # every rank still busy has used no CPU for a while: each waits on a peer that raised
+        if stuck_after is not None and raised is not None and waiting and not dead:
             waited = time.monotonic() - start
             for rank in waiting.values():
                 replies[rank] = {"rank": rank, "ok": False, "error_type": "Stuck", "loaded": {}, "seconds": waited,
-                                 "error": f"still busy {stuck_after:.0f} s after rank {raised} raised (waiting on it)"}
+                                 "stuck": True,
+                                 "error": f"still waiting {waited:.1f} s into the op, after rank {raised} raised"}
             waiting.clear()
         answered = [replies[r] for r in sorted(replies)]
         silent = tuple(sorted(waiting.values()))
+        if (raised is not None and len(answered) > 1) or silent:  # the op's time spent on ranks that had failed
+            self.failure_wait_s += time.monotonic() - (raised_at if raised is not None else start)
         if dead:
             raise PoolFailure("crash", f"rank {min(dead)} died during {what}"
                               + (f" (ranks {list(silent)} still busy)" if silent else "") + f"; logs: {self._logs()}",

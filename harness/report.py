@@ -56,6 +56,7 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "sut_share": round(campaign.sut_seconds / campaign.wall, 3) if campaign.wall else 0.0,
         "launch_mode": campaign.mode,
         "launches": campaign.launches,
+        "recovery": campaign.recovery,
         "shims": sorted(campaign.shims),
         "devices": campaign.devices,
         "unreplayable_states": campaign.unreplayable,
@@ -71,6 +72,14 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
     return rows
 
 
+def _recovery_line(rec: dict) -> list[str]:
+    if not rec:
+        return []
+    return [f"Lost ranks cost {rec['replacement_launch_seconds']} s of replacement launches (of "
+            f"{rec['launch_seconds']} s launching in all) and {rec['failure_wait_seconds']} s waiting on ranks that "
+            "had failed."]
+
+
 def report(summary: dict, rows: list[dict]) -> str:
     shims = ", ".join(summary["shims"]) or "none"
     lines = [
@@ -79,6 +88,7 @@ def report(summary: dict, rows: list[dict]) -> str:
         f"{sum(summary['cases_run'].values())} cases in {summary['wall_time_s']} s on {summary['ranks']} rank(s), "
         f"launch mode {summary['launch_mode']} ({summary['launches']} launches), seed {summary['seed']}, "
         f"shims: {shims}, devices: {', '.join(summary.get('devices', [])) or 'unknown'}.",
+        *_recovery_line(summary.get("recovery") or {}),
         "",
         "| property | cases | seconds |",
         "|---|---|---|",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -74,6 +74,7 @@ class _Job:
     root: Path
     outcome: Outcome
     active: list[Runner]
+    ran: list[tuple[Runner, OpRecord]] = field(default_factory=list)  # each op's record, with the runner that ran it
 
     def step(self, i: int) -> tuple[OpRecord, bool]:
         """Op ``i``'s record, and whether the case stops there (its ranks died or hung without a fault)."""
@@ -86,6 +87,7 @@ class _Job:
         world = self.case.world_size(self.case.op_layouts(i))
         runner = self.runners.get(world, self.case.options, launched=faulted)
         rec = OpRecord(i, op.kind, op.name)
+        self.ran.append((runner, rec))
         try:
             self.begin(runner)
             if faulted:
@@ -179,10 +181,13 @@ class _Job:
     def settle(self, records: list[OpRecord]) -> None:
         """End the case on every runner still begun. After a failed op the ranks may disagree about where they are
         in a collective (one raised, another still waits): such a pool is poisoned for the next case. It stays
-        warm only if every rank failed the same way and a collective health check passes; else it is relaunched."""
-        failed = any(not r.ok for r in records)
-        suspect = any(not r.symmetric or r.failure for r in records)
+        warm only if every rank failed the same way and a collective health check passes; else it is relaunched.
+        Only the ops a runner ran count against it (ranks started after a dropped pool never saw its failure)."""
+        first = {id(r) for r in records}
         for runner in self.active:
+            mine = [rec for r, rec in self.ran if r is runner and id(rec) in first]
+            failed = any(not r.ok for r in mine)
+            suspect = any(not r.symmetric or r.failure for r in mine)
             try:
                 runner.end()
                 if failed and runner.launched and (suspect or not runner.healthy()):
@@ -222,7 +227,10 @@ def _failed(rec: OpRecord, failure: PoolFailure) -> None:
 
 
 CAUSE_MARGIN_S = 5.0  # a rank that failed this much sooner than the others raised first; they waited on it
-STUCK_AFTER_S = CAUSE_MARGIN_S + 1.0  # warm fault passes: ranks busy this long after one raised wait on it
+# Warm fault passes: ranks still busy this long after one raised are taken to wait on it (their replies say
+# "stuck", so cause() cites the raiser without the margin). Every failure a warm pass finds is replayed with every
+# wait before it counts, so a rank that was only slow costs a replay, never a wrong verdict.
+STUCK_AFTER_S = 1.5
 
 
 def cause(replies: list[dict]) -> dict | None:
@@ -232,6 +240,7 @@ def cause(replies: list[dict]) -> dict | None:
     the bug and no known finding's signature can recognise it, the first rank's error does. The margin keeps the
     choice deterministic where ranks fail on their own at about the same time (rank order then)."""
     failed = sorted((r for r in replies if not r["ok"]), key=lambda r: r["rank"])
+    failed = [r for r in failed if not r.get("stuck")] or failed  # a rank left waiting on a raiser never caused it
     if not failed:
         return None
     first = min(failed, key=lambda r: r["seconds"])

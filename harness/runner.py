@@ -34,6 +34,17 @@ class Runner(ABC):
         self.info: dict[int, dict] = {}  # rank -> where it runs (SutAdapter.describe)
         self.shims: list[str] = []  # CPU shims the adapter applied
         self.launches = 0  # rank launches so far (a pool relaunches after a crash)
+        # Recovery accounting (the campaign's summary): seconds each launch took, whether this runner's first
+        # launch replaced a lost one (Runners sets it), and seconds spent on ranks that had failed (waiting on
+        # ranks stuck behind a rank that raised, or silent until an op timed out).
+        self.launch_seconds: list[float] = []
+        self.replacement = False
+        self.failure_wait_s = 0.0
+
+    @property
+    def recovery_launch_s(self) -> float:
+        """Seconds of launches that replaced lost ranks: every relaunch, and the first launch of a replacement."""
+        return sum(self.launch_seconds[0 if self.replacement else 1:])
 
     @abstractmethod
     def begin(self, case_json: dict, root: str) -> None:

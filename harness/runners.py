@@ -16,6 +16,9 @@ from .sut import adapter_class
 MODES = ("pool", "fresh", "in-process")
 DEVICES = ("auto", "cpu", "gpu")  # auto: one GPU per rank where the framework has CUDA and enough GPUs
 OP_TIMEOUT = 120.0
+# Pools kept launching in the background during a warm pass, per world size and set-up: a pass over crash states
+# loses a pool on every state where one rank raised and another waits on it, often several in a row.
+SPARES = 2
 
 
 class Runners:
@@ -32,6 +35,8 @@ class Runners:
         self.cls = adapter_class(sut)
         self._runners: dict[tuple[int, str, bool], Runner] = {}
         self._retired_launches = 0
+        self._retired: list[Runner] = []  # closed runners, kept for the recovery figures
+        self._keys_launched: set[tuple[int, str, bool]] = set()
         self._retired_devices: set[str] = set()
         # keep_spare: a pool killed by a fault is replaced at once by one launched in the background, ready for the
         # next op that needs it (crash-point runs kill a pool per point, and a launch is most of a point's cost).
@@ -40,7 +45,7 @@ class Runners:
         # stay for the next op (as between cases) instead of being replaced; the warm passes over crash points and
         # states set it, and every failure they find is replayed under the strict rule before it counts.
         self.keep_failed = False
-        self._spares: dict[tuple[int, str, bool], _Spare] = {}
+        self._spares: dict[tuple[int, str, bool], list[_Spare]] = {}
 
     def get(self, world: int, options: dict, launched: bool = False) -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
@@ -49,15 +54,17 @@ class Runners:
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
         key = (world, json.dumps(setup, sort_keys=True), in_process)
         runner = self._runners.get(key)
-        spare = self._spares.pop(key, None) if runner is None else None
-        if spare is not None:
-            runner = spare.take()
+        if runner is None and self._spares.get(key):
+            runner = self._spares[key].pop(0).take()
             if runner is not None:
                 self._runners[key] = runner
+                self._stock(key, runner)  # a warm pass that lost one pool tends to lose the next: have some ready
         if runner is None:
             nodes = self.nnodes if world % self.nnodes == 0 else 1  # a world too small to split runs on one node
             runner = (InProcessRunner(self.sut, world, setup) if in_process
                       else RankPool(self.sut, world, setup, nnodes=nodes))
+            runner.replacement = key in self._keys_launched
+            self._keys_launched.add(key)
             self._runners[key] = runner
         return runner
 
@@ -70,6 +77,8 @@ class Runners:
             yield self
         finally:
             self.keep_spare, self.keep_failed = before
+            if not self.keep_spare:  # the outermost pass is over: no idle spare outlives it
+                self._close_spares()
 
     @contextmanager
     def strict(self) -> Iterator[Runners]:
@@ -86,11 +95,21 @@ class Runners:
         self._retired_devices |= runner.devices()
         runner.close(graceful)
         self._retired_launches += runner.launches
+        self._retired.append(runner)
         keys = [k for k, r in self._runners.items() if r is runner]
         self._runners = {k: r for k, r in self._runners.items() if r is not runner}
-        spare = self.keep_spare and self.mode != "fresh" and not graceful and isinstance(runner, RankPool)
-        if spare and keys and keys[0] not in self._spares:
-            self._spares[keys[0]] = _Spare(RankPool(runner.sut, runner.world, runner.options, nnodes=runner.nnodes))
+        if keys and not graceful:
+            self._stock(keys[0], runner)
+
+    def _stock(self, key: tuple[int, str, bool], like: Runner) -> None:
+        """In a warm pass, keep SPARES pools like ``like`` launching or launched in the background for ``key``."""
+        if not (self.keep_spare and self.mode != "fresh" and isinstance(like, RankPool)):
+            return
+        spares = self._spares.setdefault(key, [])
+        while len(spares) < SPARES:
+            pool = RankPool(like.sut, like.world, like.options, nnodes=like.nnodes)
+            pool.replacement = True
+            spares.append(_Spare(pool))
 
     def after_case(self) -> None:
         if self.mode == "fresh":
@@ -100,15 +119,28 @@ class Runners:
     def launches(self) -> int:
         return self._retired_launches + sum(r.launches for r in self._runners.values())
 
+    def recovery(self) -> dict[str, float]:
+        """What lost ranks cost so far: launches, their seconds, the seconds of launches that replaced lost ranks
+        (relaunches and spares, in the background or not), and seconds spent on ranks that had failed."""
+        every = [*self._retired, *self._runners.values()]
+        return {"launches": self.launches,
+                "launch_seconds": round(sum(sum(r.launch_seconds) for r in every), 1),
+                "replacement_launch_seconds": round(sum(r.recovery_launch_s for r in every), 1),
+                "failure_wait_seconds": round(sum(r.failure_wait_s for r in every), 1)}
+
     @property
     def devices(self) -> set[str]:
         """Where the ranks ran, as "device (backend)" strings (a GPU run shows cuda:N here)."""
         return self._retired_devices.union(*(r.devices() for r in self._runners.values()))
 
-    def close(self) -> None:
-        spares, self._spares = list(self._spares.values()), {}
+    def _close_spares(self) -> None:
+        spares, self._spares = [s for group in self._spares.values() for s in group], {}
         for spare in spares:
             self._retired_launches += spare.close()
+            self._retired.append(spare.pool)
+
+    def close(self) -> None:
+        self._close_spares()
         for runner in list(self._runners.values()):
             self.discard(runner)
 

@@ -3,8 +3,11 @@ of a bucket counted, known bugs counted apart, exit 1 only for new buckets."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
+
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness.cli import main
 from properties.anomalies import At, OpFailed, RankDied, SutError, TensorDiffers
@@ -99,6 +102,17 @@ def test_a_corpus_carries_buckets_and_examples_to_the_next_campaign(tmp_path: Pa
     assert main([*argv, "--out", str(tmp_path / "night1"), "--seed", "3"]) == 1, capsys.readouterr()
     stored = sorted((corpus / "buckets" / "tests.suts.buggy_TwoBugsSut").glob("*.json"))
     assert len(stored) == 2
+    # Hypothesis's own database keeps the examples of each shrunk failure, under a key of the SUT and property.
+    database = DirectoryBasedExampleDatabase(corpus / "hypothesis")
+    shrunk_by = {json.loads(p.read_text())["case"]["property"] for p in stored}
+    for prop in shrunk_by:
+        assert list(database.fetch(hashlib.sha256(f"tests.suts.buggy:TwoBugsSut|{prop}".encode()).digest()))
+    # A CI job reading it as a shared corpus writes only to its own.
+    shared_files = sorted(p for p in corpus.rglob("*"))
+    ci = [str(tmp_path / "ci") if a == str(corpus) else "3" if a == "15" else a for a in argv]
+    assert main([*ci, "--corpus-readonly", str(corpus), "--out", str(tmp_path / "ci-out"), "--seed", "5"]) == 0, (
+        capsys.readouterr())
+    assert sorted(p for p in corpus.rglob("*")) == shared_files
     # The next night: both bugs are replayed first and still fail; nothing new, so exit 0.
     assert main([*argv, "--out", str(tmp_path / "night2"), "--seed", "4"]) == 0, capsys.readouterr()
     summary = json.loads((tmp_path / "night2" / "summary.json").read_text())

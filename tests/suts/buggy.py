@@ -329,6 +329,23 @@ class RaisesWhilePeerWaitsSut(ReferenceSut):
         raise ValueError("rank 0 cannot read its shard")
 
 
+class RaisesWhilePeerComputesSut(ReferenceSut):
+    """On load rank 0 raises at once while rank 1 computes for two seconds and then loads: a busy peer is not a
+    stuck one, however long it takes."""
+
+    name = "raises-while-peer-computes"
+
+    def load(self, root, name, targets, *, options):
+        import time
+
+        if self.rank == 0:
+            raise ValueError("rank 0 cannot read its shard")
+        end = time.process_time() + 2.0
+        while time.process_time() < end:
+            pass
+        return super().load(root, name, targets, options=options)
+
+
 class TwoBugsSut(FlipsLastElementSut):
     """Two bugs at once: a load of a checkpoint holding a 0-d tensor raises, any other load flips a bit. A
     campaign must report both, not stop at whichever it meets first."""
