@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from properties.buckets import Bucket, bucket_of
+from properties.buckets import Bucket
 from properties.case import Case
 from properties.registry import REGISTRY, property_cases
 from properties.swarm import swarm
@@ -218,11 +218,7 @@ def _batch(
         if judgement.ok:
             return
         concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
-        # A failure that shows a known bug and a new one is the new one's: its bucket is read past the known.
-        family = judge_case.family(case)
-        unknown = [a for a in judgement.anomalies if not any(k.matches(family, a) for k in judge_case.known)]
-        bucket = bucket_of(concrete, unknown or judgement.anomalies, outcome.tracebacks) or Bucket(
-            f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
+        bucket = judge_case.bucket(concrete, judgement, outcome)
         finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out,
                           first_seen.get(bucket.core, time.monotonic() - start))
         if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go

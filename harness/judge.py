@@ -15,6 +15,7 @@ from faults.errors import TraceMismatch
 from faults.spec import PowerFault
 from properties.anomalies import ranks_stopped
 from properties.atomic import check_history
+from properties.buckets import Bucket, bucket_of
 from properties.case import Case, CaseError
 from properties.known import Known, explained_by
 from properties.oracle import check_diff, check_oracle
@@ -58,20 +59,61 @@ class Judge:
         self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
         self.known_hits: Counter = Counter()
         self.flaky: list[str] = []  # exploring: failures (ranks died or hung) that a second run did not repeat
+        # exploring: the bucket core of a judgement cut short -> (the known finding, the bucket) its settling run
+        # found (Judge._settle)
+        self.settled: dict[str, tuple[str | None, Bucket]] = {}
+        runners.fast_failures = exploring
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
         judgement, outcome = self._judge(case)
-        known = explained_by(self.known, self.family(case), judgement)
+        if outcome.cut_short and not judgement.ok:
+            judgement, outcome, known = self._settle(case, judgement, outcome)
+        else:
+            known = explained_by(self.known, self.family(case), judgement)
         if known is not None:
             self.known_hits[known] += 1
-            return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",),
-                             judgement.anomalies, Excuse.KNOWN), outcome
-        if self._flaky(case, judgement):
+            return self._known(case, known, judgement), outcome
+        if not outcome.cut_short and self._flaky(case, judgement):
             first = f"flaky: {judgement.details[0]}; the case passed when run again"
             return Judgement(case.property, Verdict.PASS, (first, *judgement.details[1:]), judgement.anomalies,
                              Excuse.FLAKY), outcome
         return judgement, outcome
+
+    @staticmethod
+    def _known(case: Case, known: str, judgement: Judgement) -> Judgement:
+        return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",),
+                         judgement.anomalies, Excuse.KNOWN)
+
+    def bucket(self, case: Case, judgement: Judgement, outcome: Outcome) -> Bucket:
+        """A failure's root-cause bucket (properties.buckets). A failure that shows a known bug and a new one is
+        the new one's: its bucket is read past the known. A judgement cut short (ranks stuck behind a raiser) goes
+        to the bucket its settling run found for the same shortcut."""
+        bucket = self._bucket(case, judgement, outcome)
+        return self.settled.get(bucket.core, (None, bucket))[1] if outcome.cut_short else bucket
+
+    def _bucket(self, case: Case, judgement: Judgement, outcome: Outcome) -> Bucket:
+        family = self.family(case)
+        unknown = [a for a in judgement.anomalies if not any(k.matches(family, a) for k in self.known)]
+        return bucket_of(case, unknown or judgement.anomalies, outcome.tracebacks) or Bucket(
+            f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
+
+    def _settle(self, case: Case, judgement: Judgement, outcome: Outcome
+                ) -> tuple[Judgement, Outcome, str | None]:
+        """A fuzzing judgement cut short where ranks sat stuck behind one that raised: the first of its bucket is
+        run again waiting every wait out (as ``replay`` does), and that run's judgement stands and tells what the
+        shortcut's bucket is (a known finding, or the waited-out failure's bucket); later ones of the bucket are
+        judged by the shortcut alone. Returns the judgement, its outcome and the known finding explaining it."""
+        short = self._bucket(case, judgement, outcome)
+        if short.core in self.settled:
+            known = self.settled[short.core][0]
+            return judgement, outcome, known
+        with self.runners.waiting():
+            full, full_outcome = self._judge(case)
+        known = explained_by(self.known, self.family(case), full)
+        if not full.ok:
+            self.settled[short.core] = (known, self.bucket(case, full, full_outcome))
+        return full, full_outcome, known
 
     def family(self, case: Case) -> str:
         """The SUT whose known findings apply: an adapter that subclasses a registered SUT and keeps its ``name``

@@ -92,8 +92,8 @@ class _Job:
             self.begin(runner)
             if faulted:
                 self.faulted_op(runner, rec)
-            else:
-                self.ranks_op(runner, op, rec)
+            elif self.ranks_op(runner, op, rec):
+                return self.listed(rec), True
         except PoolFailure as failure:
             _failed(rec, failure)
             self.drop(runner)
@@ -122,12 +122,24 @@ class _Job:
             self.active.remove(runner)
         self.runners.discard(runner, graceful=False)
 
-    def ranks_op(self, runner: Runner, op: Op, rec: OpRecord) -> None:
+    def ranks_op(self, runner: Runner, op: Op, rec: OpRecord) -> bool:
+        """Run the op on the ranks; True when the case stops there (ranks stuck behind one that raised, in a
+        fault-free case on runners that do not wait those out)."""
         # The warm pass over crash points and states does not wait out a collective that a raising rank left
         # (gloo: 30 s per failing state): the ranks still in it are dropped below, and a failure it finds is
-        # replayed as its own case, with every wait, before it counts.
-        stuck = STUCK_AFTER_S if self.case.fault is not None and self.runners.keep_failed else None
-        _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners), stuck_after=stuck))
+        # replayed as its own case, with every wait, before it counts. A fuzzing judge does not either
+        # (Runners.fast_failures): it stops a fault-free case there and settles it (harness.judge).
+        fast = self.runners.fast_failures and self.case.property not in WAITS_OUT_FAILURES
+        stuck = STUCK_AFTER_S if self.case.fault is not None and self.runners.keep_failed else (
+            FAST_STUCK_CAP_S if fast else None)
+        replies = runner.op(rec.index, op_timeout(self.case, self.runners), stuck_after=stuck)
+        _merge(rec, replies)
+        stuck_ranks = tuple(r["rank"] for r in replies if r.get("stuck"))
+        if stuck_ranks and self.case.fault is None:
+            rec.failure, rec.silent = "hang", stuck_ranks  # the job would wait here until the backend times out
+            self.outcome.cut_short = True
+            self.drop(runner)
+            return True
         if op.kind == "save" and rec.ok:
             rec.written = _unless_unreadable(lambda: self.runners.cls.written(self.root, op.name)) or {}
         if self.case.fault is not None and not rec.ok and runner.launched and not (
@@ -138,6 +150,7 @@ class _Job:
             # hears of it: saves the ranks had in flight died with them.
             self.drop(runner)
             rec.restarted = True
+        return False
 
     def faulted_op(self, runner: Runner, rec: OpRecord) -> None:
         """Run the fault's op with the fault armed, then restart the job: the next ops see only what is on disk
@@ -231,6 +244,9 @@ CAUSE_MARGIN_S = 5.0  # a rank that failed this much sooner than the others rais
 # "stuck", so cause() cites the raiser without the margin). Every failure a warm pass finds is replayed with every
 # wait before it counts, so a rank that was only slow costs a replay, never a wrong verdict.
 STUCK_AFTER_S = 1.5
+# Fuzzing: the bound on that wait where ranks do not go idle (NCCL spins while it waits); below gloo's 30 s.
+FAST_STUCK_CAP_S = 10.0
+WAITS_OUT_FAILURES = ("P-LIVENESS",)  # properties about what ranks do after a peer failed: every wait is theirs
 
 
 def cause(replies: list[dict]) -> dict | None:

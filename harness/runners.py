@@ -46,6 +46,9 @@ class Runners:
         # states set it, and every failure they find is replayed under the strict rule before it counts.
         self.keep_failed = False
         self._spares: dict[tuple[int, str, bool], list[_Spare]] = {}
+        # fast_failures (a fuzzing judge): ranks that sit idle in an op after a peer raised are not waited on until
+        # the backend's timeout; the fault-free case stops there (harness.run, harness.judge).
+        self.fast_failures = False
 
     def get(self, world: int, options: dict, launched: bool = False) -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
@@ -79,6 +82,15 @@ class Runners:
             self.keep_spare, self.keep_failed = before
             if not self.keep_spare:  # the outermost pass is over: no idle spare outlives it
                 self._close_spares()
+
+    @contextmanager
+    def waiting(self) -> Iterator[Runners]:
+        """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""
+        before, self.fast_failures = self.fast_failures, False
+        try:
+            yield self
+        finally:
+            self.fast_failures = before
 
     @contextmanager
     def strict(self) -> Iterator[Runners]:

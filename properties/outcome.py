@@ -42,6 +42,8 @@ class Outcome:
     fault: dict | None = None  # what the case's fault did (kind, mechanism, whether and where it fired)
     resolved_fault: Fault | None = None  # a drawn fault (or a seeded corruption) as the concrete one it resolved to
     trace: tuple[str, Any, dict] | None = None  # (root, strace recording of the faulted op, tid -> rank)
+    cut_short: bool = False  # stopped where ranks sat stuck behind one that raised (a fuzzing judge's shortcut:
+    # harness.judge settles such a judgement by a run that waits them out)
 
     @property
     def traceback(self) -> str | None:

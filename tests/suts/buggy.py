@@ -329,6 +329,21 @@ class RaisesWhilePeerWaitsSut(ReferenceSut):
         raise ValueError("rank 0 cannot read its shard")
 
 
+class RaisesWhilePeerTimesOutSut(ReferenceSut):
+    """On load rank 0 raises at once; rank 1 waits for it, idle, until its "backend" gives up after 4 s (gloo's
+    30 s, shortened), as a peer left in a collective does."""
+
+    name = "raises-while-peer-times-out"
+
+    def load(self, root, name, targets, *, options):
+        import time
+
+        if self.rank == 1:
+            time.sleep(4.0)
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:598] TIMEOUT waiting for rank 0")
+        raise ValueError(f"rank 0 cannot read its shard of {name}")
+
+
 class RaisesWhilePeerComputesSut(ReferenceSut):
     """On load rank 0 raises at once while rank 1 computes for two seconds and then loads: a busy peer is not a
     stuck one, however long it takes."""
