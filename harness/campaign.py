@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.internal.observability import with_observability_callback
 
 from properties.buckets import Bucket
 from properties.case import Case
@@ -85,6 +86,7 @@ class Campaign:
     corpus: Corpus | None = None  # --corpus: its bucket cases replayed first, new buckets kept in it
     corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
+    observed: dict[str, Counter] = field(default_factory=dict)  # Hypothesis's observations per property (_observer)
     buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
     bucket_hits: Counter = field(default_factory=Counter)  # bucket id -> failing cases in it (new buckets)
     bucket_props: dict[str, set[str]] = field(default_factory=dict)  # bucket id -> properties that met it
@@ -236,7 +238,8 @@ def _batch(
         raise _Failed("; ".join(judgement.details))
 
     try:
-        _seeded(body, seed, database, f"{campaign.sut}|{prop}")()
+        with with_observability_callback(_observer(campaign.observed.setdefault(prop, Counter()))):
+            _seeded(body, seed, database, f"{campaign.sut}|{prop}")()
     except Exception:
         if not smallest:
             raise
@@ -244,6 +247,28 @@ def _batch(
     for finding in found:
         campaign.register(finding.bucket, prop)
     return found
+
+
+def _observer(counts: Counter) -> Callable[[object], None]:
+    """Hypothesis's observations of one property's test cases, summed: how many it drew, replayed from the
+    database or ran while shrinking, how many it gave up on (a draw the strategies rejected), and the seconds it
+    spent drawing cases against running them (the harness's own ``cases_run`` counts only the cases judged)."""
+    for key in ("test_cases", "passed", "failed", "gave_up", "from_database", "while_shrinking"):
+        counts.setdefault(key, 0)
+    for key in ("generate_s", "execute_s"):
+        counts.setdefault(key, 0.0)
+
+    def observe(observation) -> None:
+        if getattr(observation, "type", None) != "test_case":
+            return
+        how = observation.how_generated
+        counts["test_cases"] += 1
+        counts[observation.status] += 1  # passed, failed, gave_up
+        counts["from_database"] += "reuse" in how
+        counts["while_shrinking"] += "shrink" in how
+        counts["generate_s"] += sum(v for k, v in observation.timing.items() if k.startswith("generate:"))
+        counts["execute_s"] += observation.timing.get("execute:test", 0.0)
+    return observe
 
 
 def _seeded(test, seed: int, database, key: str):

@@ -64,6 +64,8 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         "harness_errors": campaign.harness_errors[:20],
         "flaky_failures": campaign.flaky[:20],
         "seconds_per_property": {p: round(t, 1) for p, t in sorted(campaign.prop_seconds.items())},
+        "hypothesis_per_property": {p: {k: round(v, 2) if isinstance(v, float) else v for k, v in sorted(c.items())}
+                                    for p, c in sorted(campaign.observed.items())},
         "buckets": buckets(campaign, rows),
         "corpus": campaign.corpus_rows,
     }
@@ -80,6 +82,15 @@ def _recovery_line(rec: dict) -> list[str]:
             "had failed."]
 
 
+def _observed(summary: dict, prop: str) -> str:
+    """Hypothesis's own view of a property's turns (campaign._observer)."""
+    seen = summary.get("hypothesis_per_property", {}).get(prop)
+    if not seen:
+        return "- | - | - | -"
+    return (f"{seen.get('test_cases', 0)} ({seen.get('gave_up', 0)}) | {seen.get('while_shrinking', 0)} | "
+            f"{seen.get('from_database', 0)} | {seen.get('generate_s', 0.0)}")
+
+
 def report(summary: dict, rows: list[dict]) -> str:
     shims = ", ".join(summary["shims"]) or "none"
     lines = [
@@ -90,9 +101,9 @@ def report(summary: dict, rows: list[dict]) -> str:
         f"shims: {shims}, devices: {', '.join(summary.get('devices', [])) or 'unknown'}.",
         *_recovery_line(summary.get("recovery") or {}),
         "",
-        "| property | cases | seconds |",
-        "|---|---|---|",
-        *[f"| {p} | {n} | {summary.get('seconds_per_property', {}).get(p, '-')} |"
+        "| property | cases | seconds | drawn (gave up) | while shrinking | from database | drawing s |",
+        "|---|---|---|---|---|---|---|",
+        *[f"| {p} | {n} | {summary.get('seconds_per_property', {}).get(p, '-')} | {_observed(summary, p)} |"
           for p, n in summary["cases_run"].items()],
         *[f"| {p} | skipped: {why} |" for p, why in summary["skipped_properties"].items()],
         "",

@@ -77,6 +77,11 @@ def test_a_campaign_finds_both_bugs_of_a_sut_and_exits_by_new_buckets(tmp_path: 
     assert sum(b["cases"] for b in new) >= len(new)
     assert set(summary["seconds_per_property"]) == {"P-ROUNDTRIP", "P-EDGE"}
     assert len(list((out / "findings").glob("*.json"))) == 2
+    # Hypothesis's observations per property: it drew at least the cases judged, and shrank a failure.
+    seen = summary["hypothesis_per_property"]
+    assert all(seen[p]["test_cases"] >= n for p, n in summary["cases_run"].items())
+    assert sum(seen[p]["while_shrinking"] for p in seen) > 0 and sum(seen[p]["failed"] for p in seen) > 0
+    assert "| drawn (gave up) |" in (out / "report.md").read_text()
 
 
 def test_known_bugs_are_counted_apart_and_exit_1_only_when_asked(tmp_path: Path, capsys) -> None:
