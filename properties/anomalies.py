@@ -273,6 +273,36 @@ class LoadedNoVersion(Anomaly):
 
 
 @dataclass(frozen=True)
+class WrongVersion(Anomaly):
+    """A load gave another saved version, whole and bitwise (``got`` instead of ``version``): a resolver that picks
+    the wrong version, a cache keyed without it, a pointer that moved. ``newest``: ``got`` is the newest version
+    saved before the load; ``loaded_before``: an earlier load of the same job (no restart between) asked for
+    ``got``. The differences against ``version`` follow (the first eight lines)."""
+
+    at: At
+    version: int
+    got: int
+    newest: bool
+    loaded_before: bool
+    differences: tuple[TensorDiffers, ...]
+    kind = "wrong-version"
+
+    def render(self) -> str:
+        return "\n".join(self.lines())
+
+    @property
+    def relation(self) -> str:
+        """How the version it gave relates to the job: one an earlier load read, the newest saved, or an older."""
+        return "loaded-before" if self.loaded_before else "newest" if self.newest else "older"
+
+    def lines(self) -> tuple[str, ...]:
+        why = {"loaded-before": ", which an earlier load of this job read", "newest": ", the newest saved",
+               "older": ""}[self.relation]
+        return (f"{self.at.render()}: gave version {self.got} whole{why}, instead of version {self.version}:",
+                *(d.render() for d in self.differences))
+
+
+@dataclass(frozen=True)
 class ResumedRunDiffers(Anomaly):
     """A resumed training run's state at ``step`` differs from the uninterrupted run's (first eight lines)."""
 
@@ -409,8 +439,8 @@ class OpsMissing(Anomaly):
 TYPES: dict[str, type[Anomaly]] = {cls.kind: cls for cls in (
     OpFailed, RankHung, RankDied, FailedAfterFault, FaultKilledRank, LoadStopped, SaveAfterFaultLost,
     AcknowledgedLost, UnclearError, LoadedUnsaved, OlderCameBack, CorruptionRedirected, TensorDiffers,
-    LoadedNoVersion, ResumedRunDiffers, RotationDeletedLast, ResumeLost, ListedIncomplete, NoCompleteCheckpoint,
-    CoverViolated, OutcomeDiffers, OpsMissing)}
+    LoadedNoVersion, WrongVersion, ResumedRunDiffers, RotationDeletedLast, ResumeLost, ListedIncomplete,
+    NoCompleteCheckpoint, CoverViolated, OutcomeDiffers, OpsMissing)}
 
 
 def cited_error(anomaly: Anomaly) -> SutError | None:

@@ -33,7 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .anomalies import Anomaly, LoadedNoVersion, ResumedRunDiffers, TensorDiffers, cited_error
+from .anomalies import Anomaly, LoadedNoVersion, ResumedRunDiffers, TensorDiffers, WrongVersion, cited_error
 from .case import Case
 
 _ABSTRACT = [
@@ -104,6 +104,9 @@ def bucket_of(case: Case, anomalies: Sequence[Anomaly], tracebacks: dict[int, st
         frame = innermost_frame((tracebacks or {}).get(at.op)) if at is not None else None
         title = f"{cls}: {error.error_type}: {message}" + (f" (at {frame})" if frame else "")
         return Bucket(f"{cls}|{error.error_type}|{message}|{frame}", frozenset(), title)
+    if isinstance(first, WrongVersion):  # a whole other version: which one says more than how its bits differ
+        return Bucket(f"{first.verdict.value}|wrong-version|{first.relation}", frozenset(),
+                      f"{first.verdict.value}: load gave another version whole ({first.relation})")
     patterns = sorted({_pattern(d.difference) for d in _differences(first)})
     tensors = sorted({d.difference.tensor for d in _differences(first)})
     tags = _case_tags(case)

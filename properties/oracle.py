@@ -8,7 +8,7 @@ import dataclasses
 from reference.engine import local_tensors
 from reference.tensor import differences
 
-from .anomalies import At, OpsMissing, OutcomeDiffers, SutError, TensorDiffers, judged, op_failure
+from .anomalies import At, OpsMissing, OutcomeDiffers, SutError, TensorDiffers, WrongVersion, judged, op_failure
 from .case import Case
 from .checkers import cover_violations, judge_states
 from .outcome import OpRecord, Outcome
@@ -49,7 +49,10 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
                 results.append(judged([dataclasses.replace(c, at=at(rec)) for c in cover]))
         if rec.kind in ("load", "train"):  # a train record holds the live state it reached
             problems = tensor_differences(case, op_case.version, rec)
-            if problems:
+            wrong = whole_version(case, rec, problems) if problems and rec.kind == "load" else None
+            if wrong is not None:
+                results.append(judged([wrong]))
+            elif problems:
                 results.append(judged([dataclasses.replace(d, at=at(rec)) for d in problems]))
     if len(outcome.records) < len(case.ops) and not results:
         results.append(judged([OpsMissing(prop, len(outcome.records), len(case.ops))]))
@@ -67,6 +70,21 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
         expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
         out += [TensorDiffers(case.property, None, rank, d) for d in differences(expected, dict(got))]
     return out
+
+
+def whole_version(case: Case, rec: OpRecord, problems: list[TensorDiffers]) -> WrongVersion | None:
+    """The load gave another version saved before it, whole and bitwise on every rank (newest first): that fact,
+    or None."""
+    version = case.ops[rec.index].version
+    saved = sorted({op.version for op in case.ops[:rec.index] if op.kind == "save"} - {version}, reverse=True)
+    for got in saved:
+        if tensor_differences(case, got, rec):
+            continue
+        job = max((i for i in range(rec.index) if case.ops[i].kind == "restart"), default=-1)
+        earlier = {case.ops[i].version for i in range(job + 1, rec.index) if case.ops[i].kind == "load"}
+        return WrongVersion(case.property, at(rec), version, got, got == saved[0] and got > version,
+                            got in earlier, tuple(dataclasses.replace(d, at=None) for d in problems[:8]))
+    return None
 
 
 def mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:

@@ -34,6 +34,7 @@ from properties.anomalies import (
     SutError,
     TensorDiffers,
     UnclearError,
+    WrongVersion,
     field_names,
     from_json,
     judged,
@@ -79,6 +80,11 @@ EXAMPLES: list[tuple[Anomaly, str]] = [
      "op 4 (load latest): loaded state is none of versions [1, 2] (diff against version 1):\n"
      "rank 0: model/w: 1 of 4 elements differ; first at index [0, 1]: expected 0x3f80 (1.0), got 0x0000 (0.0)\n"
      "rank 1: ema/w: missing"),
+    (WrongVersion("P-REPEAT", At(4, "load", "step-0"), 0, 1, True, False, DIFFS[:1]),
+     "op 4 (load step-0): gave version 1 whole, the newest saved, instead of version 0:\n"
+     "rank 0: model/w: 1 of 4 elements differ; first at index [0, 1]: expected 0x3f80 (1.0), got 0x0000 (0.0)"),
+    (WrongVersion("P-REPEAT", At(4, "load", "step-2"), 2, 0, False, True, ()),
+     "op 4 (load step-2): gave version 0 whole, which an earlier load of this job read, instead of version 2:"),
     (ResumedRunDiffers("P-RESUME", At(3, "train", None), 3, DIFFS[1:]),
      "op 3 (train latest): the resumed run differs from the uninterrupted run at step 3:\nrank 1: ema/w: missing"),
     (RotationDeletedLast("P-NOLOSS", LOAD, 0, 0, ("step-1", "step-2")),
