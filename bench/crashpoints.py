@@ -19,6 +19,12 @@ Measured on the project's 2-core VM, shared with other jobs (load average 5-8, s
   paddle-dcp (2 ranks, warm pool): 41 states at 0.13/s (full runs 0.04/s, 3.4x; 32 of them fail, and a failed
   load wedges the gloo group, so the ranks are relaunched), 3 points at 0.02/s (full runs 0.07/s)
   paddleformers-uc (1 rank): 395 states, all judged in 721 s end to end (``crashpoints --exhaustive --only states``)
+2026-11-27, after stuck ranks are seen by their idle CPU, two spare pools are kept and kills stop waiting for init:
+  paddle-dcp: 41 states in 37.3 s, 1.1/s (full runs 0.07/s, 15.7x); 10 points at 0.19/s (full runs 0.05/s, 3.9x).
+  Below the 2/s target: 7 of the 41 states fail on one rank while the other waits in a collective, and each costs
+  a relaunch of both ranks (about 5 CPU-seconds of Paddle start-up on this 2-core machine); the other 34 take
+  0.12-0.3 s each.
+  paddleformers-uc: 395 states, all judged in 278 s (1.42/s; target: <= 600 s)
 
 ``--sut`` picks SUTs (default: reference, paddle-dcp, paddleformers-uc; each with its ranks: 2, 2, 1); a SUT whose
 framework is not importable here is run by ``--python-for SUT=PYTHON`` (e.g. the PaddleFormers venv's python, with

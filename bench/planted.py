@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 
@@ -84,10 +86,16 @@ class RollsLoadsPaddle(PaddleDcpSut):
 
 
 class LoadsNewestPaddle(PaddleDcpSut):
-    """A load by name of a same_dir checkpoint gives the newest version instead (Paddle's default unique_id)."""
+    """A load by name of a same_dir checkpoint gives the newest version instead: a resolver that takes the highest
+    ``unique_id`` with a metadata file and passes it to Paddle (not Paddle's own "latest", whose known bugs would
+    show instead of the defect)."""
 
     def load(self, root, name, targets, *, options):
-        return super().load(root, None if options.get("same_dir") else name, targets, options=options)
+        if options.get("same_dir") and name is not None:
+            ids = [int(p.name.split(".")[0]) for p in Path(root).rglob("*.metadata") if p.name.split(".")[0].isdigit()]
+            if ids:
+                name = re.sub(r"\d+$", str(max(ids)), name)
+        return super().load(root, name, targets, options=options)
 
 
 #: name -> (adapter, ranks, launch mode)

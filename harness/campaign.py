@@ -37,7 +37,10 @@ from .runner import PoolFailure
 
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
 MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
-SHRINK_BUDGET = 60.0  # seconds of shrinking per new bucket (at least): a failing Paddle case can cost a relaunch
+# Seconds of shrinking per new bucket: a tenth of the campaign, within these bounds. A short campaign meeting
+# several unknown bugs must not spend itself shrinking them (each failing Paddle case may cost a relaunch); a long
+# one can afford small cases.
+SHRINK_MIN, SHRINK_MAX = 15.0, 120.0
 
 
 class _Failed(AssertionError):
@@ -234,7 +237,7 @@ def _batch(
         target.append(bucket)
         first_seen[bucket.core] = finding.found_at  # the shrunk case keeps when its bucket was first met
         smallest[:] = [finding]
-        shrink_until.append(time.monotonic() + max(SHRINK_BUDGET, campaign.seconds * 0.1))
+        shrink_until.append(time.monotonic() + min(SHRINK_MAX, max(SHRINK_MIN, campaign.seconds * 0.1)))
         raise _Failed("; ".join(judgement.details))
 
     try:
