@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                           "bucket": first.bucket.title if first else None, "property": first.judgement.property
                           if first else None, "cases": sum(run.cases_run.values()), "wall_s": round(wall, 1),
                           "known_met": sum(run.known.values()),
-                          "other_new_buckets": sum(1 for f in run.findings if f is not first)}), flush=True)
+                          "other_new_buckets": sum(1 for f in run.findings if f is not first),
+                          "other_buckets": [f.bucket.title for f in run.findings if f is not first],
+                          "cases_per_property": dict(run.cases_run)}), flush=True)
     print(f"detected_ratio: {found / total:.2f}" if total else "detected_ratio: - (nothing ran)")
     if args.main_job:
         run, _ = campaign("paddle-dcp", 2, "pool", args.main_job, args.seed)
