@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from .inprocess import InProcessRunner
 from .pool import RankPool
@@ -83,23 +83,22 @@ class Runners:
             if not self.keep_spare:  # the outermost pass is over: no idle spare outlives it
                 self._close_spares()
 
-    @contextmanager
-    def waiting(self) -> Iterator[Runners]:
+    def waiting(self) -> AbstractContextManager[Runners]:
         """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""
-        before, self.fast_failures = self.fast_failures, False
-        try:
-            yield self
-        finally:
-            self.fast_failures = before
+        return self._off("fast_failures")
+
+    def strict(self) -> AbstractContextManager[Runners]:
+        """Inside a warm pass: a replay that must follow the judge's own rules (``keep_failed`` off)."""
+        return self._off("keep_failed")
 
     @contextmanager
-    def strict(self) -> Iterator[Runners]:
-        """Inside a warm pass: a replay that must follow the judge's own rules (``keep_failed`` off)."""
-        before, self.keep_failed = self.keep_failed, False
+    def _off(self, flag: str) -> Iterator[Runners]:
+        before = getattr(self, flag)
+        setattr(self, flag, False)
         try:
             yield self
         finally:
-            self.keep_failed = before
+            setattr(self, flag, before)
 
     def discard(self, runner: Runner, graceful: bool = True) -> None:
         """Close ``runner`` and forget it; ``graceful=False`` kills its ranks at once (after a crash or a fault a
