@@ -31,6 +31,9 @@ def rank_pythonpath(existing: str | None = None) -> str:
     return os.pathsep.join(dict.fromkeys(p for p in entries if p))  # "" would be the rank's cwd: the repo, first
 
 
+COLLECTIVE_TIMEOUT_MS = 60_000  # half the default op bound (harness.runners.OP_TIMEOUT, 120 s)
+
+
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a launched process (framework launcher or rank): the caller's, with ``rank_pythonpath``
     and defaults for shared GPU machines, then ``extra``."""
@@ -38,6 +41,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = rank_pythonpath(env.get("PYTHONPATH"))
     env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on shared GPU machines
     env.setdefault("GLOG_minloglevel", "2")
+    # Paddle's NCCL groups give up after PADDLE_PG_TIMEOUT ms (default 30 min): well inside the harness's op bound
+    # instead, so a rank left in a collective raises rather than being killed at the bound (gloo: fixed 30 s).
+    env.setdefault("PADDLE_PG_TIMEOUT", str(COLLECTIVE_TIMEOUT_MS))
     env.update(extra or {})
     return env
 
