@@ -21,6 +21,8 @@ from .launch import SHM_VAR, kill_trees, launch_commands, paddle_gpus, release_s
 from .runner import PoolFailure, Runner
 from .sut import adapter_class
 
+#: A traceback's header, or the markers under its source lines (its frames stay: they say where).
+_TRACEBACK_LINE = re.compile(r"Traceback \(most recent call last\):|\^+$|~+\^*~*$")
 #: A log line that names why a process failed (above a signal dump, which says only which signal).
 _CAUSE = re.compile(r"what\(\):|terminate called|Assertion .*failed|Check failed|\w+(Error|Exception): ")
 
@@ -203,7 +205,9 @@ class RankPool(Runner):
         for log in sorted((self._dir / "logs").rglob("*")):
             wanted = log.is_file() and not log.name.startswith(("envlog.", "backup_env."))
             text = log.read_text(errors="replace").split("\n") if wanted else []
-            lines = [line.strip()[-300:] for line in text if line.strip()]
+            # A traceback's header says nothing in one line (and a log read while its rank still writes may end
+            # in it): the frames and the error line are what is kept.
+            lines = [line.strip()[-300:] for line in text if line.strip() and not _TRACEBACK_LINE.match(line.strip())]
             cause = next((line for line in reversed(lines[:-3]) if _CAUSE.search(line)), None)
             shown = ([cause] if cause else []) + lines[-3:]
             if shown:
