@@ -49,7 +49,7 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
                 results.append(judged([dataclasses.replace(c, at=at(rec)) for c in cover]))
         if rec.kind in ("load", "train"):  # a train record holds the live state it reached
             problems = tensor_differences(case, op_case.version, rec)
-            wrong = whole_version(case, rec, problems) if problems and rec.kind == "load" else None
+            wrong = whole_version(case, rec, problems, outcome.records) if problems and rec.kind == "load" else None
             if wrong is not None:
                 results.append(judged([wrong]))
             elif problems:
@@ -72,19 +72,27 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     return out
 
 
-def whole_version(case: Case, rec: OpRecord, problems: list[TensorDiffers]) -> WrongVersion | None:
+def whole_version(case: Case, rec: OpRecord, problems: list[TensorDiffers], records: list[OpRecord]
+                  ) -> WrongVersion | None:
     """The load gave another version saved before it, whole and bitwise on every rank (newest first): that fact,
-    or None."""
+    or None. ``loaded_before``: an earlier load of the same job (no restart between) gave that version, as asked
+    or not (a cache keeps what was read, right or wrong)."""
+    got = _gave(case, rec)
+    if got is None:
+        return None
+    version = case.ops[rec.index].version
+    saved = {op.version for op in case.ops[:rec.index] if op.kind == "save"}
+    job = max((i for i in range(rec.index) if case.ops[i].kind == "restart"), default=-1)
+    earlier = {_gave(case, r) for r in records[job + 1:rec.index] if r.kind == "load" and r.ok}
+    return WrongVersion(case.property, at(rec), version, got, got == max(saved) and got > version, got in earlier,
+                        tuple(dataclasses.replace(d, at=None) for d in problems[:8]))
+
+
+def _gave(case: Case, rec: OpRecord) -> int | None:
+    """The version a load gave back whole: the one it asked for, else another saved before it (newest first)."""
     version = case.ops[rec.index].version
     saved = sorted({op.version for op in case.ops[:rec.index] if op.kind == "save"} - {version}, reverse=True)
-    for got in saved:
-        if tensor_differences(case, got, rec):
-            continue
-        job = max((i for i in range(rec.index) if case.ops[i].kind == "restart"), default=-1)
-        earlier = {case.ops[i].version for i in range(job + 1, rec.index) if case.ops[i].kind == "load"}
-        return WrongVersion(case.property, at(rec), version, got, got == saved[0] and got > version,
-                            got in earlier, tuple(dataclasses.replace(d, at=None) for d in problems[:8]))
-    return None
+    return next((v for v in [version, *saved] if not tensor_differences(case, v, rec)), None)
 
 
 def mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:
