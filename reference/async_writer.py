@@ -56,6 +56,7 @@ def run(fd: int, job: dict) -> dict:
         commit=job["commit_protocol"],
         keep_last=job["keep_last"],
         timeout=job["commit_timeout"],
+        coordinator=None if len(ranks) == job["world_size"] else min(ranks),
     )
     return {
         "name": info.name,

@@ -220,9 +220,17 @@ def rotate(root: Path, keep_last: int, save_id: str) -> list[str]:
     return victims
 
 
-def collect_garbage(root: Path, keep: set[str]) -> list[str]:
-    """Remove stale staging, trash and pointer temp files left by crashed saves (never those in ``keep``)."""
+def collect_garbage(root: Path, keep: set[str], coordinator: int | None = None) -> list[str]:
+    """Remove stale staging, trash and pointer temp files left by crashed saves (never those in ``keep``).
+
+    A staging directory may belong to a save still in flight: ranks of a multi-process job write at their own pace,
+    and a fast rank may stage the next save while the coordinator still commits this one. The coordinator's own
+    saves run one after another, so a staging directory holding a file of the ``coordinator`` rank belongs to a
+    save that is over (committed elsewhere, failed or crashed); one without is a save it has not joined yet and
+    stays. ``coordinator=None``: this process plays every rank (or every rank is stopped), so nothing else can be
+    in flight. Trash and pointer temp files are the coordinator's alone."""
     removed = []
+    own = None if coordinator is None else f"rank-{coordinator:05d}."
     for entry in root.iterdir():
         if entry.name in keep:
             continue
@@ -235,13 +243,21 @@ def collect_garbage(root: Path, keep: set[str]) -> list[str]:
             and not _is_committed_dir(entry)
             and _looks_like_marker_staging(entry)
         )
-        if (stale_dir and entry.is_dir() and not entry.is_symlink()) or stale_marker_dir:
+        joined = own is None or entry.name.startswith(TRASH_PREFIX) or _holds_file_of(entry, own)
+        if ((stale_dir and entry.is_dir() and not entry.is_symlink()) or stale_marker_dir) and joined:
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry.name)
         elif entry.name.startswith(".latest-") and entry.is_file():
             entry.unlink()
             removed.append(entry.name)
     return removed
+
+
+def _holds_file_of(entry: Path, prefix: str) -> bool:
+    try:
+        return entry.is_dir() and any(p.name.startswith((prefix, f".{prefix}")) for p in entry.iterdir())
+    except OSError:  # removed meanwhile
+        return False
 
 
 def _looks_like_marker_staging(entry: Path) -> bool:

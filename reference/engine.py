@@ -156,9 +156,11 @@ def commit(
     commit: str = "rename",
     keep_last: int | None = None,
     timeout: float = 0.0,
+    coordinator: int | None = 0,
 ) -> CheckpointInfo:
     """Coordinator step: gather manifests, check exact cover, write the index, publish, move ``latest``,
-    rotate, and collect what crashed saves left behind."""
+    rotate, and collect what crashed saves left behind. ``coordinator``: the rank this process also writes as, or
+    None where it plays every rank (commit.collect_garbage: what may still be in flight)."""
     root = Path(root)
     proto = protocol(commit)
     staging = proto.staging_dir(root, name, save_id)
@@ -193,7 +195,7 @@ def commit(
     set_latest(root, name, save_id)
     if keep_last is not None:
         rotate(root, keep_last, save_id)
-    collect_garbage(root, keep={name})
+    collect_garbage(root, keep={name}, coordinator=coordinator)
     return CheckpointInfo(name, final, index["seq"], save_id, world_size)
 
 
@@ -265,7 +267,7 @@ def save(
     save_id = save_id or new_save_id()
     for rank, tensors in ranks.items():
         save_rank(root, name, save_id, rank, world, tensors, block=block, commit=commit_protocol)
-    return commit(root, name, save_id, world, meta=meta, commit=commit_protocol, keep_last=keep_last)
+    return commit(root, name, save_id, world, meta=meta, commit=commit_protocol, keep_last=keep_last, coordinator=None)
 
 
 def per_rank(

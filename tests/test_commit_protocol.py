@@ -139,6 +139,26 @@ def test_crash_between_rank_step_and_commit(tmp_path: Path) -> None:
     assert_same(first, R.load_global(root, name="a"))
 
 
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_commit_keeps_staging_of_a_save_the_coordinator_has_not_joined(tmp_path: Path, protocol: str) -> None:
+    """A fast rank stages the next save while the coordinator still commits this one: that staging is in flight,
+    not debris (collecting it left the next commit waiting for a manifest that was deleted). Staging the
+    coordinator wrote into and did not commit is over, and goes."""
+    root = tmp_path / "root"
+    first, second = make_state(1), make_state(2)
+    abandoned, a, b = R.new_save_id(), R.new_save_id(), R.new_save_id()
+    stage(root, "old", abandoned, first, LAYOUTS4, [0, 1], 4, commit=protocol)  # ranks 2, 3 died; never committed
+    stage(root, "a", a, first, LAYOUTS4, range(4), 4, commit=protocol)
+    stage(root, "b", b, second, LAYOUTS4, [1, 3], 4, commit=protocol)  # ahead of the coordinator
+    R.commit(root, "a", a, 4, commit=protocol)
+    stale = "old" if protocol == "marker" else f".staging-old-{abandoned}"
+    ahead = "b" if protocol == "marker" else f".staging-b-{b}"
+    assert stale not in listing(root) and ahead in listing(root)
+    stage(root, "b", b, second, LAYOUTS4, [0, 2], 4, commit=protocol)
+    assert R.commit(root, "b", b, 4, commit=protocol).seq == 1
+    assert_same(second, R.load_global(root))
+
+
 def test_crash_after_index_before_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The coordinator wrote the index into staging and died before the rename: still not a checkpoint."""
     root = tmp_path / "root"
