@@ -132,8 +132,10 @@ class RankPool(Runner):
         commands = launch_commands(
             self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus, self.nnodes
         )
+        scratch = self._dir / "tmp"  # the launchers' and ranks' temp files (torch elastic's, multiprocessing's)
+        scratch.mkdir()  # go with the pool even when its tree is killed before it could clean up
         for n, (cmd, env) in enumerate(commands):
-            env = {**env, SHM_VAR: str(self._dir / "shm")}
+            env = {**env, SHM_VAR: str(self._dir / "shm"), "TMPDIR": str(scratch)}
             self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
 
     def _gather(self, listener: socket.socket, deadline: float) -> None:

@@ -1,6 +1,11 @@
-"""Test-suite wiring: Hypothesis profiles, the nightly switch, and a guard that no test leaks processes."""
+"""Test-suite wiring: Hypothesis profiles, the nightly switch, and guards that no test leaks processes or temp
+files."""
 
 from __future__ import annotations
+
+import os
+import shutil
+import tempfile
 
 import psutil
 import pytest
@@ -17,6 +22,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--sut", default="reference", help="system under test for the property suite: a registered "
                      "name (reference, paddle-dcp, paddle-save, torch-dcp) or package.module:ClassName")
     parser.addoption("--ranks", type=int, default=2, help="world size of saves in the property suite")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each test process (xdist worker) gets a temp directory of its own, inherited by everything it launches, so
+    the leak guard sees exactly what this process's tests left behind."""
+    private = tempfile.mkdtemp(prefix="ckh-tests-")
+    os.environ["TMPDIR"] = tempfile.tempdir = private
+    config.stash[_PRIVATE_TMP] = private
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    private = config.stash.get(_PRIVATE_TMP, None)
+    if private is not None:
+        shutil.rmtree(private, ignore_errors=True)
+
+
+_PRIVATE_TMP = pytest.StashKey[str]()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -73,8 +95,10 @@ def sut_judge(request: pytest.FixtureRequest):
 
 @pytest.fixture(autouse=True)
 def no_leaked_processes(request: pytest.FixtureRequest):
-    """Every test must reap what it starts (async writers included); session pools are accounted for."""
+    """Every test must reap what it starts (async writers included) and remove the temp files it and its
+    processes made (torch elastic's and multiprocessing's included); session pools are accounted for."""
     before = {p.pid for p in psutil.Process().children(recursive=True)}
+    temp_before = set(os.listdir(tempfile.gettempdir()))
     if POOL_FIXTURES & set(request.fixturenames):
         yield
         return
@@ -83,3 +107,5 @@ def no_leaked_processes(request: pytest.FixtureRequest):
     for proc in leaked:
         proc.kill()
     assert not leaked, f"test left processes behind: {[p.pid for p in leaked]}"
+    left = sorted(n for n in set(os.listdir(tempfile.gettempdir())) - temp_before if not n.startswith("pytest-of-"))
+    assert not left, f"test left temp files behind: {left}"
