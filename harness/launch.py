@@ -70,6 +70,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def worker_argv(control: str, sut: str, options_json: str) -> list[str]:
+    """The arguments of ``harness.worker``, however the rank is started."""
+    return ["--control", control, "--sut", sut, "--options", options_json]
+
+
 def launch_commands(
     launcher: str, world: int, control: str, sut: str, options_json: str, log_dir: Path, gpus: int = 0,
     nnodes: int = 1,
@@ -77,7 +82,7 @@ def launch_commands(
     """The processes to start for one pool: one per rank (plain), or one framework launcher per node (paddle,
     torchrun). ``nnodes`` > 1 starts that many launchers on this machine, each with world / nnodes ranks, meeting
     over loopback at a free port: a multi-node job in miniature."""
-    worker_args = ["--control", control, "--sut", sut, "--options", options_json]
+    worker_args = worker_argv(control, sut, options_json)
     if nnodes < 1 or world % nnodes:
         raise ValueError(f"{world} ranks cannot be split evenly over {nnodes} nodes")
     per_node = world // nnodes

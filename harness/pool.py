@@ -17,7 +17,8 @@ from pathlib import Path
 
 import psutil
 
-from .launch import SHM_VAR, kill_trees, launch_commands, paddle_gpus, release_shm, start
+from .forkserver import ForkError, ForkServer, Template
+from .launch import SHM_VAR, child_env, kill_trees, launch_commands, paddle_gpus, release_shm, start, worker_argv
 from .runner import PoolFailure, Runner
 from .sut import adapter_class
 
@@ -27,6 +28,7 @@ _TRACEBACK_LINE = re.compile(r"Traceback \(most recent call last\):|\^+$|~+\^*~*
 _CAUSE = re.compile(r"what\(\):|terminate called|Assertion .*failed|Check failed|\w+(Error|Exception): ")
 
 
+FORKABLE = ("paddle", "plain")  # launchers whose ranks the fork server can start (torchrun's need its agent's store)
 IDLE_POLL_S = 0.1  # after a rank raised, how often the others' CPU time is read
 IDLE_FOR_S = 0.4  # a rank whose processes used no CPU this long, after a peer raised, waits on that peer
 
@@ -74,11 +76,18 @@ class RankPool(Runner):
     mode = "warm-pool"
     launched = True
 
-    def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0, nnodes: int = 1) -> None:
+    def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0, nnodes: int = 1,
+                 forks: ForkServer | None = None, fork: bool = False) -> None:
+        """``forks``: the runner set's fork server, which a real launch of this pool teaches what its ranks get;
+        ``fork``: start the ranks from it where it knows this shape (harness.forkserver), else launch them."""
         super().__init__()
         self.sut, self.world, self.options, self.nnodes = sut, world, options, nnodes
         self.start_timeout = start_timeout
         self.launcher = adapter_class(sut).launcher
+        self.forks = forks if nnodes == 1 and self.launcher in FORKABLE else None
+        self.fork = fork
+        self.forked = False  # this launch's ranks came from the fork server
+        self.rank_envs: dict[int, dict[str, str]] = {}
         self.procs: list = []
         self.conns: dict[int, Connection] = {}
         self._dir: Path | None = None
@@ -106,11 +115,16 @@ class RankPool(Runner):
             control = str(self._dir / "ctl")
             listener.bind(control)
             listener.listen(self.world)
-            self._start(control)
+            base = self._start(control)
             self._gather(listener, time.monotonic() + self.start_timeout)
-        except PoolFailure:
+            if self.forks is not None and not self.forked:
+                self.forks.learn(self.world, Template(base, self.rank_envs, str(self._dir)), start=self.fork)
+        except PoolFailure as failure:
             self.close()
-            raise
+            if not self.forked or self.forks is None:
+                raise
+            self.forks.disable(f"forked ranks did not set up: {failure}")  # e.g. a device the fork cannot use
+            self._launch()
         except Exception as exc:
             failure = PoolFailure("setup", f"{type(exc).__name__}: {exc}; logs: {self._logs()}")
             self.close()
@@ -122,21 +136,45 @@ class RankPool(Runner):
             listener.close()
             self.launch_seconds.append(time.monotonic() - began)
 
-    def _start(self, control: str) -> None:
-        """Start the launcher(s) or rank processes, each logging to its own file."""
+    def _start(self, control: str) -> dict[str, str]:
+        """Start the launcher(s) or rank processes, each logging to its own file (or fork the ranks); returns the
+        environment the launcher got, before its own additions."""
         assert self._dir is not None
         log_dir = self._dir / "logs"
         log_dir.mkdir()
+        # The launchers' and ranks' temp files (torch elastic's, multiprocessing's) go with the pool even when its
+        # tree is killed before it could clean up; a short name, as sockets are made there.
+        scratch = self._dir / "t"
+        scratch.mkdir()
+        base = child_env({SHM_VAR: str(self._dir / "shm"), "TMPDIR": str(scratch)})
+        self.forked = False
+        if self.fork and self.forks is not None and self.forks.usable(self.world):
+            try:
+                self._fork(control, base, log_dir)
+                self.forked = True
+                return base
+            except ForkError:
+                kill_trees(self.procs)
+                self.procs = []
         gpus = paddle_gpus(self.world // self.nnodes, self.options.get("device", "auto")) \
             if self.launcher == "paddle" else 0
         commands = launch_commands(
             self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus, self.nnodes
         )
-        scratch = self._dir / "tmp"  # the launchers' and ranks' temp files (torch elastic's, multiprocessing's)
-        scratch.mkdir()  # go with the pool even when its tree is killed before it could clean up
         for n, (cmd, env) in enumerate(commands):
-            env = {**env, SHM_VAR: str(self._dir / "shm"), "TMPDIR": str(scratch)}
+            env = {**env, SHM_VAR: base[SHM_VAR], "TMPDIR": base["TMPDIR"]}
             self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
+        return base
+
+    def _fork(self, control: str, base: dict[str, str], log_dir: Path) -> None:
+        assert self.forks is not None and self._dir is not None
+        argv = worker_argv(control, self.sut, json.dumps(self.options))
+        envs, files = self.forks.templates[self.world].for_pool(str(self._dir))
+        for path, text in files.items():
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            Path(path).write_text(text, encoding="utf-8")
+        for rank, env in sorted(envs.items()):
+            self.procs.append(self.forks.spawn(argv, {**base, **env}, log_dir / f"workerlog.{rank}"))
 
     def _gather(self, listener: socket.socket, deadline: float) -> None:
         """Accept every rank and read its hello as it comes, so a rank that reports a failed set-up is heard at once
@@ -150,7 +188,8 @@ class RankPool(Runner):
                 if time.monotonic() > deadline:
                     raise PoolFailure("setup", f"{len(self.conns)} of {self.world} ranks set up within "
                                       f"{self.start_timeout:.0f} s; logs: {self._logs()}")
-                if any(p.poll() is not None for p in self.procs) and self.launcher in ("plain", "torchrun"):
+                direct = self.forked or self.launcher in ("plain", "torchrun")  # no launcher outlives its ranks
+                if direct and any(p.poll() is not None for p in self.procs):
                     while self._accept(listener, waiting, 0.0):  # an exited rank may have said why: hear it first
                         pass
                     self._read(waiting, 0.2)
@@ -196,6 +235,7 @@ class RankPool(Runner):
         self.pids[hello["rank"]] = hello["pid"]
         self.shims = hello["shims"]
         self.info[hello["rank"]] = hello.get("info", {})
+        self.rank_envs[hello["rank"]] = hello.get("env", {})
 
     def _logs(self) -> str:
         """The last lines of every non-empty rank and launcher log, in one line (a failure message quotes it), each

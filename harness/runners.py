@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+from .forkserver import ForkServer
 from .inprocess import InProcessRunner
 from .pool import RankPool
 from .runner import Runner
@@ -49,6 +50,10 @@ class Runners:
         # fast_failures (a fuzzing judge): ranks that sit idle in an op after a peer raised are not waited on until
         # the backend's timeout; the fault-free case stops there (harness.run, harness.judge).
         self.fast_failures = False
+        # Exploring (fuzzing, warm passes), a lost pool is replaced by ranks forked from a process that has the
+        # framework imported, told by the first real launch what its ranks get (harness.forkserver); replays under
+        # the strict rules and everything else launch for real.
+        self.forks = ForkServer(sut) if mode == "pool" else None
 
     def get(self, world: int, options: dict, launched: bool = False) -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
@@ -65,7 +70,7 @@ class Runners:
         if runner is None:
             nodes = self.nnodes if world % self.nnodes == 0 else 1  # a world too small to split runs on one node
             runner = (InProcessRunner(self.sut, world, setup) if in_process
-                      else RankPool(self.sut, world, setup, nnodes=nodes))
+                      else RankPool(self.sut, world, setup, nnodes=nodes, forks=self.forks, fork=self.exploring))
             runner.replacement = key in self._keys_launched
             self._keys_launched.add(key)
             self._runners[key] = runner
@@ -82,6 +87,11 @@ class Runners:
             self.keep_spare, self.keep_failed = before
             if not self.keep_spare:  # the outermost pass is over: no idle spare outlives it
                 self._close_spares()
+
+    @property
+    def exploring(self) -> bool:
+        """Fuzzing or a warm pass: a pool may be forked (harness.forkserver) rather than launched."""
+        return self.fast_failures or self.keep_failed
 
     def waiting(self) -> AbstractContextManager[Runners]:
         """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""
@@ -118,7 +128,8 @@ class Runners:
             return
         spares = self._spares.setdefault(key, [])
         while len(spares) < SPARES:
-            pool = RankPool(like.sut, like.world, like.options, nnodes=like.nnodes)
+            pool = RankPool(like.sut, like.world, like.options, nnodes=like.nnodes, forks=self.forks,
+                            fork=self.exploring)
             pool.replacement = True
             spares.append(_Spare(pool))
 
@@ -154,6 +165,8 @@ class Runners:
         self._close_spares()
         for runner in list(self._runners.values()):
             self.discard(runner)
+        if self.forks is not None:
+            self.forks.close()
 
 
 class _Spare:

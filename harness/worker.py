@@ -57,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()  # the rank's log keeps where; the controller quotes its tail
         conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims, "info": adapter.describe()})
+    conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims, "info": adapter.describe(),
+               "env": dict(os.environ)})
     executor = RankExecutor(adapter, rank, world)
     while True:
         try:

@@ -290,6 +290,14 @@ class AsyncSaver:
             commit_protocol=commit_protocol,
         )
 
+    def drain(self) -> None:
+        """Wait until the in-flight save (if any) has ended; its outcome stays with its handle's ``wait()``. A
+        process's saves run one after another, sync ones included: the commit relies on it (a coordinator's own
+        staging is never in flight while it commits, commit.collect_garbage)."""
+        if self._inflight is not None:
+            with contextlib.suppress(AsyncWriterError):
+                self._inflight.wait()
+
     def close(self) -> None:
         if self._inflight is not None:
             with contextlib.suppress(AsyncWriterError):

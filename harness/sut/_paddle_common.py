@@ -165,6 +165,11 @@ class PaddleAdapter(SutAdapter):
     launcher = "paddle"
     framework = "paddle"
 
+    @classmethod
+    def preload(cls) -> None:
+        super().preload()
+        import paddle.distributed  # noqa: F401 -- what init_runtime and the checkpoint calls import
+
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         return init_runtime(rank, world_size, options)
 

@@ -7,6 +7,7 @@ from local pieces, saving, waiting for async saves, loading into a target layout
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,13 @@ class SutAdapter:
     #: has no typed errors, so after a fault any exception a load raises counts as clear (the finding still
     #: quotes it).
     clear_errors: ClassVar[frozenset[str] | None] = None
+
+    @classmethod
+    def preload(cls) -> None:
+        """Import what every rank imports before ``setup`` (harness.forkserver forks fresh ranks from a process
+        that did): imports only, never a device, a thread pool or a process group."""
+        if cls.framework:
+            importlib.import_module(cls.framework)
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         """Initialise the framework's distributed runtime for this rank; return the names of active shims."""

@@ -75,6 +75,7 @@ class ReferenceSut(SutAdapter):
                 commit_timeout=timeout,
             )
             return handle, tensors
+        self.saver.drain()  # one save at a time per process, as the engine's commit assumes
         save_rank(root, name, save_id, self.rank, self.world, local)
         if self.rank == 0:
             commit(root, name, save_id, self.world, timeout=timeout)

@@ -64,6 +64,9 @@ class SnapshotsInWriterSut(ReferenceSut):
     name = "snapshots-in-writer"
 
     def save(self, root, name, tensors, *, use_async, options):
+        previous = getattr(self, "_writer", None)
+        if previous is not None:
+            previous.join()  # one save at a time per process, as the reference's commit assumes
         if not use_async:
             return super().save(root, name, tensors, use_async=False, options=options)
         box: dict = {}
@@ -74,7 +77,7 @@ class SnapshotsInWriterSut(ReferenceSut):
             except BaseException as exc:  # surfaced by wait()
                 box["error"] = exc
 
-        thread = threading.Thread(target=write, name="snapshots-in-writer", daemon=True)
+        thread = self._writer = threading.Thread(target=write, name="snapshots-in-writer", daemon=True)
         thread.start()
         return ("thread", thread, box), tensors
 
