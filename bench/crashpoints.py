@@ -28,6 +28,8 @@ Measured on the project's 2-core VM, shared with other jobs (load average 5-8, s
 2026-11-27, lost pools replaced by ranks forked from a process with Paddle imported (harness/forkserver.py):
   paddle-dcp: 41 states in 10.3 s, 3.99/s (target >= 2/s: met; full runs 0.10/s, 39x); 10 points in 9.3 s,
   1.07/s (full runs 0.05/s, 21.8x). A relaunch of 2 Paddle ranks now takes about 0.4 s.
+  paddleformers-uc: 395 states in 142.5 s, 2.77/s (was 278 s; ranks also freeze what set-up left for the garbage
+  collector, which UC's loads run explicitly).
 
 ``--sut`` picks SUTs (default: reference, paddle-dcp, paddleformers-uc; each with its ranks: 2, 2, 1); a SUT whose
 framework is not importable here is run by ``--python-for SUT=PYTHON`` (e.g. the PaddleFormers venv's python, with

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import re
 import shutil
@@ -258,6 +259,8 @@ def serve(sut: str, control: str) -> int:
     except Exception as exc:
         conn.send({"type": "failed", "error": f"{type(exc).__name__}: {exc}"})
         return 1
+    gc.collect()
+    gc.freeze()  # what was imported is never collected in a fork: its pages stay shared, and no rank walks them
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked ranks are reaped as they end
     conn.send({"type": "ready"})
     while True:

@@ -7,6 +7,7 @@ PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM). Talks to the controller over a Unix so
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -57,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()  # the rank's log keeps where; the controller quotes its tail
         conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
+    gc.collect()
+    gc.freeze()  # the framework and the SUT's set-up stay: collections a SUT asks for (UC's gc.collect() per load)
+    # walk only what its cases made
     conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims, "info": adapter.describe(),
                "env": dict(os.environ)})
     executor = RankExecutor(adapter, rank, world)
