@@ -177,8 +177,11 @@ def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (
         layout = draw(_layouts_for(tensors, save_mesh, caps))
         versions = draw(st.integers(2, MAX_VERSIONS))
         ops = [Op("save", f"step-{v}", v) for v in range(versions)]
-        ops.append(Op("load", None if caps.latest else f"step-{versions - 1}", versions - 1))
-        ops += [Op("load", f"step-{v}", v) for v in draw(st.permutations(range(versions)))]
+        # Every version by name and the newest as the SUT resolves it, in a drawn order: a by-name load that comes
+        # first shows what a resolver gives on its own, before any load could have cached the newest.
+        loads = [Op("load", f"step-{v}", v) for v in range(versions)]
+        loads.append(Op("load", None if caps.latest else f"step-{versions - 1}", versions - 1))
+        ops += draw(st.permutations(loads))
         return Case(prop, sut, tensors, layout, layout, tuple(ops), opts, seed)
     if prop == "P-ASYNC-ISOLATION":
         save, load = same_or_other(tensors)
