@@ -10,6 +10,12 @@ row per defect (``found``, ``seconds`` to the first new bucket, its title, cases
 
 ``--main-job SECONDS`` also runs the README's main job (``fuzz --sut paddle-dcp --ranks 2``) for that long and
 prints ``distinct_buckets`` (new and known) and ``new_buckets``.
+
+Measured on the project's 2-core VM, 2026-11-27 (seed 1, budget 150 s): every defect found, ``detected_ratio``
+1.00 (was 0.83): paddle-loads-newest in 12.2 s (P-REPEAT: the load of the newest now comes at a drawn place, so
+a by-name load can come first and no longer hides behind the known version-cache bug), paddle-rolls-loads in
+15.9 s, the reference's four in under 4 s each. Main job, 300 s: 419 cases (181 before forked relaunches),
+``distinct_buckets`` 20, ``new_buckets`` 2.
 """
 
 from __future__ import annotations
