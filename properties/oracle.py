@@ -51,7 +51,8 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
             problems = tensor_differences(case, op_case.version, rec)
             wrong = whole_version(case, rec, problems, outcome.records) if problems and rec.kind == "load" else None
             if wrong is not None:
-                results.append(judged([wrong]))
+                version_of_rest, broken = wrong
+                results.append(judged([version_of_rest, *(dataclasses.replace(d, at=at(rec)) for d in broken)]))
             elif problems:
                 results.append(judged([dataclasses.replace(d, at=at(rec)) for d in problems]))
     if len(outcome.records) < len(case.ops) and not results:
@@ -73,26 +74,37 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
 
 
 def whole_version(case: Case, rec: OpRecord, problems: list[TensorDiffers], records: list[OpRecord]
-                  ) -> WrongVersion | None:
-    """The load gave another version saved before it, whole and bitwise on every rank (newest first): that fact,
-    or None. ``loaded_before``: an earlier load of the same job (no restart between) gave that version, as asked
-    or not (a cache keeps what was read, right or wrong)."""
-    got = _gave(case, rec)
-    if got is None:
+                  ) -> tuple[WrongVersion, list[TensorDiffers]] | None:
+    """The load gave another version saved before it, bitwise on every rank (newest first), in every tensor that
+    matches any version at all: that fact, with the differences of the tensors that match none (their own bug,
+    e.g. a dtype the load changed, judged beside it); or None. So one bug that mangles a tensor cannot hide another
+    that returns the wrong version of the rest. ``loaded_before``: an earlier load of the same job (no restart
+    between) gave that version, as asked or not (a cache keeps what was read, right or wrong)."""
+    got, broken = _gave(case, rec)
+    if got is None or got == case.ops[rec.index].version:
         return None
     version = case.ops[rec.index].version
     saved = {op.version for op in case.ops[:rec.index] if op.kind == "save"}
     job = max((i for i in range(rec.index) if case.ops[i].kind == "restart"), default=-1)
-    earlier = {_gave(case, r) for r in records[job + 1:rec.index] if r.kind == "load" and r.ok}
-    return WrongVersion(case.property, at(rec), version, got, got == max(saved) and got > version, got in earlier,
-                        tuple(dataclasses.replace(d, at=None) for d in problems[:8]))
+    earlier = {_gave(case, r)[0] for r in records[job + 1:rec.index] if r.kind == "load" and r.ok}
+    rest = [d for d in problems if d.difference.tensor not in broken]
+    wrong = WrongVersion(case.property, at(rec), version, got, got == max(saved) and got > version, got in earlier,
+                         tuple(dataclasses.replace(d, at=None) for d in rest[:8]))
+    return wrong, [d for d in problems if d.difference.tensor in broken]
 
 
-def _gave(case: Case, rec: OpRecord) -> int | None:
-    """The version a load gave back whole: the one it asked for, else another saved before it (newest first)."""
+def _gave(case: Case, rec: OpRecord) -> tuple[int | None, set[str]]:
+    """The version a load gave back, and the tensors that match no saved version (left out of the comparison): the
+    one it asked for, else another saved before it (newest first); None if the tensors that match some version do
+    not all match one, or every tensor matches none."""
     version = case.ops[rec.index].version
     saved = sorted({op.version for op in case.ops[:rec.index] if op.kind == "save"} - {version}, reverse=True)
-    return next((v for v in [version, *saved] if not tensor_differences(case, v, rec)), None)
+    candidates = [version, *saved]
+    differing = {v: {d.difference.tensor for d in tensor_differences(case, v, rec)} for v in candidates}
+    broken = set.intersection(*differing.values())
+    if broken and broken >= {t.name for t in case.tensors}:
+        return None, broken
+    return next((v for v in candidates if differing[v] <= broken), None), broken
 
 
 def mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:

@@ -212,3 +212,31 @@ def test_a_pattern_reads_the_json_text_of_a_field_that_is_not_a_string(tmp_path:
     mixed = LoadedNoVersion("P-NOLOSS", LOAD, (0, 1), 0, (OTHER,))
     assert explained_by(known, "paddle-dcp", judged([mixed])) == "mix.json"
     assert explained_by(known, "paddle-dcp", judged([dataclasses.replace(mixed, versions=(1,))])) is None
+
+
+def test_a_mangled_tensor_does_not_hide_the_wrong_version_of_the_rest() -> None:
+    """One bug changes a tensor's dtype on every load, another gives an older version: the load is that older
+    version in every tensor that matches any version, so it is judged a wrong version (which a known version-cache
+    signature can explain) beside the mangled tensor's own difference, never one diff of everything."""
+    import numpy as np
+
+    from properties.case import Case, Op, TensorCase
+    from properties.oracle import check_oracle
+    from properties.outcome import OpRecord, Outcome
+    from reference.dtypes import dtype
+    from reference.tensor import Tensor
+
+    tensors = (TensorCase("a", "F32", (2, 3), 1), TensorCase("b", "F32", (4,), 2))
+    ops = (Op("save", "s0", 0), Op("save", "s1", 1), Op("load", "s0", 0), Op("load", "s1", 1))
+    case = Case("P-REPEAT", "x", tensors, {}, {}, ops)
+    mangled = Tensor(dtype("I8"), np.zeros(4, np.uint8))
+    older = {"a": case.expected(0, "load")["a"], "b": mangled}
+    recs = [OpRecord(0, "save", "s0"), OpRecord(1, "save", "s1"), OpRecord(2, "load", "s0", loaded={0: older}),
+            OpRecord(3, "load", "s1", loaded={0: older})]
+    j = check_oracle(case, Outcome("x", recs))
+    kinds = [(a.kind, a.at.op) for a in j.anomalies]
+    assert ("wrong-version", 3) in kinds and ("tensor-differs", 3) in kinds and ("tensor-differs", 2) in kinds
+    wrong = next(a for a in j.anomalies if a.kind == "wrong-version")
+    assert (wrong.version, wrong.got, wrong.loaded_before) == (1, 0, True)
+    assert all(d.difference.tensor == "a" for d in wrong.differences)
+    assert [a.difference.tensor for a in j.anomalies if a.kind == "tensor-differs"] == ["b", "b"]
