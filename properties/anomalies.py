@@ -215,6 +215,8 @@ class OlderCameBack(Anomaly):
     save_op: int
     older_version: int
     older_op: int
+    name: str | None = None  # the load's: None for "latest"
+    loaded_before: bool = False  # an earlier load of the same job (no crash or restart between) gave that version
     kind = "older-came-back"
     verdict_is = Verdict.DATA_LOSS
 

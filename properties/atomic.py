@@ -209,7 +209,7 @@ def wrong_state(h: History, load: LoadFacts) -> Anomaly | None:
     if older is not None and ack is not None:
         cls = CorruptionRedirected if load.corrupted else OlderCameBack
         return cls(attributed(h, load, loss=not load.corrupted), load.at, ack.version, ack.index, older.version,
-                   older.index)
+                   older.index, load.name, older.version in load.given_before)
     assert load.closest is not None
     return LoadedNoVersion(attributed(h, load), load.at, tuple(s.version for s in load.allowed), load.closest,
                            load.differences[:SHOWN])

@@ -75,6 +75,7 @@ class LoadFacts:
     after_crash: bool = False  # a kill, a restart or the fault case's faulted op (then the job restarts) ran before
     after_corruption: bool = False  # a corruption hit the root before the load
     intact: int | None = None  # "latest": an op showing ack intact then (listed just before, or loaded by name)
+    given_before: tuple[int, ...] = ()  # versions earlier loads of the same job (since its last crash) gave
     matched: Save | None = None  # the allowed save whose state it gave bitwise
     came_back: Save | None = None  # else an older save (acknowledged, or any for "latest") whose state it gave
     closest: int | None = None  # else the version its state is compared against ...
@@ -133,6 +134,7 @@ class _Builder:
     crashes: list[int] = field(default_factory=list)  # kill and restart op indices
     events: list[Event] = field(default_factory=list)
     listings: list[tuple[str, ...] | None] = field(default_factory=list)  # per op read so far
+    given: list[int] = field(default_factory=list)  # versions the loads since the job's last crash gave
 
     def settle(self, index: int, acked: bool) -> None:
         self.saves = [dataclasses.replace(s, settled=index, acked=acked) if s.settled is None else s
@@ -164,6 +166,8 @@ def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
     if rec.restarted:
         b.settle(rec.index, False)
         b.crashes.append(rec.index)
+    if rec.restarted or op.kind == "restart" or rec.index == b.fault_op:
+        b.given.clear()  # a new process: nothing it read before can come back from a cache
 
 
 def _read_op(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
@@ -212,10 +216,14 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
         lost_since_ack=ack is not None and any(i > (ack.settled or 0) for i in [*b.crashes, *dict(b.rotations)]),
         listed=name is not None and name in _last_listing(b),
         after_crash=bool(b.crashes) or (b.fault_op is not None and b.fault_op < rec.index),
-        after_corruption=bool(b.corrupted))
+        after_corruption=bool(b.corrupted), given_before=tuple(b.given))
     if not rec.ok or not allowed:
         return facts
-    return _compare(b, facts, rec)
+    facts = _compare(b, facts, rec)
+    gave = facts.matched or facts.came_back
+    if gave is not None:
+        b.given.append(gave.version)
+    return facts
 
 
 def _compare(b: _Builder, facts: LoadFacts, rec: OpRecord) -> LoadFacts:
