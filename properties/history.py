@@ -204,8 +204,14 @@ def _read_op(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
 def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
     """What a load was allowed to give when it ran, and which of those it gave."""
     candidates = [s for s in b.saves if name is None or s.name == name]
-    ack = max((s for s in candidates if s.acked), key=lambda s: s.index, default=None)
-    undecided = [s for s in candidates if s is not ack and (ack is None or s.open_after(ack))]
+    # "latest" is the newest save, except where the SUT resolves it by version (versions of one directory,
+    # options["same_dir"]: the highest unique_id): a job that restarted from an older step and saved it again
+    # resumes from the highest version still there, as the case's own model expects.
+    by_version = name is None and bool(b.case.options.get("same_dir"))
+    newest = (lambda s: (s.version, s.index)) if by_version else (lambda s: s.index)
+    ack = max((s for s in candidates if s.acked), key=newest, default=None)
+    undecided = [s for s in candidates if s is not ack and (ack is None or s.open_after(ack))
+                 and not (by_version and ack is not None and s.version < ack.version)]
     allowed = ([ack] if ack is not None else []) + undecided
     facts = LoadFacts(
         at(rec), name, None if rec.ok else sut_error(rec), ack, tuple(allowed),
