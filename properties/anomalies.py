@@ -294,8 +294,10 @@ class WrongVersion(Anomaly):
 
     @property
     def relation(self) -> str:
-        """How the version it gave relates to the job: one an earlier load read, the newest saved, or an older."""
-        return "loaded-before" if self.loaded_before else "newest" if self.newest else "older"
+        """How the version it gave relates to the job: the newest saved, else one an earlier load read, else an
+        older one. The newest comes first: a load that always gives the newest reads as one bug whether or not an
+        earlier load happened to read the newest too (the ``loaded_before`` fact stays, for signatures)."""
+        return "newest" if self.newest else "loaded-before" if self.loaded_before else "older"
 
     def lines(self) -> tuple[str, ...]:
         why = {"loaded-before": ", which an earlier load of this job read", "newest": ", the newest saved",
