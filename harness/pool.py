@@ -29,6 +29,7 @@ _CAUSE = re.compile(r"what\(\):|terminate called|Assertion .*failed|Check failed
 
 
 FORKABLE = ("paddle", "plain")  # launchers whose ranks the fork server can start (torchrun's need its agent's store)
+LOG_CHARS = 4000  # the ranks' log tails quoted in a failure message
 IDLE_POLL_S = 0.1  # after a rank raised, how often the others' CPU time is read
 IDLE_FOR_S = 0.4  # a rank whose processes used no CPU this long, after a peer raised, waits on that peer
 
@@ -253,8 +254,16 @@ class RankPool(Runner):
             cause = next((line for line in reversed(lines[:-3]) if _CAUSE.search(line)), None)
             shown = ([cause] if cause else []) + lines[-3:]
             if shown:
-                tails.append(f"{log.name}: {' / '.join(shown)}")
-        return "; ".join(tails)[-2000:] or "-"
+                tails.append((cause is None and not any(_CAUSE.search(line) for line in shown),
+                              f"{log.name}: {' / '.join(shown)}"))
+        # Logs that name a cause first, then whole tails while they fit: a cut never drops the line that says why
+        # (it used to keep the last 2000 characters, and lost a rank's abort message behind longer logs).
+        kept: list[str] = []
+        for _, tail in sorted(tails, key=lambda t: t[0]):
+            if kept and sum(len(k) + 2 for k in kept) + len(tail) > LOG_CHARS:
+                break
+            kept.append(tail)
+        return "; ".join(kept) or "-"
 
     def close(self, graceful: bool = True) -> None:
         for conn in self.conns.values():
