@@ -8,9 +8,11 @@ scratch (its process group included), exactly as a launched rank does.
 
 What each rank gets from the framework's launcher is learned from a real launch of the same shape (``Template``):
 its environment, with every loopback port and the pool's directory replaced by those of the new pool. So a forked
-rank sees what a launched one sees; what differs is only that no launcher process watches it, which matters to
-nothing the harness judges (a pool whose rank died is dropped whole). The first pool of every runner set is a
-real launch, and so is every pool of a replay that must follow the judge's strict rules (``harness.runners``).
+rank sees what a launched one sees; what differs is only that no launcher process watches it. Fault-free cases do
+not depend on that (a pool whose rank died is dropped whole); P-LIVENESS, which judges what survivors of a dead
+peer do, may (a launcher can end them itself): its replay on real ranks is the reference. The first pool of every
+runner set is a real launch, and so is every pool of a replay that must follow the judge's strict rules
+(``harness.runners``).
 """
 
 from __future__ import annotations
