@@ -77,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--fail-on-known", action="store_true",
                    help="exit 1 when known bugs were met too (default: only new buckets exit 1)")
     f.add_argument(
-        "--launch", choices=MODES, default="pool", help="warm rank pool (default), fresh launch per case, or in-process"
+        "--launch", choices=MODES, default="pool", help="warm rank pool (default), fresh launch per case, in-process, or virtual (W ranks as threads of one process: paddle-dcp)"
     )
     f.add_argument(
         "--op-timeout",

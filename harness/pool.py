@@ -76,6 +76,7 @@ class RankPool(Runner):
 
     mode = "warm-pool"
     launched = True
+    drifts = True
 
     def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0, nnodes: int = 1,
                  forks: ForkServer | None = None, fork: bool = False) -> None:
@@ -140,14 +141,9 @@ class RankPool(Runner):
     def _start(self, control: str) -> dict[str, str]:
         """Start the launcher(s) or rank processes, each logging to its own file (or fork the ranks); returns the
         environment the launcher got, before its own additions."""
+        base = self._base_env()
         assert self._dir is not None
         log_dir = self._dir / "logs"
-        log_dir.mkdir()
-        # The launchers' and ranks' temp files (torch elastic's, multiprocessing's) go with the pool even when its
-        # tree is killed before it could clean up; a short name, as sockets are made there.
-        scratch = self._dir / "t"
-        scratch.mkdir()
-        base = child_env({SHM_VAR: str(self._dir / "shm"), "TMPDIR": str(scratch)})
         self.forked = False
         if self.fork and self.forks is not None and self.forks.usable(self.world):
             try:
@@ -166,6 +162,16 @@ class RankPool(Runner):
             env = {**env, SHM_VAR: base[SHM_VAR], "TMPDIR": base["TMPDIR"]}
             self.procs.append(start(cmd, env, log_dir / f"launch-{n}.log"))
         return base
+
+    def _base_env(self) -> dict[str, str]:
+        """Make the pool's log and scratch directories; the environment its processes start from."""
+        assert self._dir is not None
+        (self._dir / "logs").mkdir()
+        # The launchers' and ranks' temp files (torch elastic's, multiprocessing's) go with the pool even when its
+        # tree is killed before it could clean up; a short name, as sockets are made there.
+        scratch = self._dir / "t"
+        scratch.mkdir()
+        return child_env({SHM_VAR: str(self._dir / "shm"), "TMPDIR": str(scratch)})
 
     def _fork(self, control: str, base: dict[str, str], log_dir: Path) -> None:
         assert self.forks is not None and self._dir is not None
@@ -189,7 +195,7 @@ class RankPool(Runner):
                 if time.monotonic() > deadline:
                     raise PoolFailure("setup", f"{len(self.conns)} of {self.world} ranks set up within "
                                       f"{self.start_timeout:.0f} s; logs: {self._logs()}")
-                direct = self.forked or self.launcher in ("plain", "torchrun")  # no launcher outlives its ranks
+                direct = self.forked or self.launcher in ("plain", "torchrun", "virtual")  # no launcher outlives its ranks
                 if direct and any(p.poll() is not None for p in self.procs):
                     while self._accept(listener, waiting, 0.0):  # an exited rank may have said why: hear it first
                         pass
@@ -341,7 +347,8 @@ class RankPool(Runner):
         self._broadcast({"type": "begin", "case": case_json, "root": root}, 60, "case set-up")
 
     def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None) -> list[dict]:
-        return self._broadcast({"type": "op", "index": index}, timeout, f"op {index}", fail_fast, stuck_after)
+        return self._broadcast({"type": "op", "index": index, "stuck_after": stuck_after}, timeout, f"op {index}",
+                               fail_fast, stuck_after)
 
     def end(self) -> None:
         if self.alive:

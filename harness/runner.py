@@ -28,6 +28,9 @@ class Runner(ABC):
 
     mode: str
     launched: bool
+    #: Its ranks meet in collectives, so a failed op may leave them out of step (one raised, one waits): a failed
+    #: case's runner is checked with ``healthy`` before it is kept.
+    drifts: bool = False
 
     def __init__(self) -> None:
         self.pids: dict[int, int] = {}  # rank -> pid of the rank process (real ranks only)

@@ -13,8 +13,9 @@ from .inprocess import InProcessRunner
 from .pool import RankPool
 from .runner import Runner
 from .sut import adapter_class
+from .virtual_pool import VirtualPool
 
-MODES = ("pool", "fresh", "in-process")
+MODES = ("pool", "fresh", "in-process", "virtual")
 DEVICES = ("auto", "cpu", "gpu")  # auto: one GPU per rank where the framework has CUDA and enough GPUs
 OP_TIMEOUT = 120.0
 # Pools kept launching in the background during a warm pass, per world size and set-up: a pass over crash states
@@ -34,10 +35,12 @@ class Runners:
         self.sut, self.mode, self.op_timeout = sut, mode, op_timeout
         self.device, self.nnodes = device, nnodes
         self.cls = adapter_class(sut)
-        self._runners: dict[tuple[int, str, bool], Runner] = {}
+        if mode == "virtual" and "virtual" not in self.cls.capabilities:
+            raise ValueError(f"{sut} has no virtual ranks (capability 'virtual'); launch it as a pool")
+        self._runners: dict[tuple[int, str, str], Runner] = {}
         self._retired_launches = 0
         self._retired: list[Runner] = []  # closed runners, kept for the recovery figures
-        self._keys_launched: set[tuple[int, str, bool]] = set()
+        self._keys_launched: set[tuple[int, str, str]] = set()
         self._retired_devices: set[str] = set()
         # keep_spare: a pool killed by a fault is replaced at once by one launched in the background, ready for the
         # next op that needs it (crash-point runs kill a pool per point, and a launch is most of a point's cost).
@@ -46,21 +49,23 @@ class Runners:
         # stay for the next op (as between cases) instead of being replaced; the warm passes over crash points and
         # states set it, and every failure they find is replayed under the strict rule before it counts.
         self.keep_failed = False
-        self._spares: dict[tuple[int, str, bool], list[_Spare]] = {}
+        self._spares: dict[tuple[int, str, str], list[_Spare]] = {}
         # fast_failures (a fuzzing judge): ranks that sit idle in an op after a peer raised are not waited on until
         # the backend's timeout; the fault-free case stops there (harness.run, harness.judge).
         self.fast_failures = False
         # Exploring (fuzzing, warm passes), a lost pool is replaced by ranks forked from a process that has the
         # framework imported, told by the first real launch what its ranks get (harness.forkserver); replays under
         # the strict rules and everything else launch for real.
-        self.forks = ForkServer(sut) if mode == "pool" else None
+        self.forks = ForkServer(sut) if mode in ("pool", "virtual") else None
 
     def get(self, world: int, options: dict, launched: bool = False) -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
         setup = {"shims": options.get("shims", True), "device": self.device}
         in_process = (not launched and self.mode == "in-process" and self.nnodes == 1
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
-        key = (world, json.dumps(setup, sort_keys=True), in_process)
+        virtual = not launched and self.mode == "virtual"
+        how = "in-process" if in_process else "virtual" if virtual else "ranks"
+        key = (world, json.dumps(setup, sort_keys=True), how)
         runner = self._runners.get(key)
         if runner is None and self._spares.get(key):
             runner = self._spares[key].pop(0).take()
@@ -70,6 +75,7 @@ class Runners:
         if runner is None:
             nodes = self.nnodes if world % self.nnodes == 0 else 1  # a world too small to split runs on one node
             runner = (InProcessRunner(self.sut, world, setup) if in_process
+                      else VirtualPool(self.sut, world, setup) if virtual
                       else RankPool(self.sut, world, setup, nnodes=nodes, forks=self.forks, fork=self.exploring))
             runner.replacement = key in self._keys_launched
             self._keys_launched.add(key)
@@ -122,9 +128,10 @@ class Runners:
         if keys and not graceful:
             self._stock(keys[0], runner)
 
-    def _stock(self, key: tuple[int, str, bool], like: Runner) -> None:
+    def _stock(self, key: tuple[int, str, str], like: Runner) -> None:
         """In a warm pass, keep SPARES pools like ``like`` launching or launched in the background for ``key``."""
-        if not (self.keep_spare and self.mode != "fresh" and isinstance(like, RankPool)):
+        if not (self.keep_spare and self.mode != "fresh" and isinstance(like, RankPool)
+                and not isinstance(like, VirtualPool)):
             return
         spares = self._spares.setdefault(key, [])
         while len(spares) < SPARES:

@@ -73,10 +73,7 @@ def from_paddle(x: Any, shape: tuple[int, ...] | None = None) -> Tensor:
     Paddle reports: a load that silently turned float8 into int8 shows up as a dtype mismatch, not a pass."""
     if getattr(x, "is_dist", lambda: False)():
         x = x._local_value()
-    code = _CODES.get(str(x.dtype).split(".")[-1])
-    if code is None:
-        raise TypeError(f"Paddle returned a tensor of dtype {x.dtype}, which the harness has no code for")
-    dt = dtype(code)
+    dt = dtype(dtype_code(x))
     array = np.require(x.numpy(), requirements="C")  # not ascontiguousarray: it makes 0-d 1-d
     bits = array.view(dt.bits_dtype).copy()  # fp8 comes back as int8, bool as bool, bf16 as uint16
     if shape is None:
@@ -84,6 +81,29 @@ def from_paddle(x: Any, shape: tuple[int, ...] | None = None) -> Tensor:
     if bits.size != math.prod(shape):
         raise ValueError(f"Paddle left a tensor of shape {list(x.shape)} where shape {list(shape)} was loaded into")
     return Tensor(dt, bits.reshape(shape))
+
+
+def dtype_code(x: Any) -> str:
+    """The harness's code of a paddle tensor's dtype ("BF16", ...)."""
+    code = _CODES.get(str(x.dtype).split(".")[-1])
+    if code is None:
+        raise TypeError(f"Paddle returned a tensor of dtype {x.dtype}, which the harness has no code for")
+    return code
+
+
+def raw_bytes(x: Any) -> bytes:
+    """A dense paddle tensor's bytes, row-major, as a backend sends them."""
+    return np.require(x.numpy(), requirements="C").tobytes()
+
+
+def write_bytes(x: Any, data: bytes) -> None:
+    """Overwrite a dense paddle tensor's elements in place with ``data`` (its dtype and shape kept), bit for bit, as
+    a backend receives into a buffer: a view stays a view of its base."""
+    import paddle
+
+    _, carrier, view = _CARRIERS[dtype_code(x)]
+    src = paddle.Tensor(np.frombuffer(data, carrier).reshape(tuple(x.shape)))
+    x.copy_(src.view(getattr(paddle, view)) if view else src, False)
 
 
 def scribble(x: Any) -> None:
@@ -169,6 +189,13 @@ class PaddleAdapter(SutAdapter):
     def preload(cls) -> None:
         super().preload()
         import paddle.distributed  # noqa: F401 -- what init_runtime and the checkpoint calls import
+
+    @classmethod
+    def virtual_world(cls, size: int) -> Any:
+        from ..virtual_paddle import PaddleWorld
+
+        cls.preload()
+        return PaddleWorld(size)
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         return init_runtime(rank, world_size, options)

@@ -61,6 +61,13 @@ class SutAdapter:
         if cls.framework:
             importlib.import_module(cls.framework)
 
+    @classmethod
+    def virtual_world(cls, size: int) -> Any:
+        """``size`` virtual ranks of this SUT inside this process (capability "virtual"; harness.virtual_host):
+        an object with ``run(tasks)`` (one callable per rank, run under a baton), ``envs`` (each rank's
+        environment), ``baton``, ``broken`` and ``close()``, as harness.virtual_paddle.PaddleWorld."""
+        raise NotImplementedError(f"{cls.name} has no virtual ranks")
+
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         """Initialise the framework's distributed runtime for this rank; return the names of active shims."""
         return []

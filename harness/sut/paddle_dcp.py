@@ -52,7 +52,7 @@ class PaddleDcpSut(PaddleAdapter):
     name = "paddle-dcp"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state",
-         "split_families"}
+         "split_families", "virtual"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )

@@ -1,0 +1,181 @@
+"""W ranks as threads of one process, exactly one running at a time: the baton.
+
+A rank runs until it enters a collective or finishes its task; the baton then goes to the next runnable rank in
+rank order (cyclically). A collective completes when every member of its group has entered it, matched by order
+within the group, as gloo matches them; its results are handed out by a ``resolve`` function that knows the
+backend's semantics (harness.gloo_model). When no rank can run and some wait in collectives no peer will join, the
+waiting ranks get ``timed_out(kinds)`` raised in them — what the backend does after its timeout, without waiting
+for it. Nothing here knows a framework: ``on_switch`` swaps what each rank must own (harness.virtual_paddle).
+
+The schedule depends only on the ranks' calls, never on the clock or the OS scheduler, so a run is replayable.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Entry:
+    """One rank's part in a collective: what it called and what it brought."""
+
+    kind: str
+    payload: Any
+
+
+@dataclass
+class Slot:
+    """The n-th collective of a group: the entries so far, and each member's result once complete."""
+
+    members: tuple[int, ...]
+    entries: dict[int, Entry] = field(default_factory=dict)
+    results: dict[int, tuple[bool, Any]] = field(default_factory=dict)  # rank -> (ok, value or exception)
+
+
+class Abandoned(BaseException):
+    """Raised in a rank's thread to unwind it when the world is torn down mid-op (never seen by a judge)."""
+
+
+Resolve = Callable[[dict[int, Entry]], dict[int, tuple[bool, Any]]]
+
+
+class Baton:
+    """The scheduler. ``run(tasks)`` runs one task per rank to completion under the baton and returns each rank's
+    return value or exception; ``collective`` is what a rank's thread calls to meet its peers."""
+
+    def __init__(self, world: int, on_switch: Callable[[int], None], timed_out: Callable[[Sequence[str]], BaseException]
+                 ) -> None:
+        self.world = world
+        self.on_switch, self.timed_out = on_switch, timed_out
+        self.current: int | None = None
+        self._go = [threading.Semaphore(0) for _ in range(world)]
+        self._back = threading.Semaphore(0)  # the driver waits here while ranks run
+        self._tasks: list[Callable[[], Any] | None] = [None] * world
+        self._results: list[tuple[bool, Any] | None] = [None] * world
+        self._state = ["idle"] * world  # idle | runnable | blocked | done
+        self._waiting: dict[int, tuple[tuple[int, ...], int]] = {}  # rank -> (group, slot index) it waits in
+        self._slots: dict[tuple[tuple[int, ...], int], Slot] = {}
+        self._seq: dict[tuple[int, tuple[int, ...]], int] = {}  # (rank, group) -> collectives entered so far
+        self._closing = False
+        self.timeouts = 0  # collectives that timed out (the world is then out of step, as a real one would be)
+        self.timed_out_ranks: set[int] = set()  # ranks whose collective timed out in the current run
+        self.completed = 0  # collectives completed so far: ranks between the same two collectives share an epoch
+        self._threads = [threading.Thread(target=self._main, args=(r,), name=f"ckh-vrank-{r}", daemon=True)
+                         for r in range(world)]
+        for t in self._threads:
+            t.start()
+
+    # -- driver side ---------------------------------------------------------------------------------------------
+
+    def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+        """Run ``tasks[r]`` on rank r, all of them, under the baton; (ok, value or exception) per rank."""
+        if len(tasks) != self.world:
+            raise ValueError(f"{len(tasks)} tasks for {self.world} ranks")
+        for r, task in enumerate(tasks):
+            self._tasks[r], self._results[r], self._state[r] = task, None, "runnable"
+        self.timed_out_ranks = set()
+        self._pass(None)
+        self._back.acquire()
+        out = [res for res in self._results]
+        assert all(res is not None for res in out)
+        return out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """End the rank threads (a rank blocked in a collective is unwound with ``Abandoned``)."""
+        self._closing = True
+        for r in range(self.world):
+            self._go[r].release()
+        for t in self._threads:
+            t.join(timeout=5)
+
+    # -- rank side -----------------------------------------------------------------------------------------------
+
+    def collective(self, rank: int, kind: str, payload: Any, resolve: Resolve,
+                   group: tuple[int, ...] | None = None) -> Any:
+        """Enter a collective of ``group`` (default: every rank) and wait for its result; raises what the backend
+        would raise on this rank."""
+        members = group if group is not None else tuple(range(self.world))
+        n = self._seq.get((rank, members), 0)
+        self._seq[(rank, members)] = n + 1
+        slot = self._slots.setdefault((members, n), Slot(members))
+        slot.entries[rank] = Entry(kind, payload)
+        if len(slot.entries) == len(members):
+            results = resolve(slot.entries)
+            for member in members:
+                slot.results[member] = results[member]
+                if member != rank:
+                    self._waiting.pop(member, None)
+                    self._state[member] = "runnable"
+            del self._slots[(members, n)]
+            self.completed += 1
+        else:
+            self._state[rank] = "blocked"
+            self._waiting[rank] = (members, n)
+            self._pass(rank)
+            self._go[rank].acquire()  # back when the slot completed, timed out or the world closes
+            if self._closing:
+                raise Abandoned()
+        ok, value = slot.results.pop(rank)
+        if not ok:
+            raise value
+        return value
+
+    def _main(self, rank: int) -> None:
+        while True:
+            self._go[rank].acquire()
+            if self._closing:
+                return
+            task = self._tasks[rank]
+            assert task is not None
+            try:
+                self._results[rank] = (True, task())
+            except Abandoned:
+                return
+            except BaseException as exc:  # the task's outcome, judged by the caller
+                self._results[rank] = (False, exc)
+            self._tasks[rank] = None
+            self._state[rank] = "done"
+            self._pass(rank)
+
+    # -- the baton -----------------------------------------------------------------------------------------------
+
+    def _pass(self, after: int | None) -> None:
+        """Give the baton to the next runnable rank after ``after`` in rank order; with none runnable, time out
+        the waiting ranks, or (all done) hand control back to the driver."""
+        nxt = self._next_runnable(after)
+        if nxt is None and self._waiting:
+            self._time_out()
+            nxt = self._next_runnable(after)
+        if nxt is None:
+            self.current = None
+            self._back.release()
+            return
+        self._state[nxt] = "running"
+        if nxt != self.current:
+            self.on_switch(nxt)
+            self.current = nxt
+        self._go[nxt].release()
+
+    def _next_runnable(self, after: int | None) -> int | None:
+        start = 0 if after is None else after + 1
+        for i in range(self.world):
+            r = (start + i) % self.world
+            if self._state[r] == "runnable":
+                return r
+        return None
+
+    def _time_out(self) -> None:
+        """Every rank left waiting waits for a peer that will not come (it finished, or waits elsewhere): each
+        gets the backend's timeout error, as it would once the timeout passed."""
+        for key in sorted(set(self._waiting.values())):
+            slot = self._slots.pop(key)
+            error_kinds = sorted({e.kind for e in slot.entries.values()})
+            for rank in slot.entries:
+                slot.results[rank] = (False, self.timed_out(error_kinds))
+                self.timed_out_ranks.add(rank)
+                self._state[rank] = "runnable"
+        self._waiting.clear()
+        self.timeouts += 1

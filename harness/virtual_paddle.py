@@ -1,0 +1,257 @@
+"""Paddle's unmodified checkpoint code on W virtual ranks: threads of one process under harness.baton.
+
+Nothing of flex checkpoint is replaced. What is faked is listed in ``FAKES`` and is only what a real launch gives
+a rank from outside Python's reach of one process: its identity, its default process group, and the backend
+behind that group (gloo, emulated from measurements: harness.gloo_model). Everything Paddle keeps at module level
+— caches, the metadata manager, the async save queue, the group maps — gets one copy per rank, swapped in when
+the baton passes (``RankGlobals``); a shared copy would let one rank see another's cache and report false bugs.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import gc
+import importlib
+import os
+import pkgutil
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import gloo_model
+from .baton import Baton
+from .gloo_model import Buffer
+
+FAKES: tuple[str, ...] = (
+    "environment PADDLE_TRAINER_ID, PADDLE_CURRENT_ENDPOINT, PADDLE_RANK_IN_NODE, PADDLE_LOCAL_RANK: the running "
+    "rank's, set at every switch (Paddle's C++ reads PADDLE_TRAINER_ID on every call)",
+    "paddle.distributed.parallel._global_parallel_env: a real ParallelEnv per rank (get_rank, get_world_size)",
+    "the default group: a real Group per rank, registered the way init_parallel_env registers it, so "
+    "is_initialized() holds and init_parallel_env is never called",
+    "the default group's process group: VirtualProcessGroup — barrier, broadcast, all_gather, "
+    "all_gather_into_tensor, all_reduce(SUM) with gloo's measured semantics; any other call raises VirtualUnsupported",
+    "paddle.distributed.new_group: raises VirtualUnsupported (no sub-groups)",
+    "gc as the watched modules see it: collect() runs one full collection per collective epoch; the ranks' garbage "
+    "lives in one process, so the first rank's collection frees what W would, and the other W-1 would only walk "
+    "every rank's live objects again (quadratic in W; nothing a checkpoint holds can depend on it)",
+    "module-level values of paddle.distributed's parallel, collective, communication and flex_checkpoint modules "
+    "and of the SUT adapter's package: one copy per rank (RankGlobals)",
+)
+
+#: Modules whose module-level values are per rank (prefixes of module names).
+WATCHED = ("paddle.distributed.flex_checkpoint", "paddle.distributed.parallel", "paddle.distributed.parallel_helper",
+           "paddle.distributed.collective", "paddle.distributed.communication", "harness.sut")
+_MODULE_DUNDERS = frozenset({"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__file__", "__cached__",
+                             "__builtins__", "__all__", "__path__", "__annotations__", "__getattr__", "__dir__"})
+_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)
+_MUTABLE = (dict, list, set, bytearray, collections.deque)
+
+
+class VirtualUnsupported(NotImplementedError):
+    """Paddle asked the virtual world for something it does not emulate: the case cannot run virtually."""
+
+
+class RankGlobals:
+    """Every module-level value of the watched modules, one copy per rank. ``install(rank)`` saves the running
+    rank's values (a module may rebind a global or mutate it) and puts ``rank``'s in place."""
+
+    def __init__(self, world: int, extra: Sequence[tuple[Any, str]] = ()) -> None:
+        self.slots: list[tuple[Any, str]] = [*extra]
+        self.shared: list[str] = []  # state that could not be copied: listed, shared by all ranks
+        for name, module in sorted(sys.modules.items()):
+            if isinstance(module, types.ModuleType) and name.startswith(WATCHED):
+                for attr, value in sorted(vars(module).items()):
+                    if attr not in _MODULE_DUNDERS and _is_state(value, module):
+                        self.slots.append((module, attr))
+        pristine = [getattr(owner, attr) for owner, attr in self.slots]
+        self.values: list[list[Any]] = []
+        for _ in range(world):
+            self.values.append([self._copy(v, owner, attr) for v, (owner, attr) in zip(pristine, self.slots)])
+        self.current: int | None = None
+
+    def _copy(self, value: Any, owner: Any, attr: str) -> Any:
+        if isinstance(value, _IMMUTABLE):
+            return value
+        try:
+            return copy.deepcopy(value)
+        except Exception:
+            label = f"{getattr(owner, '__name__', owner)}.{attr}"
+            if label not in self.shared:
+                self.shared.append(label)
+            return value
+
+    def install(self, rank: int) -> None:
+        if self.current is not None:
+            mine = self.values[self.current]
+            for i, (owner, attr) in enumerate(self.slots):
+                mine[i] = getattr(owner, attr)
+        for (owner, attr), value in zip(self.slots, self.values[rank]):
+            setattr(owner, attr, value)
+        self.current = rank
+
+
+def _is_state(value: Any, module: types.ModuleType) -> bool:
+    """Data a module keeps (a cache, a counter, a registry), not code or configuration shared by design."""
+    if isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)):
+        return False
+    if isinstance(value, _IMMUTABLE + _MUTABLE):
+        return True
+    owner = getattr(type(value), "__module__", "") or ""
+    return owner.startswith(WATCHED)  # an instance of the watched code's own classes (e.g. a MetadataManager)
+
+
+class _Task:
+    """A finished collective's task (every virtual collective is done when it returns)."""
+
+    def wait(self, *args: Any, **kwargs: Any) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
+class VirtualProcessGroup:
+    """The default group's backend on one virtual rank: each call meets the peers under the baton."""
+
+    def __init__(self, world: PaddleWorld, rank: int) -> None:
+        self._world, self._rank = world, rank
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._world.size
+
+    def name(self) -> str:
+        return "GLOO"
+
+    def barrier(self, device_id: Any = None) -> _Task:
+        self._world.collective(self._rank, "barrier", None)
+        return _Task()
+
+    def broadcast(self, tensor: Any, src: int, sync_op: bool = True) -> _Task:
+        data = self._world.collective(self._rank, "broadcast", (src, _buffer(tensor)))
+        _write(tensor, data)
+        return _Task()
+
+    def all_gather(self, tensor_list: list[Any], tensor: Any, sync_op: bool = True) -> _Task:
+        gathered = self._world.collective(self._rank, "all_gather", _buffer(tensor))
+        for out, data in zip(tensor_list, gathered):
+            _write(out, data)
+        return _Task()
+
+    def all_gather_into_tensor(self, out: Any, tensor: Any, sync_op: bool = True) -> _Task:
+        gathered = self._world.collective(self._rank, "all_gather", _buffer(tensor))
+        _write(out, b"".join(gathered))
+        return _Task()
+
+    def all_reduce(self, tensor: Any, op: Any = None, sync_op: bool = True) -> _Task:
+        from paddle.distributed import ReduceOp
+
+        if op not in (None, ReduceOp.SUM):
+            raise VirtualUnsupported(f"virtual gloo: all_reduce with {op}")
+        _write(tensor, self._world.collective(self._rank, "all_reduce", _buffer(tensor)))
+        return _Task()
+
+    def __getattr__(self, name: str) -> Any:
+        raise VirtualUnsupported(f"virtual ranks do not emulate the process group's {name}")
+
+
+def _buffer(tensor: Any) -> Buffer:
+    from .sut._paddle_common import dtype_code, raw_bytes
+
+    return Buffer(raw_bytes(tensor), dtype_code(tensor), int(np.prod(tensor.shape)))
+
+
+def _write(tensor: Any, data: bytes) -> None:
+    from .sut._paddle_common import write_bytes
+
+    write_bytes(tensor, data)
+
+
+class PaddleWorld:
+    """W virtual ranks of a Paddle job in this process: their identities, groups and globals, and the baton."""
+
+    def __init__(self, size: int) -> None:
+        import paddle.distributed as dist
+        from paddle.distributed import collective, parallel, parallel_helper
+        from paddle.distributed.communication import group as group_mod
+
+        self.size = size
+        _import_all("paddle.distributed.flex_checkpoint")
+        endpoints = [f"127.0.0.1:{6170 + r}" for r in range(size)]  # named, never connected to
+        os.environ.update({"PADDLE_TRAINERS_NUM": str(size), "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
+                           "PADDLE_WORLD_DEVICE_IDS": "", "PADDLE_LOCAL_SIZE": str(size)})
+        self.envs = [{"PADDLE_TRAINER_ID": str(r), "PADDLE_CURRENT_ENDPOINT": endpoints[r],
+                      "PADDLE_RANK_IN_NODE": str(r), "PADDLE_LOCAL_RANK": str(r)} for r in range(size)]
+        extra = [(group_mod._GroupManager, "group_map_by_id"), (group_mod._GroupManager, "global_group_id")]
+        self.globals = RankGlobals(size, extra)
+        for r in range(size):  # each rank's copy gets what init_parallel_env would have registered
+            self._switch(r)
+            parallel._global_parallel_env = parallel.ParallelEnv()
+            group = group_mod.Group(r, 0, list(range(size)), pg=VirtualProcessGroup(self, r),
+                                    name=collective._default_group_name)
+            collective._set_group_map_by_name(collective._default_group_name, group)
+            collective._set_group_map(0, group)
+            collective._set_group_map_backend(group, "gloo")
+            group_mod._add_new_group(group)
+            parallel_helper._set_parallel_ctx(True)
+        dist.new_group = collective.new_group = _no_new_group
+        self.baton = Baton(size, self._switch, gloo_model.timed_out)
+        self.gc = _EpochGc(self.baton)
+        for name, module in list(sys.modules.items()):
+            if name.startswith(WATCHED) and getattr(module, "gc", None) is gc:
+                module.gc = self.gc
+
+    def _switch(self, rank: int) -> None:
+        self.globals.install(rank)
+        os.environ.update(self.envs[rank])
+
+    def collective(self, rank: int, kind: str, payload: Any) -> Any:
+        return self.baton.collective(rank, kind, payload, gloo_model.resolve)
+
+    def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
+        return self.baton.run(tasks)
+
+    @property
+    def broken(self) -> bool:
+        """A collective timed out: as after a real gloo timeout, the group is out of step for good."""
+        return self.baton.timeouts > 0
+
+    def close(self) -> None:
+        self.baton.close()
+
+
+class _EpochGc(types.ModuleType):
+    """The ``gc`` module for the watched modules: ``collect()`` at most once between two collectives."""
+
+    def __init__(self, baton: Baton) -> None:
+        super().__init__("gc")
+        self._baton, self._epoch = baton, -1
+
+    def collect(self, generation: int = 2) -> int:
+        if self._baton.completed == self._epoch:
+            return 0
+        self._epoch = self._baton.completed
+        return gc.collect(generation)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(gc, name)
+
+
+def _no_new_group(*args: Any, **kwargs: Any) -> Any:
+    raise VirtualUnsupported("virtual ranks have only the default group (new_group is not emulated)")
+
+
+def _import_all(package: str) -> None:
+    """Import every submodule now, so each one's module-level state is copied per rank before any rank runs."""
+    pkg = importlib.import_module(package)
+    for info in pkgutil.walk_packages(pkg.__path__, package + "."):
+        importlib.import_module(info.name)
