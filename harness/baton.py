@@ -46,8 +46,8 @@ class Baton:
     """The scheduler. ``run(tasks)`` runs one task per rank to completion under the baton and returns each rank's
     return value or exception; ``collective`` is what a rank's thread calls to meet its peers."""
 
-    def __init__(self, world: int, on_switch: Callable[[int], None], timed_out: Callable[[Sequence[str]], BaseException]
-                 ) -> None:
+    def __init__(self, world: int, on_switch: Callable[[int], None],
+                 timed_out: Callable[[Sequence[str], bool], BaseException]) -> None:
         self.world = world
         self.on_switch, self.timed_out = on_switch, timed_out
         self.current: int | None = None
@@ -55,7 +55,8 @@ class Baton:
         self._back = threading.Semaphore(0)  # the driver waits here while ranks run
         self._tasks: list[Callable[[], Any] | None] = [None] * world
         self._results: list[tuple[bool, Any] | None] = [None] * world
-        self._state = ["idle"] * world  # idle | runnable | blocked | done
+        self._state = ["idle"] * world  # idle | runnable | running | blocked | done | gone (its process exited)
+        self._exits: dict[int, SystemExit] = {}
         self._waiting: dict[int, tuple[tuple[int, ...], int]] = {}  # rank -> (group, slot index) it waits in
         self._slots: dict[tuple[tuple[int, ...], int], Slot] = {}
         self._seq: dict[tuple[int, tuple[int, ...]], int] = {}  # (rank, group) -> collectives entered so far
@@ -75,6 +76,9 @@ class Baton:
         if len(tasks) != self.world:
             raise ValueError(f"{len(tasks)} tasks for {self.world} ranks")
         for r, task in enumerate(tasks):
+            if r in self._exits:  # a rank whose process exited runs nothing more
+                self._results[r] = (False, self._exits[r])
+                continue
             self._tasks[r], self._results[r], self._state[r] = task, None, "runnable"
         self.timed_out_ranks = set()
         self._pass(None)
@@ -134,6 +138,11 @@ class Baton:
                 self._results[rank] = (True, task())
             except Abandoned:
                 return
+            except SystemExit as exc:  # the rank's process would end here: it is gone for good
+                self._results[rank], self._exits[rank] = (False, exc), exc
+                self._tasks[rank], self._state[rank] = None, "gone"
+                self._pass(rank)
+                return
             except BaseException as exc:  # the task's outcome, judged by the caller
                 self._results[rank] = (False, exc)
             self._tasks[rank] = None
@@ -168,13 +177,15 @@ class Baton:
         return None
 
     def _time_out(self) -> None:
-        """Every rank left waiting waits for a peer that will not come (it finished, or waits elsewhere): each
-        gets the backend's timeout error, as it would once the timeout passed."""
+        """Every rank left waiting waits for a peer that will not come (it finished, waits elsewhere, or its process
+        exited): each gets the backend's error for that, as it would once the timeout passed or the peer's
+        connection closed."""
         for key in sorted(set(self._waiting.values())):
             slot = self._slots.pop(key)
             error_kinds = sorted({e.kind for e in slot.entries.values()})
+            lost = any(m in self._exits for m in slot.members if m not in slot.entries)
             for rank in slot.entries:
-                slot.results[rank] = (False, self.timed_out(error_kinds))
+                slot.results[rank] = (False, self.timed_out(error_kinds, lost))
                 self.timed_out_ranks.add(rank)
                 self._state[rank] = "runnable"
         self._waiting.clear()

@@ -7,7 +7,7 @@ harness.virtual_paddle turns tensors into ``Buffer`` and results back into tenso
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,17 +33,47 @@ class GlooError(RuntimeError):
     """An error gloo raises on a rank (the message is the measured one, so signatures match a real run's)."""
 
 
+class RankExit(SystemExit):
+    """The rank's process ends here, as Paddle's gloo glue ends it (``exit(-1)``: status 255). A SystemExit, so the
+    rank's executor lets it through like a real exit, and the host lets the rank die."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(255)
+        self.why = why
+
+
+#: Dtypes Paddle's gloo glue can hand to gloo (GENERATE_FUNC in paddle/phi/core/distributed/gloo_utils.h, Linux):
+#: any other dtype makes the rank's process call exit(-1) before it communicates — silently, the message is a
+#: VLOG(0) — in every collective that takes a buffer.
+SUPPORTED = frozenset({"F32", "F64", "F16", "I32", "I64", "I8", "U8", "BOOL", "BF16"})
+
+
 # Messages as gloo words them (docs/gloo.md). A peer that never arrives: gloo's own timeout, after which the
 # group is unusable.
 TIMEOUT_MESSAGE = ("[Virtual gloo] Timed out waiting for a peer in a collective ({kinds}); a real gloo group "
                    "raises here after its timeout and is unusable afterwards")
 
+PEER_LOST_MESSAGE = "[Virtual gloo] Connection closed by peer in a collective ({kinds})"
+
 _SUMMABLE = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
              "U8": "u1"}
 
 
-def timed_out(kinds: list[str] | tuple[str, ...]) -> GlooError:
+def timed_out(kinds: Sequence[str], lost: bool) -> GlooError:
+    """The error of a rank whose peer never joined its collective: ``lost``, the peer's process exited (its
+    connection closed), else it is alive elsewhere and the timeout passed."""
+    if lost:
+        return GlooError(PEER_LOST_MESSAGE.format(kinds=", ".join(kinds) or "?"))
     return GlooError(TIMEOUT_MESSAGE.format(kinds=", ".join(kinds) or "?"))
+
+
+def entry_check(kind: str, buffers: list[Buffer]) -> RankExit | None:
+    """What happens on a rank before it meets its peers: its process exits where a buffer's dtype is one gloo's
+    glue has no case for."""
+    for buf in buffers:
+        if buf.code not in SUPPORTED:
+            return RankExit(f"gloo {kind} of a {buf.code} buffer: Paddle's gloo glue calls exit(-1)")
+    return None
 
 
 def resolve(entries: Mapping[int, Entry]) -> dict[int, tuple[bool, Any]]:

@@ -57,62 +57,84 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _serve(world, conns, executors)
     finally:
-        world.run([lambda r=r: _close(executors[r]) for r in range(size)])
+        world.run([lambda ex=ex: _close(ex) for ex in executors])
         world.close()
     return 0
 
 
+class _Ranks:
+    """The host's side of each rank's control connection; a rank whose process would have exited is closed (the
+    controller sees it die) and hears nothing more."""
+
+    def __init__(self, conns: list[Connection]) -> None:
+        self.conns: dict[int, Connection] = dict(enumerate(conns))
+
+    def receive(self) -> dict | None:
+        """The message every live rank got (the controller sends each the same); None when the controller left."""
+        msgs = []
+        for conn in self.conns.values():
+            try:
+                msgs.append(conn.recv())
+            except EOFError:
+                return None
+        return msgs[0] if msgs else None
+
+    def answer(self, replies: dict[int, dict], results: list[tuple[bool, object]]) -> None:
+        """Send each live rank its reply; a rank that exited (SystemExit, as Paddle's ``exit(-1)``) is closed."""
+        for rank, (ok, value) in enumerate(results):
+            if not ok and isinstance(value, SystemExit) and rank in self.conns:
+                print(f"virtual rank {rank} exits with status {value.code}: {getattr(value, 'why', value)}",
+                      flush=True)
+                self.conns.pop(rank).close()
+        for rank, conn in self.conns.items():
+            conn.send(replies[rank])
+
+
 def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> None:
-    size = len(conns)
+    ranks = _Ranks(conns)
     while True:
-        try:
-            msgs = [conn.recv() for conn in conns]
-        except EOFError:
+        msg = ranks.receive()
+        if msg is None or msg["type"] == "stop":
             return
-        kind = msgs[0]["type"]
-        if kind == "stop":
-            return
+        kind = msg["type"]
         if kind == "begin":
             for ex in executors:
-                ex.begin(msgs[0]["case"], msgs[0]["root"])
-            replies = [{"type": "ok", "rank": r} for r in range(size)]
+                ex.begin(msg["case"], msg["root"])
+            results = world.run([lambda: {"type": "ok"} for _ in executors])
         elif kind == "op":
-            replies = _op(world, executors, msgs[0])
+            results = world.run([lambda ex=ex: {"type": "record", **ex.op(msg["index"])} for ex in executors])
+            _stuck(world, results, msg)
         elif kind == "health":
-            results = world.run([executors[r].adapter.healthy for r in range(size)])
-            replies = [{"type": "health", "rank": r, "ok": not world.broken and ok and value is True}
-                       for r, (ok, value) in enumerate(results)]
+            results = world.run([lambda ex=ex: {"type": "health", "ok": not world.broken and ex.adapter.healthy()}
+                                 for ex in executors])
         elif kind == "end":
-            _raise_fatal(world.run([ex.end for ex in executors]))
-            replies = [{"type": "ok", "rank": r} for r in range(size)]
+            results = world.run([lambda ex=ex: (ex.end(), {"type": "ok"})[1] for ex in executors])
         else:
             raise ValueError(f"unknown message {kind!r}")
-        for conn, reply in zip(conns, replies):
-            conn.send(reply)
+        _raise_harness_errors(results)
+        ranks.answer({r: {**value, "rank": r} for r, (ok, value) in enumerate(results) if ok}, results)
 
 
-def _op(world, executors: list[RankExecutor], msg: dict) -> list[dict]:
-    results = _raise_fatal(world.run([lambda ex=ex: ex.op(msg["index"]) for ex in executors]))
-    records = [{"type": "record", **value} for _, value in results]
+def _stuck(world, results: list[tuple[bool, object]], msg: dict) -> None:
+    """When the controller does not wait out a rank left in a collective by a peer that raised (``stuck_after``),
+    such a rank answers "Stuck", as a real pool answers for it."""
+    records = [value for ok, value in results if ok]
     stuck = world.baton.timed_out_ranks
     raised = next((r["rank"] for r in records if not r["ok"] and r["rank"] not in stuck), None)
     if msg.get("stuck_after") is None or raised is None:
-        return records
-    for record in records:  # what a real pool answers for a rank left waiting on a peer that raised
+        return
+    for record in records:
         if not record["ok"] and record["rank"] in stuck:
             record.update(error_type="Stuck", loaded={}, stuck=True, traceback="",
                           error=f"waiting in a collective after rank {raised} raised (virtual: no peer could join)")
-    return records
 
 
-def _raise_fatal(results: list[tuple[bool, object]]) -> list[tuple[bool, object]]:
-    """A rank that ends for real (SystemExit) ends the host, as it would end its process."""
+def _raise_harness_errors(results: list[tuple[bool, object]]) -> None:
+    """A rank's SystemExit is its process ending (``_Ranks.answer``); any other error escaped the executor, which
+    turns every SUT error into a record: a harness bug, which ends the host."""
     for ok, value in results:
-        if not ok and isinstance(value, FATAL):
-            raise value
-        if not ok:
+        if not ok and not isinstance(value, SystemExit):
             raise RuntimeError(f"a virtual rank failed outside the SUT's calls: {value!r}") from value
-    return results
 
 
 def _close(executor: RankExecutor) -> None:

@@ -215,6 +215,10 @@ class PaddleWorld:
         os.environ.update(self.envs[rank])
 
     def collective(self, rank: int, kind: str, payload: Any) -> Any:
+        buffers = [b for b in (payload if isinstance(payload, tuple) else (payload,)) if isinstance(b, Buffer)]
+        exit_now = gloo_model.entry_check(kind, buffers)
+        if exit_now is not None:
+            raise exit_now
         return self.baton.collective(rank, kind, payload, gloo_model.resolve)
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:

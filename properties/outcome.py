@@ -20,6 +20,8 @@ class OpRecord:
     error_type: str | None = None
     error: str | None = None
     traceback: str | None = None  # the cited failed rank's (harness.run.cause), for triage (never judged)
+    errors: dict[int, tuple[str, str]] = field(default_factory=dict)  # every failed rank's (type, message): the
+    # differential test of virtual ranks compares them rank by rank (never judged)
     symmetric: bool = True  # every rank failed the same way (or none did): collectives are still in step
     loaded: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # rank -> tensors (loads)
     written: dict[str, tuple[tuple[int, ...], list[Region]]] = field(default_factory=dict)  # saves: what hit disk
