@@ -77,7 +77,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--fail-on-known", action="store_true",
                    help="exit 1 when known bugs were met too (default: only new buckets exit 1)")
     f.add_argument(
-        "--launch", choices=MODES, default="pool", help="warm rank pool (default), fresh launch per case, in-process, or virtual (W ranks as threads of one process: paddle-dcp)"
+        "--launch", choices=MODES, default="pool",
+        help="warm rank pool (default), fresh launch per case, in-process, or virtual (the ranks as threads of one "
+        "process, harness/virtual_paddle.py: paddle-dcp; fault properties still get real ranks)"
     )
     f.add_argument(
         "--op-timeout",

@@ -195,7 +195,8 @@ class RankPool(Runner):
                 if time.monotonic() > deadline:
                     raise PoolFailure("setup", f"{len(self.conns)} of {self.world} ranks set up within "
                                       f"{self.start_timeout:.0f} s; logs: {self._logs()}")
-                direct = self.forked or self.launcher in ("plain", "torchrun", "virtual")  # no launcher outlives its ranks
+                # no launcher outlives its ranks
+                direct = self.forked or self.launcher in ("plain", "torchrun", "virtual")
                 if direct and any(p.poll() is not None for p in self.procs):
                     while self._accept(listener, waiting, 0.0):  # an exited rank may have said why: hear it first
                         pass

@@ -20,7 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.rankops import FATAL, RankExecutor
+from harness.rankops import RankExecutor
 from harness.sut import adapter_class
 from harness.sut.base import SutAdapter
 
@@ -102,7 +102,8 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> Non
                 ex.begin(msg["case"], msg["root"])
             results = world.run([lambda: {"type": "ok"} for _ in executors])
         elif kind == "op":
-            results = world.run([lambda ex=ex: {"type": "record", **ex.op(msg["index"])} for ex in executors])
+            index = msg["index"]
+            results = world.run([lambda ex=ex: {"type": "record", **ex.op(index)} for ex in executors])
             _stuck(world, results, msg)
         elif kind == "health":
             results = world.run([lambda ex=ex: {"type": "health", "ok": not world.broken and ex.adapter.healthy()}
