@@ -103,7 +103,7 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> Non
             results = world.run([lambda: {"type": "ok"} for _ in executors])
         elif kind == "op":
             index = msg["index"]
-            results = world.run([lambda ex=ex: {"type": "record", **ex.op(index)} for ex in executors])
+            results = world.run([lambda ex=ex, i=index: {"type": "record", **ex.op(i)} for ex in executors])
             _stuck(world, results, msg)
         elif kind == "health":
             results = world.run([lambda ex=ex: {"type": "health", "ok": not world.broken and ex.adapter.healthy()}
