@@ -37,8 +37,9 @@ class RankExecutor:
         self.live: dict[str, LocalTensor] | None = None  # a training case's state on this rank (trained in place)
         self.holds: list[WriterHold] = []  # writers of stalled saves, held until a resume (or wait, kill, save, end)
 
-    def begin(self, case_json: dict, root: str) -> None:
-        self.case = Case.from_json(case_json)
+    def begin(self, case_json: dict | Case, root: str) -> None:
+        """Take a case (as sent, or already parsed: ranks in one process share one immutable Case)."""
+        self.case = case_json if isinstance(case_json, Case) else Case.from_json(case_json)
         self.root = Path(root)
 
     def end(self) -> None:

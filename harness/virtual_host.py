@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 from harness.rankops import RankExecutor
 from harness.sut import adapter_class
 from harness.sut.base import SutAdapter
+from properties.case import Case
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,8 +99,9 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> Non
             return
         kind = msg["type"]
         if kind == "begin":
+            case = Case.from_json(msg["case"])  # once: the ranks share the immutable case
             for ex in executors:
-                ex.begin(msg["case"], msg["root"])
+                ex.begin(case, msg["root"])
             results = world.run([lambda: {"type": "ok"} for _ in executors])
         elif kind == "op":
             index = msg["index"]

@@ -14,6 +14,7 @@ import copy
 import gc
 import importlib
 import os
+import pickle
 import pkgutil
 import sys
 import types
@@ -34,6 +35,9 @@ FAKES: tuple[str, ...] = (
     "is_initialized() holds and init_parallel_env is never called",
     "the default group's process group: VirtualProcessGroup — barrier, broadcast, all_gather, "
     "all_gather_into_tensor, all_reduce(SUM) with gloo's measured semantics; any other call raises VirtualUnsupported",
+    "paddle.distributed.all_gather_object: Paddle's own algorithm (pickle, all_gather the int64 lengths, all_gather "
+    "the uint8 bytes padded with np.resize to the longest, unpickle each rank's prefix, append in rank order) on "
+    "bytes instead of tensors: the same two gloo all_gathers, without W tensors made and read back per rank",
     "paddle.distributed.new_group: raises VirtualUnsupported (no sub-groups)",
     "gc as the watched modules see it: collect() runs one full collection per collective epoch; the ranks' garbage "
     "lives in one process, so the first rank's collection frees what W would, and the other W-1 would only walk "
@@ -204,6 +208,9 @@ class PaddleWorld:
             group_mod._add_new_group(group)
             parallel_helper._set_parallel_ctx(True)
         dist.new_group = collective.new_group = _no_new_group
+        from paddle.distributed.communication import all_gather as all_gather_mod
+
+        dist.all_gather_object = all_gather_mod.all_gather_object = self.all_gather_object
         self.baton = Baton(size, self._switch, gloo_model.timed_out)
         self.gc = _EpochGc(self.baton)
         for name, module in list(sys.modules.items()):
@@ -220,6 +227,19 @@ class PaddleWorld:
         if exit_now is not None:
             raise exit_now
         return self.baton.collective(rank, kind, payload, gloo_model.resolve)
+
+    def all_gather_object(self, object_list: list[Any], obj: Any, group: Any = None) -> None:
+        """Paddle's all_gather_object, step for step, on bytes (see FAKES)."""
+        if group is not None and not _is_default(group):
+            raise VirtualUnsupported("virtual ranks have only the default group (all_gather_object on another)")
+        rank = self.baton.current
+        assert rank is not None
+        data = pickle.dumps(obj)
+        lengths = self.collective(rank, "all_gather", Buffer(np.int64(len(data)).tobytes(), "I64", 1))
+        sizes = [int(np.frombuffer(b, np.int64)[0]) for b in lengths]
+        padded = np.resize(np.frombuffer(data, np.uint8), [max(sizes)]).tobytes()
+        gathered = self.collective(rank, "all_gather", Buffer(padded, "U8", max(sizes)))
+        object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
         return self.baton.run(tasks)
@@ -248,6 +268,10 @@ class _EpochGc(types.ModuleType):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(gc, name)
+
+
+def _is_default(group: Any) -> bool:
+    return getattr(group, "id", None) == 0
 
 
 def _no_new_group(*args: Any, **kwargs: Any) -> Any:
