@@ -32,8 +32,10 @@ from properties.swarm import swarm
 from properties.verdicts import Judgement
 
 from .corpus import Corpus, replay_corpus
+from .fidelity import REAL_MAX, max_world
 from .judge import Judge
 from .runner import PoolFailure
+from .runners import Runners
 
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
 MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
@@ -57,6 +59,10 @@ class Finding:
     bucket: Bucket | None = None  # its root cause (properties.buckets): one finding per bucket and campaign
     left_out: tuple[str, ...] = ()  # the swarm configuration of its batch: the capabilities it could not draw
     found_at: float = 0.0  # seconds into the campaign when its bucket's first case failed (bench/detect.py)
+    # Found on virtual ranks: "yes" (the case fails the same way on real ranks), "no" (it does not: the virtual
+    # world differs from a real launch there, itself a bug to report), "virtual-only" (its worlds are larger than
+    # real ranks are launched for here); None: found on real ranks.
+    confirmed_real: str | None = None
 
 
 @dataclass
@@ -88,6 +94,7 @@ class Campaign:
     stopped: bool = False
     corpus: Corpus | None = None  # --corpus: its bucket cases replayed first, new buckets kept in it
     corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
+    real_judge: Judge | None = None  # virtual campaigns: replays findings on real ranks (Finding.confirmed_real)
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
     observed: dict[str, Counter] = field(default_factory=dict)  # Hypothesis's observations per property (_observer)
     buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
@@ -148,6 +155,8 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
             campaign.prop_seconds[prop] += time.monotonic() - began
         turn += 1
     campaign.wall = time.monotonic() - start
+    if campaign.real_judge is not None:
+        campaign.real_judge.close()
     campaign.launches = judge_case.runners.launches
     campaign.recovery = judge_case.runners.recovery()
     campaign.devices = sorted(judge_case.runners.devices)
@@ -249,7 +258,27 @@ def _batch(
     found = smallest + list(others.values())
     for finding in found:
         campaign.register(finding.bucket, prop)
+        if campaign.mode == "virtual":
+            finding.confirmed_real = _confirm_real(campaign, judge_case, finding)
     return found
+
+
+def _confirm_real(campaign: Campaign, judge_case: Judge, finding: Finding) -> str:
+    """Replay a virtual finding on real ranks under the strict rules (what ``replay`` does), where its worlds fit."""
+    if max_world(finding.case) > REAL_MAX:
+        return "virtual-only"
+    if campaign.real_judge is None:
+        campaign.real_judge = Judge(Runners(campaign.sut, "pool", judge_case.runners.op_timeout,
+                                            device=judge_case.runners.device), known=judge_case.known)
+    try:
+        judgement, outcome = campaign.real_judge(finding.case)
+    except Exception as exc:  # the real ranks could not run it: unconfirmed, and the table says why
+        campaign.harness_errors.append(f"confirming on real ranks: {type(exc).__name__}: {exc}")
+        return "no"
+    if judgement.ok:
+        return "no"
+    assert finding.bucket is not None
+    return "yes" if campaign.real_judge.bucket(finding.case, judgement, outcome).core == finding.bucket.core else "no"
 
 
 def _observer(counts: Counter) -> Callable[[object], None]:
@@ -291,8 +320,16 @@ def is_fatal(exc: BaseException) -> bool:
 
 
 def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):
+    """Virtual ranks (``mode`` "virtual") draw each case's world up to ``ranks``; a fault property's cases run on
+    real ranks (harness.run), so they stay within the worlds real ranks are launched for here."""
+    if campaign.mode != "virtual":
+        return property_cases(prop, campaign.sut, campaign.ranks, capabilities, faults=campaign.faults,
+                              ptrace=campaign.ptrace)
+    if REGISTRY[prop].fault:
+        return property_cases(prop, campaign.sut, min(campaign.ranks, REAL_MAX), capabilities, faults=True,
+                              ptrace=campaign.ptrace, worlds="drawn")
     return property_cases(prop, campaign.sut, campaign.ranks, capabilities, faults=campaign.faults,
-                          ptrace=campaign.ptrace)
+                          ptrace=campaign.ptrace, worlds="drawn")
 
 
 def _configured(campaign: Campaign, prop: str, capabilities: frozenset[str], seed: int

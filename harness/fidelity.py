@@ -23,13 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from properties.case import Case
+from properties.case import HARNESS_KINDS, Case
 from properties.outcome import OpRecord, Outcome
 
 from .run import run_ops
 from .runners import Runners
 
 REAL_MAX = 4  # the largest world real ranks are launched for here (2 cores); above it a finding is virtual-only
+
+
+def max_world(case: Case) -> int:
+    """The largest world any of the case's rank ops runs on."""
+    return max((case.world_size(case.op_layouts(i)) for i, op in enumerate(case.ops) if op.kind not in HARNESS_KINDS),
+               default=1)
 
 
 @dataclass

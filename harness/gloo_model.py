@@ -53,6 +53,7 @@ SUPPORTED = frozenset({"F32", "F64", "F16", "I32", "I64", "I8", "U8", "BOOL", "B
 TIMEOUT_MESSAGE = ("[Virtual gloo] Timed out waiting for a peer in a collective ({kinds}); a real gloo group "
                    "raises here after its timeout and is unusable afterwards")
 
+TIMEOUT_S = 30.0  # how long a gloo rank waits for a peer before it raises (docs/gloo.md)
 PEER_LOST_MESSAGE = "[Virtual gloo] Connection closed by peer in a collective ({kinds})"
 
 _SUMMABLE = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",

@@ -31,6 +31,7 @@ def finding_json(finding: Finding, replay: str) -> dict:
         "bucket_title": finding.bucket.title if finding.bucket else None,
         "swarm_left_out": list(finding.left_out),
         "found_at_s": round(finding.found_at, 1),
+        **({"confirmed_real": finding.confirmed_real} if finding.confirmed_real is not None else {}),
     }
 
 
@@ -125,7 +126,8 @@ def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
     """Every root-cause bucket the campaign met: the new ones (one shrunk finding each, how many cases fell in
     them, which properties) and the known ones (the regression case that explains them, as FINDINGS.md lists
     it)."""
-    out = [{"bucket": r["bucket"], "status": "new", "title": r["bucket_title"],
+    out = [{"bucket": r["bucket"], "status": "new" + (f" (real ranks: {r['confirmed_real']})"
+                                                      if "confirmed_real" in r else ""), "title": r["bucket_title"],
             "cases": campaign.bucket_hits.get(r["bucket"], 1),
             "properties": sorted(campaign.bucket_props.get(r["bucket"], {r["property"]})), "replay": r["replay"],
             "swarm_left_out": r.get("swarm_left_out", [])}

@@ -58,12 +58,14 @@ class Runners:
         # the strict rules and everything else launch for real.
         self.forks = ForkServer(sut) if mode in ("pool", "virtual") else None
 
-    def get(self, world: int, options: dict, launched: bool = False) -> Runner:
-        """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids)."""
+    def get(self, world: int, options: dict, launched: bool = False, fault_case: bool = False) -> Runner:
+        """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids).
+        ``fault_case``: the op belongs to a case with a fault, which virtual ranks never play (the job its fault
+        restarts and the state it leaves are those of real processes)."""
         setup = {"shims": options.get("shims", True), "device": self.device}
         in_process = (not launched and self.mode == "in-process" and self.nnodes == 1
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
-        virtual = not launched and self.mode == "virtual"
+        virtual = not launched and not fault_case and self.mode == "virtual"
         how = "in-process" if in_process else "virtual" if virtual else "ranks"
         key = (world, json.dumps(setup, sort_keys=True), how)
         runner = self._runners.get(key)

@@ -20,6 +20,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.gloo_model import TIMEOUT_S
 from harness.rankops import RankExecutor
 from harness.sut import adapter_class
 from harness.sut.base import SutAdapter
@@ -106,7 +107,7 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> Non
         elif kind == "op":
             index = msg["index"]
             results = world.run([lambda ex=ex, i=index: {"type": "record", **ex.op(i)} for ex in executors])
-            _stuck(world, results, msg)
+            _waited(world, results, msg)
         elif kind == "health":
             results = world.run([lambda ex=ex: {"type": "health", "ok": not world.broken and ex.adapter.healthy()}
                                  for ex in executors])
@@ -118,11 +119,15 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> Non
         ranks.answer({r: {**value, "rank": r} for r, (ok, value) in enumerate(results) if ok}, results)
 
 
-def _stuck(world, results: list[tuple[bool, object]], msg: dict) -> None:
-    """When the controller does not wait out a rank left in a collective by a peer that raised (``stuck_after``),
-    such a rank answers "Stuck", as a real pool answers for it."""
+def _waited(world, results: list[tuple[bool, object]], msg: dict) -> None:
+    """A rank whose collective timed out spent the backend's timeout waiting (virtual time: its record's seconds
+    say so, as a real rank's would, and harness.run.cause then cites the peer that raised, not the waiter). When
+    the controller does not wait such ranks out (``stuck_after``), they answer "Stuck", as a real pool answers."""
     records = [value for ok, value in results if ok]
     stuck = world.baton.timed_out_ranks
+    for record in records:
+        if record["rank"] in stuck:
+            record["seconds"] += TIMEOUT_S
     raised = next((r["rank"] for r in records if not r["ok"] and r["rank"] not in stuck), None)
     if msg.get("stuck_after") is None or raised is None:
         return

@@ -20,6 +20,7 @@ from .case import Case, CaseError
 from .case_strategies import cases
 from .fault_strategies import fault_cases
 from .lifecycle_strategies import lifecycle_cases
+from .strategies import world_sizes
 from .training_strategies import trainable, training_cases
 
 NO_TRAINING_STATE = "SUT cannot hold a training state (needs F32, I64 and a parameter dtype)"
@@ -192,12 +193,19 @@ def drawable_properties(capabilities: Iterable[str], faults: bool = False) -> li
 
 
 def property_cases(prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (), *, faults: bool = False,
-                   ptrace: bool = True) -> st.SearchStrategy:
+                   ptrace: bool = True, worlds: str = "fixed") -> st.SearchStrategy:
     """Cases of ``prop``: the one entry point fuzzing and the pytest properties share. ``faults``: the campaign
-    injects faults; ``ptrace``: strace may attach (else fault cases use the psutil fallbacks)."""
+    injects faults; ``ptrace``: strace may attach (else fault cases use the psutil fallbacks). ``worlds``:
+    "fixed" saves on ``ranks`` ranks; "drawn" saves on a world drawn from 1..``ranks`` (odd sizes and primes
+    favoured: virtual ranks reach sizes no machine here launches, and Paddle's splits break on uneven ones)."""
     if prop not in REGISTRY:
         raise ValueError(f"no strategy draws property {prop!r}")
-    return REGISTRY[prop].strategy(prop, sut, ranks, frozenset(capabilities), faults, ptrace)
+    if worlds not in ("fixed", "drawn"):
+        raise ValueError(f"worlds must be 'fixed' or 'drawn', not {worlds!r}")
+    spec, caps = REGISTRY[prop], frozenset(capabilities)
+    if worlds == "fixed":
+        return spec.strategy(prop, sut, ranks, caps, faults, ptrace)
+    return world_sizes(ranks).flatmap(lambda world: spec.strategy(prop, sut, world, caps, faults, ptrace))
 
 
 def checker_for(case: Case) -> Checker:

@@ -63,6 +63,19 @@ def factorizations(n: int, max_dims: int = 3) -> list[tuple[int, ...]]:
     return sorted(out, key=lambda t: (len(t), t))
 
 
+#: World sizes a drawn world favours: odd sizes, primes and their neighbours, powers of two (each below a bound).
+NOTABLE_WORLDS = (1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 16, 17, 24, 31, 32, 37, 48, 61, 63, 64, 96, 127, 128, 191, 251,
+                  256)
+
+
+def world_sizes(most: int) -> st.SearchStrategy[int]:
+    """A world size in 1..``most``: the largest, a notable one, or any; shrinks toward 1."""
+    if most < 1:
+        raise ValueError(f"a world has at least one rank, not {most}")
+    notable = sorted({w for w in NOTABLE_WORLDS if w <= most} | {most})
+    return st.one_of(st.sampled_from(notable), st.integers(1, most), st.just(most))
+
+
 @st.composite
 def meshes(draw, world_size: int | None = None, max_world: int = 8) -> Mesh:
     n = world_size if world_size is not None else draw(st.integers(1, max_world))

@@ -1,0 +1,130 @@
+"""The baton that runs virtual ranks: one rank at a time, in rank order, collectives matched by order, a missing
+peer turned into the backend's error at once — deterministic whatever the OS scheduler does."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from harness.baton import Baton, Entry
+
+
+class _Timeout(RuntimeError):
+    pass
+
+
+def _gather(entries: dict[int, Entry]) -> dict[int, tuple[bool, object]]:
+    values = [entries[r].payload for r in sorted(entries)]
+    kinds = {e.kind for e in entries.values()}
+    if len(kinds) > 1:
+        return {r: (False, RuntimeError(f"mismatch {sorted(kinds)}")) for r in entries}
+    return {r: (True, list(values)) for r in entries}
+
+
+def _baton(world: int, switches: list[int] | None = None) -> Baton:
+    def on_switch(rank: int) -> None:
+        if switches is not None:
+            switches.append(rank)
+
+    return Baton(world, on_switch, lambda kinds, lost: _Timeout(f"{'lost' if lost else 'timeout'} {list(kinds)}"))
+
+
+@pytest.fixture
+def closing():
+    made: list[Baton] = []
+    yield made
+    for b in made:
+        b.close()
+
+
+def test_only_one_rank_runs_at_a_time_and_the_schedule_is_the_same_every_run(closing) -> None:
+    schedules = []
+    for _ in range(3):
+        switches: list[int] = []
+        baton = _baton(4, switches)
+        closing.append(baton)
+        running = []
+        log: list[tuple[int, str]] = []
+
+        def task(rank: int) -> list:
+            running.append(rank)
+            assert len(running) == 1, running
+            log.append((rank, "before"))
+            running.pop()
+            got = baton.collective(rank, "all_gather", rank * 10, _gather)
+            running.append(rank)
+            assert len(running) == 1, running
+            log.append((rank, "after"))
+            running.pop()
+            return got
+
+        results = baton.run([lambda r=r: task(r) for r in range(4)])
+        assert results == [(True, [0, 10, 20, 30])] * 4
+        schedules.append((switches, log))
+    assert schedules[0] == schedules[1] == schedules[2]
+    assert schedules[0][1][:4] == [(0, "before"), (1, "before"), (2, "before"), (3, "before")]
+
+
+def test_collectives_match_by_order_within_the_group(closing) -> None:
+    baton = _baton(3)
+    closing.append(baton)
+
+    def task(rank: int) -> list:
+        first = baton.collective(rank, "all_gather", ("a", rank), _gather)
+        second = baton.collective(rank, "all_gather", ("b", rank), _gather)
+        return [first, second]
+
+    results = baton.run([lambda r=r: task(r) for r in range(3)])
+    for ok, (first, second) in results:
+        assert ok
+        assert first == [("a", 0), ("a", 1), ("a", 2)]
+        assert second == [("b", 0), ("b", 1), ("b", 2)]
+
+
+def test_a_rank_that_raised_leaves_its_peers_the_timeout_error_at_once(closing) -> None:
+    baton = _baton(3)
+    closing.append(baton)
+
+    def task(rank: int) -> object:
+        if rank == 1:
+            raise ValueError("rank 1's own bug")
+        return baton.collective(rank, "broadcast", rank, _gather)
+
+    results = baton.run([lambda r=r: task(r) for r in range(3)])
+    assert isinstance(results[1][1], ValueError)
+    for r in (0, 2):
+        ok, exc = results[r]
+        assert not ok and isinstance(exc, _Timeout) and str(exc) == "timeout ['broadcast']"
+    assert baton.timeouts == 1 and baton.timed_out_ranks == {0, 2}
+
+
+def test_ranks_in_different_collectives_meet_in_one_slot_and_the_resolver_decides(closing) -> None:
+    baton = _baton(2)
+    closing.append(baton)
+    results = baton.run([lambda: baton.collective(0, "barrier", None, _gather),
+                         lambda: baton.collective(1, "broadcast", 1, _gather)])
+    assert all(not ok and "mismatch" in str(exc) for ok, exc in results)
+
+
+def test_a_rank_whose_process_exits_is_gone_and_its_peers_hear_the_connection_close(closing) -> None:
+    baton = _baton(3)
+    closing.append(baton)
+
+    def task(rank: int) -> object:
+        if rank == 0:
+            raise SystemExit(255)
+        return baton.collective(rank, "all_gather", rank, _gather)
+
+    results = baton.run([lambda r=r: task(r) for r in range(3)])
+    assert isinstance(results[0][1], SystemExit)
+    assert [str(exc) for _, exc in results[1:]] == ["lost ['all_gather']"] * 2
+    again = baton.run([lambda: "ran"] * 3)  # the gone rank runs nothing more; the others go on
+    assert isinstance(again[0][1], SystemExit) and again[1:] == [(True, "ran")] * 2
+
+
+def test_close_unwinds_a_rank_left_in_a_collective(closing) -> None:
+    baton = _baton(2)
+    baton.run([lambda: baton.collective(0, "all_gather", 0, _gather), lambda: None])
+    baton.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("ckh-vrank-")]
