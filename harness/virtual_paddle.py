@@ -72,6 +72,7 @@ class RankGlobals:
                     if attr not in _MODULE_DUNDERS and _is_state(value, module):
                         self.slots.append((module, attr))
         pristine = [getattr(owner, attr) for owner, attr in self.slots]
+        self.pristine = pristine
         self.values: list[list[Any]] = []
         for _ in range(world):
             self.values.append([self._copy(v, owner, attr) for v, (owner, attr) in zip(pristine, self.slots)])
@@ -96,6 +97,12 @@ class RankGlobals:
         for (owner, attr), value in zip(self.slots, self.values[rank]):
             setattr(owner, attr, value)
         self.current = rank
+
+    def restore(self) -> None:
+        """Put the values the modules had before any rank ran back in place."""
+        for (owner, attr), value in zip(self.slots, self.pristine):
+            setattr(owner, attr, value)
+        self.current = None
 
 
 def _is_state(value: Any, module: types.ModuleType) -> bool:
@@ -190,6 +197,10 @@ class PaddleWorld:
 
         self.size = size
         _import_all("paddle.distributed.flex_checkpoint")
+        self._env = {k: os.environ.get(k) for k in ("PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS",
+                                                   "PADDLE_WORLD_DEVICE_IDS", "PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ID",
+                                                   "PADDLE_CURRENT_ENDPOINT", "PADDLE_RANK_IN_NODE",
+                                                   "PADDLE_LOCAL_RANK")}
         endpoints = [f"127.0.0.1:{6170 + r}" for r in range(size)]  # named, never connected to
         os.environ.update({"PADDLE_TRAINERS_NUM": str(size), "PADDLE_TRAINER_ENDPOINTS": ",".join(endpoints),
                            "PADDLE_WORLD_DEVICE_IDS": "", "PADDLE_LOCAL_SIZE": str(size)})
@@ -207,14 +218,18 @@ class PaddleWorld:
             collective._set_group_map_backend(group, "gloo")
             group_mod._add_new_group(group)
             parallel_helper._set_parallel_ctx(True)
+        all_gather_mod = sys.modules["paddle.distributed.communication.all_gather"]
+        # (owner, name, original) of every function replaced, put back by close()
+        self._patched = [(dist, "new_group", dist.new_group), (collective, "new_group", collective.new_group),
+                         (dist, "all_gather_object", dist.all_gather_object),
+                         (all_gather_mod, "all_gather_object", all_gather_mod.all_gather_object)]
         dist.new_group = collective.new_group = _no_new_group
-        from paddle.distributed.communication import all_gather as all_gather_mod
-
         dist.all_gather_object = all_gather_mod.all_gather_object = self.all_gather_object
         self.baton = Baton(size, self._switch, gloo_model.timed_out)
         self.gc = _EpochGc(self.baton)
         for name, module in list(sys.modules.items()):
             if name.startswith(WATCHED) and getattr(module, "gc", None) is gc:
+                self._patched.append((module, "gc", gc))
                 module.gc = self.gc
 
     def _switch(self, rank: int) -> None:
@@ -250,7 +265,16 @@ class PaddleWorld:
         return self.baton.timeouts > 0
 
     def close(self) -> None:
+        """End the rank threads and leave the process as it was (a test may make a world in its own process)."""
         self.baton.close()
+        self.globals.restore()
+        for owner, name, original in self._patched:
+            setattr(owner, name, original)
+        for key, value in self._env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 class _EpochGc(types.ModuleType):

@@ -39,31 +39,32 @@ def closing():
 
 
 def test_only_one_rank_runs_at_a_time_and_the_schedule_is_the_same_every_run(closing) -> None:
-    schedules = []
-    for _ in range(3):
-        switches: list[int] = []
-        baton = _baton(4, switches)
-        closing.append(baton)
-        running = []
-        log: list[tuple[int, str]] = []
-
-        def task(rank: int) -> list:
-            running.append(rank)
-            assert len(running) == 1, running
-            log.append((rank, "before"))
-            running.pop()
-            got = baton.collective(rank, "all_gather", rank * 10, _gather)
-            running.append(rank)
-            assert len(running) == 1, running
-            log.append((rank, "after"))
-            running.pop()
-            return got
-
-        results = baton.run([lambda r=r: task(r) for r in range(4)])
-        assert results == [(True, [0, 10, 20, 30])] * 4
-        schedules.append((switches, log))
+    schedules = [_one_schedule(closing) for _ in range(3)]
     assert schedules[0] == schedules[1] == schedules[2]
     assert schedules[0][1][:4] == [(0, "before"), (1, "before"), (2, "before"), (3, "before")]
+
+
+def _one_schedule(closing: list[Baton]) -> tuple[list[int], list[tuple[int, str]]]:
+    switches: list[int] = []
+    baton = _baton(4, switches)
+    closing.append(baton)
+    running: list[int] = []
+    log: list[tuple[int, str]] = []
+
+    def step(rank: int, what: str) -> None:
+        running.append(rank)
+        assert len(running) == 1, running
+        log.append((rank, what))
+        running.pop()
+
+    def task(rank: int) -> list:
+        step(rank, "before")
+        got = baton.collective(rank, "all_gather", rank * 10, _gather)
+        step(rank, "after")
+        return got
+
+    assert baton.run([lambda r=r: task(r) for r in range(4)]) == [(True, [0, 10, 20, 30])] * 4
+    return switches, log
 
 
 def test_collectives_match_by_order_within_the_group(closing) -> None:

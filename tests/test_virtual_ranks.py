@@ -1,0 +1,122 @@
+"""Virtual ranks (harness.virtual_paddle): Paddle's own flex checkpoint on W threads of one process, held to a
+real launch by a differential test, and run at world sizes no machine here launches."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from harness.fidelity import differences, run_side
+from harness.judge import Judge
+from harness.runners import Runners
+from harness.sut import adapter_class
+from properties.case import Case, Op, TensorCase
+from properties.registry import REGISTRY, property_cases
+from reference.layout import Mesh, Replicate, Shard, Sharded
+
+SUT = "paddle-dcp"
+CAPS = adapter_class(SUT).capabilities
+# The data-path properties: one save and loads, seconds per case. The job-life properties (async writers spawned
+# per rank, training loops) take tens of seconds a case on both sides: the nightly run draws them too.
+QUICK = ("P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-REPEAT", "P-DIFF")
+FAULT_FREE = tuple(p for p, spec in REGISTRY.items() if not spec.fault and spec.skip_reason(CAPS) is None)
+
+
+@pytest.fixture(scope="module")
+def virtual_sides():
+    real, virtual = Runners(SUT, "pool"), Runners(SUT, "virtual")
+    real.fast_failures = virtual.fast_failures = True  # a fuzzing judge's regime on both sides
+    yield real, virtual
+    real.close()
+    virtual.close()
+
+
+def _cases(props: tuple[str, ...], ranks: int) -> st.SearchStrategy[Case]:
+    return st.sampled_from(props).flatmap(lambda p: property_cases(p, SUT, ranks, CAPS, worlds="drawn"))
+
+
+def _same(sides, case: Case) -> None:
+    real, virtual = sides
+    assert differences(run_side(case, real), run_side(case, virtual)) == []
+
+
+_SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "phases": [Phase.explicit, Phase.generate],
+             "database": None}
+
+
+@settings(max_examples=10, derandomize=True, **_SETTINGS)
+@given(case=_cases(QUICK, 3))
+def test_virtual_ranks_give_what_real_ranks_give(virtual_sides, case: Case) -> None:
+    """Same bits on every rank, same exceptions on the same ranks, same listing, same files (harness.fidelity)."""
+    _same(virtual_sides, case)
+
+
+@pytest.mark.nightly
+@settings(max_examples=300, **_SETTINGS)
+@given(case=_cases(FAULT_FREE, 4))
+def test_virtual_ranks_give_what_real_ranks_give_nightly(virtual_sides, case: Case) -> None:
+    _same(virtual_sides, case)
+
+
+def _case(prop: str, tensors: tuple[TensorCase, ...], save: dict, load: dict, **options) -> Case:
+    return Case(prop, SUT, tensors, save, load, (Op("save", "step-1"), Op("load", "step-1")), options, 1)
+
+
+def test_a_dtype_gloo_cannot_carry_ends_the_rank_as_on_real_ranks(virtual_sides) -> None:
+    """Paddle's gloo glue calls exit(-1) for an int16 buffer: the rank dies on both sides, not an exception."""
+    mesh = Mesh((2,))
+    save = {"w": Sharded(mesh, (Shard(0),)).to_json()}
+    load = {"w": Sharded(mesh, (Replicate(),)).to_json()}
+    case = _case("P-RESHARD", (TensorCase("w", "I16", (4, 2), 3),), save, load)
+    _same(virtual_sides, case)
+    assert run_side(case, virtual_sides[1]).records[1].failure == "crash"
+
+
+def test_a_rank_that_raises_leaves_its_peers_stuck_on_both_sides(virtual_sides) -> None:
+    """fp8 has no CPU full_like kernel: receiving ranks raise before the broadcast, the sender dies in it."""
+    mesh = Mesh((3,))
+    save = {"w": Sharded(mesh, (Shard(0),)).to_json()}
+    load = {"w": Sharded(mesh, (Replicate(),)).to_json()}
+    _same(virtual_sides, _case("P-RESHARD", (TensorCase("w", "F8_E4M3", (3, 2), 4),), save, load))
+
+
+@pytest.mark.parametrize("world", [5, 7, 13])
+def test_paddle_runs_at_world_sizes_no_machine_here_launches(world: int) -> None:
+    """Odd and prime worlds, saved on one size and loaded on another: every rank gets its exact piece."""
+    save_mesh, load_mesh = Mesh((world,)), Mesh((world - 2,))
+    tensors = (TensorCase("model/w", "F32", (2 * world, 3), 5), TensorCase("model/b", "BF16", (world,), 6))
+    row, whole = Sharded(save_mesh, (Shard(0),)).to_json(), Sharded(load_mesh, (Replicate(),)).to_json()
+    save = {"model/w": row, "model/b": row}
+    load = {"model/w": Sharded(load_mesh, (Shard(1),)).to_json(), "model/b": whole}
+    judge = Judge(Runners(SUT, "virtual"))
+    try:
+        judgement, outcome = judge(_case("P-RESHARD", tensors, save, load))
+    finally:
+        judge.close()
+    assert judgement.ok, judgement.details
+    assert {rank for rec in outcome.records for rank in rec.loaded} >= set(range(world - 2))
+
+
+def test_each_rank_keeps_its_own_copy_of_paddles_module_state() -> None:
+    """A cache Paddle keeps at module level, filled on one rank, is not seen by another (a shared copy would make
+    one rank read another's file list and report false bugs); identities are per rank."""
+    import paddle.distributed as dist
+
+    world = adapter_class(SUT).virtual_world(3)
+    module = sys.modules["paddle.distributed.flex_checkpoint.dcp.load_state_dict"]
+    try:
+        def task(rank: int) -> tuple:
+            cache = module.PATH_TO_CHECKPOINT_FILES
+            before = dict(cache)
+            cache[f"/ckpt/{rank}"] = [f"{rank}_0.distcp"]
+            return dist.get_rank(), dist.get_world_size(), before, sorted(cache)
+
+        results = world.run([lambda r=r: task(r) for r in range(3)])
+        assert [value for _, value in results] == [(r, 3, {}, [f"/ckpt/{r}"]) for r in range(3)]
+        again = world.run([lambda: sorted(module.PATH_TO_CHECKPOINT_FILES) for _ in range(3)])
+        assert [value for _, value in again] == [[f"/ckpt/{r}"] for r in range(3)]
+    finally:
+        world.close()
