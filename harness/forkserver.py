@@ -185,15 +185,20 @@ class ForkServer:
         """Forked ranks failed where launched ones set up: launch every later pool for real."""
         self._error = why
 
-    def spawn(self, argv: list[str], env: dict[str, str], log: Path) -> ForkedRank:
-        """Fork one rank running ``harness.worker`` with ``argv`` in ``env``, its output appended to ``log``."""
+    def ready(self) -> bool:
+        """The server is up and has not failed (never waits: a caller launches the usual way meanwhile)."""
+        return self._ready.is_set() and self._conn is not None and self._error is None
+
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path, main: str = "harness.worker") -> ForkedRank:
+        """Fork one process running module ``main``'s ``main(argv)`` (a rank worker, or a host of virtual ranks) in
+        ``env``, its output appended to ``log``."""
         self.start()
         if not self._ready.wait(START_TIMEOUT_S) or self._conn is None:
             raise ForkError(f"the fork server did not start: {self._error}")
         token = uuid.uuid4().hex
         with self._lock:
             try:
-                self._conn.send({"argv": argv, "env": {**env, TREE_VAR: token}, "log": str(log)})
+                self._conn.send({"argv": argv, "env": {**env, TREE_VAR: token}, "log": str(log), "main": main})
                 reply = self._conn.recv()
             except (OSError, EOFError) as exc:
                 self._error = f"{type(exc).__name__}: {exc}"
@@ -236,10 +241,11 @@ def _child(conn: Connection, request: dict) -> None:
 
         tempfile.tempdir = None  # TMPDIR is the new pool's
         os.chdir(REPO_ROOT)
-        from harness import worker
+        import importlib
 
-        sys.argv = ["harness.worker", *request["argv"]]
-        code = worker.main(request["argv"])
+        main = request.get("main", "harness.worker")
+        sys.argv = [main, *request["argv"]]
+        code = importlib.import_module(main).main(request["argv"])
     except BaseException:  # the rank's log says why; the controller sees it exit
         import traceback
 
@@ -254,7 +260,7 @@ def _child(conn: Connection, request: dict) -> None:
 def serve(sut: str, control: str) -> int:
     conn = Client(control, family="AF_UNIX")
     try:
-        from harness import worker  # noqa: F401 -- what every rank imports, paid for once
+        from harness import virtual_host, worker  # noqa: F401 -- what every rank or host imports, paid for once
         from harness.sut import adapter_class
 
         adapter_class(sut).preload()

@@ -77,7 +77,7 @@ class Runners:
         if runner is None:
             nodes = self.nnodes if world % self.nnodes == 0 else 1  # a world too small to split runs on one node
             runner = (InProcessRunner(self.sut, world, setup) if in_process
-                      else VirtualPool(self.sut, world, setup) if virtual
+                      else VirtualPool(self.sut, world, setup, forks=self.forks) if virtual
                       else RankPool(self.sut, world, setup, nnodes=nodes, forks=self.forks, fork=self.exploring))
             runner.replacement = key in self._keys_launched
             self._keys_launched.add(key)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import sys
 
-from .launch import start, worker_argv
+from .forkserver import ForkError, ForkServer
+from .launch import kill_trees, start, worker_argv
 from .pool import RankPool
 
 HOST_MODULE = "harness.virtual_host"
@@ -20,16 +21,30 @@ class VirtualPool(RankPool):
     mode = "virtual"
     launched = False
 
-    def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0) -> None:
+    def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0,
+                 forks: ForkServer | None = None) -> None:
+        """``forks``: the runner set's fork server; once it is up, hosts are forked from it (a relaunch after a
+        wedged world then costs a fork, not a Paddle import), else launched."""
         super().__init__(sut, world, options, start_timeout)
         self.launcher = "virtual"  # no framework launcher: the host is the ranks' only process
-        self.forks = None
+        self.forks = None  # nothing for the fork server to learn from a host
+        self.host_forks = forks
 
     def _start(self, control: str) -> dict[str, str]:
         assert self._dir is not None
         base = self._base_env()
-        log_dir = self._dir / "logs"
-        argv = [sys.executable, "-m", HOST_MODULE, *worker_argv(control, self.sut, json.dumps(self.options)),
-                "--world", str(self.world)]
-        self.procs.append(start(argv, base, log_dir / "virtual-host.log"))
+        log = self._dir / "logs" / "virtual-host.log"
+        argv = [*worker_argv(control, self.sut, json.dumps(self.options)), "--world", str(self.world)]
+        self.forked = False
+        if self.host_forks is not None:
+            self.host_forks.start()  # in the background: this launch does not wait for it
+            if self.host_forks.ready():
+                try:
+                    self.procs.append(self.host_forks.spawn(argv, base, log, main=HOST_MODULE))
+                    self.forked = True
+                    return base
+                except ForkError:
+                    kill_trees(self.procs)
+                    self.procs = []
+        self.procs.append(start([sys.executable, "-m", HOST_MODULE, *argv], base, log))
         return base

@@ -1,0 +1,93 @@
+"""Virtual ranks against real ones: judged cases per second at 2, 16, 64 and 256 virtual ranks, and the same 2-rank
+cases on a warm pool of real ranks, side by side in one run.
+
+The cases are drawn (a fixed seed, so every run judges the same ones) from the data-path properties — a save on W
+ranks and loads on 1..W ranks: P-ROUNDTRIP, P-RESHARD, P-FLAT, P-EDGE, P-MOE — and judged as a fuzzing campaign
+judges them (``Judge(..., exploring=True)``: oracle, buckets, known findings not consulted). Each runner set judges
+one case first to warm up (launching the host or the pool), not counted.
+
+Prints one JSON object: per world size ``cases``, ``seconds``, ``cases_per_s``, ``worst_case_s``; ``pool_2`` (the
+same 2-rank cases on real ranks) and ``virtual_vs_pool`` (virtual cases/s over pool cases/s at 2 ranks).
+Targets (issue 16): >= 20 cases/s at <= 16 ranks, ``virtual_vs_pool`` >= 5, a 256-rank case <= 30 s.
+
+``--worlds 2,16`` and ``--cases N`` (per world; 256 ranks get at most a quarter) for a quick look.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from harness.judge import Judge
+from harness.runners import Runners
+from harness.sut import adapter_class
+from properties.case import Case
+from properties.registry import property_cases
+
+SUT = "paddle-dcp"
+PROPERTIES = ("P-ROUNDTRIP", "P-RESHARD", "P-FLAT", "P-EDGE", "P-MOE")
+
+
+def draw_cases(world: int, count: int, seed: int) -> list[Case]:
+    """``count`` cases saved on ``world`` ranks, the same for the same arguments."""
+    caps = adapter_class(SUT).capabilities
+    drawn: list[Case] = []
+
+    @settings(max_examples=count, database=None, derandomize=False, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(st.sampled_from(PROPERTIES).flatmap(lambda p: property_cases(p, SUT, world, caps)))
+    def collect(case: Case) -> None:
+        drawn.append(case)
+
+    from hypothesis import seed as hypothesis_seed
+
+    hypothesis_seed(seed)(collect)()
+    return drawn[:count]
+
+
+def judge_all(mode: str, cases: list[Case]) -> dict:
+    """Judge ``cases`` on one runner set after a warm-up case; the rate and the slowest case."""
+    judge = Judge(Runners(SUT, mode), exploring=True)
+    try:
+        judge(cases[0])  # warm-up: the host or the pool starts
+        times = []
+        for case in cases:
+            began = time.perf_counter()
+            judge(case)
+            times.append(time.perf_counter() - began)
+    finally:
+        judge.close()
+    total = sum(times)
+    return {"cases": len(times), "seconds": round(total, 2), "cases_per_s": round(len(times) / total, 2),
+            "worst_case_s": round(max(times), 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--worlds", default="2,16,64,256")
+    parser.add_argument("--cases", type=int, default=40, help="cases per world size (256 ranks: a quarter)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    out: dict = {"sut": SUT, "properties": list(PROPERTIES), "seed": args.seed}
+    for world in (int(w) for w in args.worlds.split(",")):
+        count = max(2, args.cases // 4) if world >= 256 else args.cases
+        cases = draw_cases(world, count, args.seed)
+        out[f"virtual_{world}"] = judge_all("virtual", cases)
+        if world == 2:
+            out["pool_2"] = judge_all("pool", cases)
+            out["virtual_vs_pool"] = round(out["virtual_2"]["cases_per_s"] / out["pool_2"]["cases_per_s"], 2)
+        print(json.dumps({f"virtual_{world}": out[f"virtual_{world}"]}), file=sys.stderr, flush=True)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
