@@ -396,7 +396,7 @@ class NoCompleteCheckpoint(Anomaly):
 
 @dataclass(frozen=True)
 class CoverViolated(Anomaly):
-    """What a save wrote does not cover a tensor exactly once (``error_type``: MissingSlices, OverlappingSlices)."""
+    """What a save wrote does not cover a tensor exactly once (``error_type``: MissingSlices, OverlappingSlices, SliceOutOfRange)."""
 
     at: At | None
     tensor: str

@@ -62,6 +62,11 @@ class OverlappingSlices(CoverError):
     """Some elements of a tensor are covered by more than one saved slice."""
 
 
+class SliceOutOfRange(CoverError):
+    """A slice has a negative offset or extent, or reaches past the tensor's shape (a split that went wrong, e.g. an
+    extent of -1 for the last of uneven shards): whatever it covers, it does not describe data of the tensor."""
+
+
 class MissingTensor(CheckpointError):
     """The load target asks for a tensor the checkpoint does not contain."""
 

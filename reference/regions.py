@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from .errors import MissingSlices, OverlappingSlices
+from .errors import MissingSlices, OverlappingSlices, SliceOutOfRange
 from .layout import Box, FlatRange, Region
 
 
@@ -143,8 +143,10 @@ def copy_between(
 
 
 def check_exact_cover(name: str, global_shape: tuple[int, ...], regions: list[Region], path: str | None = None) -> None:
-    """Raise MissingSlices / OverlappingSlices unless ``regions`` cover the tensor exactly once."""
+    """Raise SliceOutOfRange / MissingSlices / OverlappingSlices unless ``regions`` cover the tensor exactly once."""
     total = math.prod(global_shape)
+    for region in regions:
+        check_in_range(name, global_shape, region, path)
     regions = [r for r in regions if r.numel > 0]
     if all(isinstance(r, Box) for r in regions):
         _check_boxes(name, total, regions, path)  # type: ignore[arg-type]
@@ -170,6 +172,20 @@ def check_exact_cover(name: str, global_shape: tuple[int, ...], regions: list[Re
         i = int(np.argmax(gaps))
         first = 0 if i == 0 else int(e[i - 1])
         raise MissingSlices(f"tensor {name!r}: element {first} (flat index) is in no saved slice", path)
+
+
+def check_in_range(name: str, global_shape: tuple[int, ...], region: Region, path: str | None = None) -> None:
+    """Raise SliceOutOfRange for a region with a negative offset or extent, or one past the tensor's bounds (checked
+    before any cover arithmetic, which would read a negative extent as an empty slice)."""
+    if isinstance(region, FlatRange):
+        bad = region.start < 0 or region.stop < region.start or region.stop > math.prod(global_shape)
+        where = f"flat [{region.start}, {region.stop})"
+    else:
+        bad = (len(region.offsets) != len(global_shape) or len(region.shape) != len(global_shape)
+               or any(o < 0 or n < 0 or o + n > d for o, n, d in zip(region.offsets, region.shape, global_shape)))
+        where = f"offsets {list(region.offsets)} shape {list(region.shape)}"
+    if bad:
+        raise SliceOutOfRange(f"tensor {name!r} of shape {list(global_shape)}: slice at {where} is out of range", path)
 
 
 def _check_boxes(name: str, total: int, boxes: list[Box], path: str | None) -> None:

@@ -144,3 +144,24 @@ def test_moe_global_ids() -> None:
     assert savers["model/moe.experts.5.w1"] == [2]
     stacked = stacked_layout(mesh, "ep", 8)
     assert [stacked.local((8, 2), r).region.offsets[0] for r in range(4)] == [0, 2, 4, 6]
+
+
+@pytest.mark.parametrize(
+    "region",
+    [
+        Box((4, 0), (-1, 3)),  # balanced_split(5, 4)'s last extent: -1
+        Box((-1, 0), (2, 3)),
+        Box((4, 0), (2, 3)),  # past the end of a 5-row tensor
+        Box((0,), (5,)),  # wrong rank
+        FlatRange(10, 16),
+        FlatRange(3, 2),
+    ],
+)
+def test_a_slice_out_of_range_is_never_read_as_an_empty_one(region) -> None:
+    """A negative extent multiplies to a negative or even positive element count; the cover check must name it
+    before any arithmetic treats it as empty (Paddle's uneven splits have recorded exactly such boxes)."""
+    from reference.errors import SliceOutOfRange
+
+    whole = [Box((0, 0), (5, 3))]
+    with pytest.raises(SliceOutOfRange, match="out of range"):
+        check_exact_cover("t", (5, 3), [*whole, region])
