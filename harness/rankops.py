@@ -108,6 +108,7 @@ class RankExecutor:
                 self.live = None  # a failed load leaves no state to train on: the job would start over
                 got = self.adapter.load(self.root, op.name, targets, options=self.case.options)
                 record["loaded"] = {name: _pack(t) for name, t in got.items()}
+                record["plan"] = self.adapter.read_plan()
                 if self.case.training:
                     self.live = {name: LocalTensor(rt.local.global_shape, rt.region, got[name].copy(), rt.local.saves)
                                  for name, rt in targets.items() if name in got}

@@ -271,6 +271,8 @@ def _merge(rec: OpRecord, replies: list[dict]) -> None:
         rec.error = f"rank {r['rank']}: {r['error']}"
     for r in replies:
         rec.loaded[r["rank"]] = {name: unpack(p) for name, p in r["loaded"].items()}
+        if r.get("plan") is not None:
+            rec.plans[r["rank"]] = r["plan"]
         if not r["ok"]:
             rec.errors[r["rank"]] = (r["error_type"], r.get("error", ""))
     rec.symmetric = len({(r["ok"], r.get("error_type")) for r in replies}) <= 1

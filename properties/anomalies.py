@@ -396,7 +396,8 @@ class NoCompleteCheckpoint(Anomaly):
 
 @dataclass(frozen=True)
 class CoverViolated(Anomaly):
-    """What a save wrote does not cover a tensor exactly once (``error_type``: MissingSlices, OverlappingSlices, SliceOutOfRange)."""
+    """What a save wrote does not cover a tensor exactly once (``error_type``: MissingSlices, OverlappingSlices,
+    SliceOutOfRange)."""
 
     at: At | None
     tensor: str
@@ -406,6 +407,23 @@ class CoverViolated(Anomaly):
 
     def render(self) -> str:
         return f"{_prefix(self.at)}{self.message}"
+
+
+@dataclass(frozen=True)
+class ReadPlanViolated(Anomaly):
+    """A load's read plan — what each rank reads from which saved piece, as the SUT planned it — does not fill one
+    of the rank's target pieces exactly once, or reads outside every piece that was saved. Found from the plan
+    alone, so it holds even where the bits happen to come out right (two sources of equal data)."""
+
+    at: At | None
+    rank: int
+    tensor: str
+    error_type: str  # MissingSlices, OverlappingSlices, SliceOutOfRange, UnsavedSource
+    message: str
+    kind = "read-plan-violated"
+
+    def render(self) -> str:
+        return f"{_prefix(self.at)}rank {self.rank}: {self.message}"
 
 
 @dataclass(frozen=True)
@@ -444,7 +462,7 @@ TYPES: dict[str, type[Anomaly]] = {cls.kind: cls for cls in (
     OpFailed, RankHung, RankDied, FailedAfterFault, FaultKilledRank, LoadStopped, SaveAfterFaultLost,
     AcknowledgedLost, UnclearError, LoadedUnsaved, OlderCameBack, CorruptionRedirected, TensorDiffers,
     LoadedNoVersion, WrongVersion, ResumedRunDiffers, RotationDeletedLast, ResumeLost, ListedIncomplete,
-    NoCompleteCheckpoint, CoverViolated, OutcomeDiffers, OpsMissing)}
+    NoCompleteCheckpoint, CoverViolated, ReadPlanViolated, OutcomeDiffers, OpsMissing)}
 
 
 def cited_error(anomaly: Anomaly) -> SutError | None:

@@ -10,7 +10,7 @@ from reference.tensor import differences
 
 from .anomalies import At, OpsMissing, OutcomeDiffers, SutError, TensorDiffers, WrongVersion, judged, op_failure
 from .case import Case
-from .checkers import cover_violations, judge_states
+from .checkers import cover_violations, judge_states, plan_violations
 from .outcome import OpRecord, Outcome
 from .verdicts import Judgement, Verdict, worst
 
@@ -47,6 +47,10 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
             cover = cover_violations(prop, rec.written)
             if cover:
                 results.append(judged([dataclasses.replace(c, at=at(rec)) for c in cover]))
+        if rec.kind == "load" and rec.plans:
+            plan = plan_violations(prop, case, rec, _saved_by(outcome.records, rec))
+            if plan:
+                results.append(judged([dataclasses.replace(v, at=at(rec)) for v in plan]))
         if rec.kind in ("load", "train"):  # a train record holds the live state it reached
             problems = tensor_differences(case, op_case.version, rec)
             wrong = whole_version(case, rec, problems, outcome.records) if problems and rec.kind == "load" else None
@@ -58,6 +62,12 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
     if len(outcome.records) < len(case.ops) and not results:
         results.append(judged([OpsMissing(prop, len(outcome.records), len(case.ops))]))
     return worst(results) or Judgement(prop, Verdict.PASS)
+
+
+def _saved_by(records: list[OpRecord], load: OpRecord) -> OpRecord | None:
+    """The save a load reads: the last one of its name before it (for "latest", the last save)."""
+    saves = [r for r in records[:load.index] if r.kind == "save" and (load.name is None or r.name == load.name)]
+    return saves[-1] if saves else None
 
 
 def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDiffers]:

@@ -24,6 +24,9 @@ class OpRecord:
     # differential test of virtual ranks compares them rank by rank (never judged)
     symmetric: bool = True  # every rank failed the same way (or none did): collectives are still in step
     loaded: dict[int, dict[str, Tensor]] = field(default_factory=dict)  # rank -> tensors (loads)
+    # loads: rank -> the SUT's own read plan for it, where the SUT exposes one (harness SutAdapter.read_plan):
+    # {"tensors": keys planned for, "reads": [(tensor, dst offsets, shape, src piece offsets, offsets in it)]}
+    plans: dict[int, dict] = field(default_factory=dict)
     written: dict[str, tuple[tuple[int, ...], list[Region]]] = field(default_factory=dict)  # saves: what hit disk
     seconds: float = 0.0  # for reports only, never for verdicts
     dead: tuple[int, ...] = ()  # ranks that died during the op

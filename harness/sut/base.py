@@ -109,6 +109,13 @@ class SutAdapter:
         """Load checkpoint ``name`` (None: the latest) into this rank's target pieces; return their bits."""
         raise NotImplementedError
 
+    def read_plan(self) -> dict | None:
+        """After a load: the SUT's own plan of what this rank read (the plan-level check,
+        properties.checkers.plan_violations): {"tensors": the keys it planned for, "reads": one (tensor, dst
+        offsets, shape, src piece offsets, offsets within that piece) per read, dst and piece in global
+        coordinates}; None where the SUT does not expose one or planned nothing."""
+        return None
+
     def healthy(self) -> bool:
         """After a failed case: is the distributed runtime still in step (e.g. a barrier completes)? A pool
         whose ranks are not healthy is relaunched."""

@@ -37,6 +37,11 @@ from .base import RankTensor
 _SAME_DIR = "dcp"  # options["same_dir"]: every version lives in root/dcp, told apart by unique_id
 _SAVE_MODULE = "paddle.distributed.flex_checkpoint.dcp.save_state_dict"
 _LOAD_MODULE = "paddle.distributed.flex_checkpoint.dcp.load_state_dict"
+_RESHARDER_MODULE = "paddle.distributed.flex_checkpoint.dcp.resharder"
+# What Paddle's resharder planned during the load in progress on this rank, as (target keys, read items) per
+# resharder (module level, so virtual ranks each keep their own: harness.virtual_paddle copies this module's state
+# per rank); None outside a load. A load Paddle finds "resumable locally" plans nothing and is not checked.
+_reads: list | None = None
 
 
 @dataclass
@@ -59,6 +64,7 @@ class PaddleDcpSut(PaddleAdapter):
 
     def __init__(self) -> None:
         self._pending: list[DcpHandle] = []
+        self._plan: dict | None = None
 
     # --- save ------------------------------------------------------------------------------------------------
 
@@ -109,12 +115,23 @@ class PaddleDcpSut(PaddleAdapter):
 
         if name is None and not options.get("same_dir", False):
             raise ValueError("paddle-dcp keeps versions apart only inside one directory: load latest needs same_dir")
+        global _reads
         path, unique_id = (Path(root) / _SAME_DIR, None) if name is None else _location(root, name, options)
         out = {}
-        for sub, group in _families(targets, options):
-            out.update(self._load_group(path / sub if sub else path, unique_id, group, _kind(group, options, sub),
-                                        options))
+        _watch_read_plans()
+        _reads, self._plan = [], None
+        try:
+            for sub, group in _families(targets, options):
+                out.update(self._load_group(path / sub if sub else path, unique_id, group,
+                                            _kind(group, options, sub), options))
+            self._plan = _plan_rows(_reads)
+        finally:
+            _reads = None
         return out
+
+    def read_plan(self) -> dict | None:
+        """The read items Paddle's resharder planned for this rank in the last load (``_watch_read_plans``)."""
+        return self._plan
 
     def _load_group(self, path: Path, unique_id: int | None, targets: dict[str, RankTensor], kind: str,
                     options: dict) -> dict[str, Tensor]:
@@ -180,6 +197,48 @@ class PaddleDcpSut(PaddleAdapter):
 
 
 # --- helpers ---------------------------------------------------------------------------------------------------
+
+
+def _watch_read_plans() -> None:
+    """Wrap Paddle's ``StateDictResharder.preprocess`` (once per process) so each load keeps the read items it
+    planned; the wrapper hands back exactly what Paddle returned, so the load itself is Paddle's, unchanged."""
+    import paddle.distributed.flex_checkpoint.dcp.resharder  # noqa: F401 -- where the resharder lives
+
+    cls = sys.modules[_RESHARDER_MODULE].StateDictResharder
+    if getattr(cls.preprocess, "ckh_watched", False):
+        return
+    original = cls.preprocess
+
+    def preprocess(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        if _reads is not None and isinstance(out, tuple) and len(out) == 2:
+            _reads.append((list(self.target_state_dict), list(out[1])))
+        return out
+
+    preprocess.ckh_watched = True  # type: ignore[attr-defined]
+    cls.preprocess = preprocess
+
+
+def _plan_rows(planned: list) -> dict | None:
+    """This rank's plan as plain data: the target keys the resharder filled, and its reads as rows (tensor, dst
+    offsets, shape, src piece offsets, offsets in that piece); None when no resharder ran (a local load)."""
+    import paddle.distributed as dist
+
+    if not planned:
+        return None
+    rank = dist.get_rank() if dist.get_world_size() > 1 else 0
+    keys: set[str] = set()
+    rows = []
+    for targets, reads in planned:
+        keys.update(str(k) for k in targets)
+        for item in reads:
+            if rank not in tuple(item.dst_rank) or item.dst_global_offset is None:
+                continue
+            dst = tuple(int(a) + int(b) for a, b in zip(item.dst_global_offset, item.dst_local_offset))
+            rows.append((item.tensor_name, dst, tuple(int(n) for n in item.slice_shape),
+                         tuple(int(o) for o in item.src_global_offset),
+                         tuple(int(o) for o in item.src_local_offset)))
+    return {"tensors": sorted(keys), "reads": rows}
 
 
 def _add_regions(out: dict[str, tuple[tuple[int, ...], list[Region]]], meta: Any) -> None:
