@@ -27,6 +27,7 @@ from properties.anomalies import (
     OutcomeDiffers,
     RankDied,
     RankHung,
+    ReadPlanViolated,
     ResumedRunDiffers,
     ResumeLost,
     RotationDeletedLast,
@@ -104,6 +105,9 @@ EXAMPLES: list[tuple[Anomaly, str]] = [
      "acknowledged: none of step-0, step-1 loads afterwards"),
     (CoverViolated("P-ROUNDTRIP", SAVE, "w", "MissingSlices", "tensor 'w': element 4 (flat index) is in no saved "
                    "slice"), "op 2 (save step-1): tensor 'w': element 4 (flat index) is in no saved slice"),
+    (ReadPlanViolated("P-RESHARD", LOAD, 1, "w", "OverlappingSlices", "reads of 'w' for the piece at [2, 0]: "
+                      "element 3 is saved twice"),
+     "op 4 (load latest): rank 1: reads of 'w' for the piece at [2, 0]: element 3 is saved twice"),
     (OutcomeDiffers("P-DIFF", LOAD, None, ERR),
      "op 4 (load latest): SUT succeeded; reference CheckpointIncomplete: rank 0: no commit marker"),
     (OutcomeDiffers("P-DIFF", LOAD, ERR, None),
