@@ -4,8 +4,9 @@ A rank runs until it enters a collective or finishes its task; the baton then go
 rank order (cyclically). A collective completes when every member of its group has entered it, matched by order
 within the group, as gloo matches them; its results are handed out by a ``resolve`` function that knows the
 backend's semantics (harness.gloo_model). When no rank can run and some wait in collectives no peer will join, the
-waiting ranks get ``timed_out(kinds)`` raised in them — what the backend does after its timeout, without waiting
-for it. Nothing here knows a framework: ``on_switch`` swaps what each rank must own (harness.virtual_paddle).
+waiting ranks get the backend's timeout raised in them — what it does after its timeout, without waiting for it —
+and a group that failed so stays dead, as a real one does. Nothing here knows a framework: ``on_switch`` swaps what
+each rank must own (harness.virtual_paddle).
 
 The schedule depends only on the ranks' calls, never on the clock or the OS scheduler, so a run is replayable.
 """
@@ -13,9 +14,9 @@ The schedule depends only on the ranks' calls, never on the clock or the OS sche
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass
@@ -39,7 +40,19 @@ class Abandoned(BaseException):
     """Raised in a rank's thread to unwind it when the world is torn down mid-op (never seen by a judge)."""
 
 
-Resolve = Callable[[dict[int, Entry]], dict[int, tuple[bool, Any]]]
+class Backend(Protocol):
+    """What the baton asks of a backend model (harness.gloo_model.Gloo)."""
+
+    pending_reset: int | None
+
+    def entry(self, rank: int, kind: str, payload: Any) -> tuple[BaseException | None, bool]: ...
+
+    def resolve(self, entries: Mapping[int, Entry]) -> dict[int, tuple[bool, Any]]: ...
+
+    def unfinished(self, entries: Mapping[int, Entry], members: tuple[int, ...], gone: int | None
+                   ) -> dict[int, tuple[bool, Any]]: ...
+
+    def after_break(self, rank: int, how: str, peer: int | None) -> BaseException: ...
 
 
 def _held_lock() -> threading.Lock:
@@ -52,10 +65,9 @@ class Baton:
     """The scheduler. ``run(tasks)`` runs one task per rank to completion under the baton and returns each rank's
     return value or exception; ``collective`` is what a rank's thread calls to meet its peers."""
 
-    def __init__(self, world: int, on_switch: Callable[[int], None],
-                 timed_out: Callable[[Sequence[str], bool], BaseException]) -> None:
+    def __init__(self, world: int, on_switch: Callable[[int], None], backend: Backend) -> None:
         self.world = world
-        self.on_switch, self.timed_out = on_switch, timed_out
+        self.on_switch, self.backend = on_switch, backend
         self.current: int | None = None
         # Binary semaphores as raw locks, held until released (a switch is a release and an acquire: C-level
         # locks cost a fraction of threading.Semaphore's Condition, and a case makes thousands of switches).
@@ -71,6 +83,8 @@ class Baton:
         self._closing = False
         self.timeouts = 0  # collectives that timed out (the world is then out of step, as a real one would be)
         self.timed_out_ranks: set[int] = set()  # ranks whose collective timed out in the current run
+        self.waited: dict[int, float] = {}  # rank -> seconds a real rank would have waited in the current run
+        self.broken: tuple[str, int | None] | None = None  # (how, peer): the group is dead for good
         self.completed = 0  # collectives completed so far: ranks between the same two collectives share an epoch
         self._threads = [threading.Thread(target=self._main, args=(r,), name=f"ckh-vrank-{r}", daemon=True)
                          for r in range(world)]
@@ -88,7 +102,7 @@ class Baton:
                 self._results[r] = (False, self._exits[r])
                 continue
             self._tasks[r], self._results[r], self._state[r] = task, None, "runnable"
-        self.timed_out_ranks = set()
+        self.timed_out_ranks, self.waited = set(), {}
         self._pass(None)
         self._back.acquire()
         out = [res for res in self._results]
@@ -106,22 +120,25 @@ class Baton:
 
     # -- rank side -----------------------------------------------------------------------------------------------
 
-    def collective(self, rank: int, kind: str, payload: Any, resolve: Resolve,
-                   group: tuple[int, ...] | None = None) -> Any:
+    def collective(self, rank: int, kind: str, payload: Any, group: tuple[int, ...] | None = None) -> Any:
         """Enter a collective of ``group`` (default: every rank) and wait for its result; raises what the backend
-        would raise on this rank."""
+        would raise on this rank (``RankExit``, a SystemExit, where its process would end)."""
         members = group if group is not None else tuple(range(self.world))
+        if self.broken is None and self.backend.pending_reset is not None:
+            self.broken = ("reset", self.backend.pending_reset)
+        if self.broken is not None:
+            raise self.backend.after_break(rank, *self.broken)
+        error, used_tag = self.backend.entry(rank, kind, payload)
         n = self._seq.get((rank, members), 0)
+        if error is not None:
+            if used_tag:
+                self._seq[(rank, members)] = n + 1
+            raise error
         self._seq[(rank, members)] = n + 1
         slot = self._slots.setdefault((members, n), Slot(members))
         slot.entries[rank] = Entry(kind, payload)
         if len(slot.entries) == len(members):
-            results = resolve(slot.entries)
-            for member in members:
-                slot.results[member] = results[member]
-                if member != rank:
-                    self._waiting.pop(member, None)
-                    self._state[member] = "runnable"
+            self._complete(slot, self.backend.resolve(slot.entries), rank)
             del self._slots[(members, n)]
             self.completed += 1
         else:
@@ -135,6 +152,26 @@ class Baton:
         if not ok:
             raise value
         return value
+
+    def _complete(self, slot: Slot, results: dict[int, tuple[bool, Any]], current: int | None) -> None:
+        """Hand each member its result and wake the waiting ones; note what a real rank would have waited and
+        whether the failure killed the group."""
+        for member in slot.members:
+            if member not in slot.entries:
+                continue
+            ok, value = results[member]
+            slot.results[member] = (ok, value)
+            if not ok:
+                self.waited[member] = self.waited.get(member, 0.0) + getattr(value, "ckh_wait_s", 0.0)
+                how = getattr(value, "ckh_breaks", None)
+                if how == "timeout":
+                    self.timed_out_ranks.add(member)
+                if how is not None and self.broken is None:
+                    self.broken = (how, _peer(value))
+                    self.timeouts += 1
+            if member != current:
+                self._waiting.pop(member, None)
+                self._state[member] = "runnable"
 
     def _main(self, rank: int) -> None:
         while True:
@@ -187,15 +224,14 @@ class Baton:
 
     def _time_out(self) -> None:
         """Every rank left waiting waits for a peer that will not come (it finished, waits elsewhere, or its process
-        exited): each gets the backend's error for that, as it would once the timeout passed or the peer's
-        connection closed."""
+        exited): each gets the backend's error for that, as it would once the timeout passed or the peer's exit was
+        noticed."""
         for key in sorted(set(self._waiting.values())):
             slot = self._slots.pop(key)
-            error_kinds = sorted({e.kind for e in slot.entries.values()})
-            lost = any(m in self._exits for m in slot.members if m not in slot.entries)
-            for rank in slot.entries:
-                slot.results[rank] = (False, self.timed_out(error_kinds, lost))
-                self.timed_out_ranks.add(rank)
-                self._state[rank] = "runnable"
+            gone = next((m for m in slot.members if m not in slot.entries and m in self._exits), None)
+            self._complete(slot, self.backend.unfinished(slot.entries, slot.members, gone), None)
         self._waiting.clear()
-        self.timeouts += 1
+
+
+def _peer(error: BaseException) -> int | None:
+    return getattr(error, "ckh_peer", None)

@@ -20,7 +20,6 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.gloo_model import TIMEOUT_S
 from harness.rankops import RankExecutor
 from harness.sut import adapter_class
 from harness.sut.base import SutAdapter
@@ -126,8 +125,7 @@ def _waited(world, results: list[tuple[bool, object]], msg: dict) -> None:
     records = [value for ok, value in results if ok]
     stuck = world.baton.timed_out_ranks
     for record in records:
-        if record["rank"] in stuck:
-            record["seconds"] += TIMEOUT_S
+        record["seconds"] += world.baton.waited.get(record["rank"], 0.0)
     raised = next((r["rank"] for r in records if not r["ok"] and r["rank"] not in stuck), None)
     if msg.get("stuck_after") is None or raised is None:
         return

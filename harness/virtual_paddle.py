@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from . import gloo_model
 from .baton import Baton
-from .gloo_model import Buffer
+from .gloo_model import Buffer, Gloo, Prefix, VirtualUnsupported
 
 FAKES: tuple[str, ...] = (
     "environment PADDLE_TRAINER_ID, PADDLE_CURRENT_ENDPOINT, PADDLE_RANK_IN_NODE, PADDLE_LOCAL_RANK: the running "
@@ -53,10 +52,6 @@ _MODULE_DUNDERS = frozenset({"__name__", "__doc__", "__package__", "__loader__",
                              "__builtins__", "__all__", "__path__", "__annotations__", "__getattr__", "__dir__"})
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)
 _MUTABLE = (dict, list, set, bytearray, collections.deque)
-
-
-class VirtualUnsupported(NotImplementedError):
-    """Paddle asked the virtual world for something it does not emulate: the case cannot run virtually."""
 
 
 class RankGlobals:
@@ -148,25 +143,23 @@ class VirtualProcessGroup:
         return _Task()
 
     def broadcast(self, tensor: Any, src: int, sync_op: bool = True) -> _Task:
-        data = self._world.collective(self._rank, "broadcast", (src, _buffer(tensor)))
-        _write(tensor, data)
+        _write(tensor, self._world.collective(self._rank, "broadcast", (src, _buffer(tensor))))
         return _Task()
 
     def all_gather(self, tensor_list: list[Any], tensor: Any, sync_op: bool = True) -> _Task:
-        gathered = self._world.collective(self._rank, "all_gather", _buffer(tensor))
+        gathered = self._world.collective(self._rank, "all_gather",
+                                          (_buffer(tensor), [_buffer(out) for out in tensor_list]))
         for out, data in zip(tensor_list, gathered):
             _write(out, data)
         return _Task()
 
     def all_gather_into_tensor(self, out: Any, tensor: Any, sync_op: bool = True) -> _Task:
-        gathered = self._world.collective(self._rank, "all_gather", _buffer(tensor))
+        gathered = self._world.collective(self._rank, "all_gather", (_buffer(tensor), [_buffer(out)]))
         _write(out, b"".join(gathered))
         return _Task()
 
     def all_reduce(self, tensor: Any, op: Any = None, sync_op: bool = True) -> _Task:
-        from paddle.distributed import ReduceOp
-
-        if op not in (None, ReduceOp.SUM):
+        if op is not None and int(op) != 0:  # Paddle hands the process group its core ReduceOp: SUM is 0
             raise VirtualUnsupported(f"virtual gloo: all_reduce with {op}")
         _write(tensor, self._world.collective(self._rank, "all_reduce", _buffer(tensor)))
         return _Task()
@@ -178,12 +171,16 @@ class VirtualProcessGroup:
 def _buffer(tensor: Any) -> Buffer:
     from .sut._paddle_common import dtype_code, raw_bytes
 
-    return Buffer(raw_bytes(tensor), dtype_code(tensor), int(np.prod(tensor.shape)))
+    shape = tuple(int(n) for n in tensor.shape)
+    return Buffer(raw_bytes(tensor), dtype_code(tensor), int(np.prod(shape)), shape)
 
 
-def _write(tensor: Any, data: bytes) -> None:
-    from .sut._paddle_common import write_bytes
+def _write(tensor: Any, data: bytes | Prefix) -> None:
+    """What the backend put in the receive buffer: all of it, or (a larger receiver) a prefix, the rest kept."""
+    from .sut._paddle_common import raw_bytes, write_bytes
 
+    if isinstance(data, Prefix):
+        data = data.data + raw_bytes(tensor)[len(data.data):]
     write_bytes(tensor, data)
 
 
@@ -225,7 +222,7 @@ class PaddleWorld:
                          (all_gather_mod, "all_gather_object", all_gather_mod.all_gather_object)]
         dist.new_group = collective.new_group = _no_new_group
         dist.all_gather_object = all_gather_mod.all_gather_object = self.all_gather_object
-        self.baton = Baton(size, self._switch, gloo_model.timed_out)
+        self.baton = Baton(size, self._switch, Gloo(size))
         self.gc = _EpochGc(self.baton)
         for name, module in list(sys.modules.items()):
             if name.startswith(WATCHED) and getattr(module, "gc", None) is gc:
@@ -237,11 +234,7 @@ class PaddleWorld:
         os.environ.update(self.envs[rank])
 
     def collective(self, rank: int, kind: str, payload: Any) -> Any:
-        buffers = [b for b in (payload if isinstance(payload, tuple) else (payload,)) if isinstance(b, Buffer)]
-        exit_now = gloo_model.entry_check(kind, buffers)
-        if exit_now is not None:
-            raise exit_now
-        return self.baton.collective(rank, kind, payload, gloo_model.resolve)
+        return self.baton.collective(rank, kind, payload)
 
     def all_gather_object(self, object_list: list[Any], obj: Any, group: Any = None) -> None:
         """Paddle's all_gather_object, step for step, on bytes (see FAKES)."""
@@ -250,10 +243,10 @@ class PaddleWorld:
         rank = self.baton.current
         assert rank is not None
         data = pickle.dumps(obj)
-        lengths = self.collective(rank, "all_gather", Buffer(np.int64(len(data)).tobytes(), "I64", 1))
+        lengths = self.collective(rank, "all_gather", Buffer(np.int64(len(data)).tobytes(), "I64", 1, ()))
         sizes = [int(np.frombuffer(b, np.int64)[0]) for b in lengths]
         padded = np.resize(np.frombuffer(data, np.uint8), [max(sizes)]).tobytes()
-        gathered = self.collective(rank, "all_gather", Buffer(padded, "U8", max(sizes)))
+        gathered = self.collective(rank, "all_gather", Buffer(padded, "U8", max(sizes), (max(sizes),)))
         object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:

@@ -3,6 +3,7 @@ peer turned into the backend's error at once — deterministic whatever the OS s
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -22,12 +23,35 @@ def _gather(entries: dict[int, Entry]) -> dict[int, tuple[bool, object]]:
     return {r: (True, list(values)) for r in entries}
 
 
+class _Backend:
+    """A toy backend: gathers payloads, times out as "timeout KIND" or "lost KIND", then "closed"."""
+
+    pending_reset = None
+
+    def entry(self, rank: int, kind: str, payload: object) -> tuple[BaseException | None, bool]:
+        return (ValueError("refused"), True) if payload == "refuse" else (None, False)
+
+    def resolve(self, entries: dict[int, Entry]) -> dict[int, tuple[bool, object]]:
+        return _gather(entries)
+
+    def unfinished(self, entries: dict[int, Entry], members: tuple[int, ...], gone: int | None) -> dict:
+        out = {}
+        for rank, entry in entries.items():
+            error = _Timeout(f"{'lost' if gone is not None else 'timeout'} {entry.kind}")
+            error.ckh_breaks, error.ckh_wait_s = "gone" if gone is not None else "timeout", 30.0
+            out[rank] = (False, error)
+        return out
+
+    def after_break(self, rank: int, how: str, peer: int | None) -> BaseException:
+        return _Timeout(f"closed after {how}")
+
+
 def _baton(world: int, switches: list[int] | None = None) -> Baton:
     def on_switch(rank: int) -> None:
         if switches is not None:
             switches.append(rank)
 
-    return Baton(world, on_switch, lambda kinds, lost: _Timeout(f"{'lost' if lost else 'timeout'} {list(kinds)}"))
+    return Baton(world, on_switch, _Backend())
 
 
 @pytest.fixture
@@ -59,7 +83,7 @@ def _one_schedule(closing: list[Baton]) -> tuple[list[int], list[tuple[int, str]
 
     def task(rank: int) -> list:
         step(rank, "before")
-        got = baton.collective(rank, "all_gather", rank * 10, _gather)
+        got = baton.collective(rank, "all_gather", rank * 10)
         step(rank, "after")
         return got
 
@@ -72,8 +96,8 @@ def test_collectives_match_by_order_within_the_group(closing) -> None:
     closing.append(baton)
 
     def task(rank: int) -> list:
-        first = baton.collective(rank, "all_gather", ("a", rank), _gather)
-        second = baton.collective(rank, "all_gather", ("b", rank), _gather)
+        first = baton.collective(rank, "all_gather", ("a", rank))
+        second = baton.collective(rank, "all_gather", ("b", rank))
         return [first, second]
 
     results = baton.run([lambda r=r: task(r) for r in range(3)])
@@ -90,21 +114,23 @@ def test_a_rank_that_raised_leaves_its_peers_the_timeout_error_at_once(closing) 
     def task(rank: int) -> object:
         if rank == 1:
             raise ValueError("rank 1's own bug")
-        return baton.collective(rank, "broadcast", rank, _gather)
+        return baton.collective(rank, "broadcast", rank)
 
     results = baton.run([lambda r=r: task(r) for r in range(3)])
     assert isinstance(results[1][1], ValueError)
     for r in (0, 2):
         ok, exc = results[r]
-        assert not ok and isinstance(exc, _Timeout) and str(exc) == "timeout ['broadcast']"
-    assert baton.timeouts == 1 and baton.timed_out_ranks == {0, 2}
+        assert not ok and isinstance(exc, _Timeout) and str(exc) == "timeout broadcast"
+    assert baton.timeouts == 1 and baton.timed_out_ranks == {0, 2} and baton.waited == {0: 30.0, 2: 30.0}
+    again = baton.run([lambda r=r: baton.collective(r, "barrier", None) for r in range(3)])
+    assert [str(exc) for _, exc in again] == ["closed after timeout"] * 3  # a dead group stays dead
 
 
 def test_ranks_in_different_collectives_meet_in_one_slot_and_the_resolver_decides(closing) -> None:
     baton = _baton(2)
     closing.append(baton)
-    results = baton.run([lambda: baton.collective(0, "barrier", None, _gather),
-                         lambda: baton.collective(1, "broadcast", 1, _gather)])
+    results = baton.run([lambda: baton.collective(0, "barrier", None),
+                         lambda: baton.collective(1, "broadcast", 1)])
     assert all(not ok and "mismatch" in str(exc) for ok, exc in results)
 
 
@@ -115,17 +141,32 @@ def test_a_rank_whose_process_exits_is_gone_and_its_peers_hear_the_connection_cl
     def task(rank: int) -> object:
         if rank == 0:
             raise SystemExit(255)
-        return baton.collective(rank, "all_gather", rank, _gather)
+        return baton.collective(rank, "all_gather", rank)
 
     results = baton.run([lambda r=r: task(r) for r in range(3)])
     assert isinstance(results[0][1], SystemExit)
-    assert [str(exc) for _, exc in results[1:]] == ["lost ['all_gather']"] * 2
+    assert [str(exc) for _, exc in results[1:]] == ["lost all_gather"] * 2
     again = baton.run([lambda: "ran"] * 3)  # the gone rank runs nothing more; the others go on
     assert isinstance(again[0][1], SystemExit) and again[1:] == [(True, "ran")] * 2
 
 
 def test_close_unwinds_a_rank_left_in_a_collective(closing) -> None:
     baton = _baton(2)
-    baton.run([lambda: baton.collective(0, "all_gather", 0, _gather), lambda: None])
+    baton.run([lambda: baton.collective(0, "all_gather", 0), lambda: None])
     baton.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("ckh-vrank-")]
+
+
+def test_a_call_the_backend_refuses_may_use_up_the_rank_s_turn(closing) -> None:
+    """gloo takes a tag before it checks: a refused call on one rank leaves the ranks' next calls unpaired."""
+    baton = _baton(2)
+    closing.append(baton)
+
+    def task(rank: int) -> object:
+        if rank == 0:
+            with contextlib.suppress(ValueError):
+                baton.collective(0, "broadcast", "refuse")
+        return baton.collective(rank, "all_reduce", rank)
+
+    results = baton.run([lambda r=r: task(r) for r in range(2)])
+    assert [str(exc) for _, exc in results] == ["timeout all_reduce"] * 2
