@@ -52,7 +52,7 @@ class Backend(Protocol):
     def unfinished(self, entries: Mapping[int, Entry], members: tuple[int, ...], gone: int | None
                    ) -> dict[int, tuple[bool, Any]]: ...
 
-    def after_break(self, rank: int, how: str, peer: int | None) -> BaseException: ...
+    def after_break(self, rank: int, how: str, peer: int | None, waited: bool) -> BaseException: ...
 
 
 def _held_lock() -> threading.Lock:
@@ -127,7 +127,12 @@ class Baton:
         if self.broken is None and self.backend.pending_reset is not None:
             self.broken = ("reset", self.backend.pending_reset)
         if self.broken is not None:
-            raise self.backend.after_break(rank, *self.broken)
+            error = self.backend.after_break(rank, *self.broken, rank in self.timed_out_ranks)
+            wait = getattr(error, "ckh_wait_s", 0.0)
+            if wait:  # it blocked until the group failed: as long as a rank that timed out
+                self.waited[rank] = self.waited.get(rank, 0.0) + wait
+                self.timed_out_ranks.add(rank)
+            raise error
         error, used_tag = self.backend.entry(rank, kind, payload)
         n = self._seq.get((rank, members), 0)
         if error is not None:

@@ -245,11 +245,12 @@ class Gloo:
         sender = entry.kind == "all_gather" or (entry.kind == "broadcast" and entry.payload[0] == rank)
         return _error(RuntimeError, SEND_TIMEOUT if sender else RECV_TIMEOUT, TIMEOUT_S, "timeout")
 
-    def after_break(self, rank: int, how: str, peer: int | None) -> Exception:
-        """Any later collective of a dead group, at once: after a timeout "pair closure"; after a peer's exit the
-        first error again; after a peer's abort the reset."""
+    def after_break(self, rank: int, how: str, peer: int | None, waited: bool) -> Exception:
+        """Any later collective of a dead group: after a timeout, "pair closure" at once for a rank that timed out
+        itself, while a rank that had finished its part blocks until the others time out and then raises the
+        timeout; after a peer's exit the first error again; after a peer's abort the reset."""
         if how == "timeout":
-            return _error(RuntimeError, PAIR_CLOSED)
+            return _error(RuntimeError, PAIR_CLOSED) if waited else _error(RuntimeError, RECV_TIMEOUT, TIMEOUT_S)
         if how == "reset" and peer is not None:
             return _error(RuntimeError, RESET.format(port=_port(peer)))
         return _error(RuntimeError, PEER_GONE.format(rank=rank, peer=peer, port=_port(peer or 0)))

@@ -42,7 +42,7 @@ class _Backend:
             out[rank] = (False, error)
         return out
 
-    def after_break(self, rank: int, how: str, peer: int | None) -> BaseException:
+    def after_break(self, rank: int, how: str, peer: int | None, waited: bool) -> BaseException:
         return _Timeout(f"closed after {how}")
 
 
