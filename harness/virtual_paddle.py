@@ -19,7 +19,7 @@ import pkgutil
 import sys
 import types
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -143,56 +143,62 @@ class VirtualProcessGroup:
         return _Task()
 
     def broadcast(self, tensor: Any, src: int, sync_op: bool = True) -> _Task:
-        _write(tensor, self._world.collective(self._rank, "broadcast", (src, _buffer(tensor))))
+        self._write(tensor, self._world.collective(self._rank, "broadcast", (src, self._buffer(tensor))))
         return _Task()
 
     def all_gather(self, tensor_list: list[Any], tensor: Any, sync_op: bool = True) -> _Task:
         gathered = self._world.collective(self._rank, "all_gather",
-                                          (_buffer(tensor), [_buffer(out) for out in tensor_list]))
+                                          (self._buffer(tensor), [self._buffer(out) for out in tensor_list]))
         for out, data in zip(tensor_list, gathered):
-            _write(out, data)
+            self._write(out, data)
         return _Task()
 
     def all_gather_into_tensor(self, out: Any, tensor: Any, sync_op: bool = True) -> _Task:
-        gathered = self._world.collective(self._rank, "all_gather", (_buffer(tensor), [_buffer(out)]))
-        _write(out, b"".join(gathered))
+        gathered = self._world.collective(self._rank, "all_gather", (self._buffer(tensor), [self._buffer(out)]))
+        self._write(out, b"".join(gathered))
         return _Task()
 
     def all_reduce(self, tensor: Any, op: Any = None, sync_op: bool = True) -> _Task:
         if op is not None and int(op) != 0:  # Paddle hands the process group its core ReduceOp: SUM is 0
             raise VirtualUnsupported(f"virtual gloo: all_reduce with {op}")
-        _write(tensor, self._world.collective(self._rank, "all_reduce", _buffer(tensor)))
+        self._write(tensor, self._world.collective(self._rank, "all_reduce", self._buffer(tensor)))
         return _Task()
+
+    def _buffer(self, tensor: Any) -> Buffer:
+        codec = self._world.codec
+        shape = tuple(int(n) for n in tensor.shape)
+        return Buffer(codec.raw_bytes(tensor), codec.dtype_code(tensor), int(np.prod(shape)), shape)
+
+    def _write(self, tensor: Any, data: bytes | Prefix) -> None:
+        """What the backend put in the receive buffer: all of it, or (a larger receiver) a prefix, the rest kept."""
+        codec = self._world.codec
+        if isinstance(data, Prefix):
+            data = data.data + codec.raw_bytes(tensor)[len(data.data):]
+        codec.write_bytes(tensor, data)
 
     def __getattr__(self, name: str) -> Any:
         raise VirtualUnsupported(f"virtual ranks do not emulate the process group's {name}")
 
 
-def _buffer(tensor: Any) -> Buffer:
-    from .sut._paddle_common import dtype_code, raw_bytes
+class TensorBytes(Protocol):
+    """How the SUT's adapter turns a dense tensor into bytes and back, bit for bit (harness.sut._paddle_common)."""
 
-    shape = tuple(int(n) for n in tensor.shape)
-    return Buffer(raw_bytes(tensor), dtype_code(tensor), int(np.prod(shape)), shape)
+    def dtype_code(self, x: Any) -> str: ...
 
+    def raw_bytes(self, x: Any) -> bytes: ...
 
-def _write(tensor: Any, data: bytes | Prefix) -> None:
-    """What the backend put in the receive buffer: all of it, or (a larger receiver) a prefix, the rest kept."""
-    from .sut._paddle_common import raw_bytes, write_bytes
-
-    if isinstance(data, Prefix):
-        data = data.data + raw_bytes(tensor)[len(data.data):]
-    write_bytes(tensor, data)
+    def write_bytes(self, x: Any, data: bytes) -> None: ...
 
 
 class PaddleWorld:
     """W virtual ranks of a Paddle job in this process: their identities, groups and globals, and the baton."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, codec: TensorBytes) -> None:
         import paddle.distributed as dist
         from paddle.distributed import collective, parallel, parallel_helper
         from paddle.distributed.communication import group as group_mod
 
-        self.size = size
+        self.size, self.codec = size, codec
         _import_all("paddle.distributed.flex_checkpoint")
         self._env = {k: os.environ.get(k) for k in ("PADDLE_TRAINERS_NUM", "PADDLE_TRAINER_ENDPOINTS",
                                                    "PADDLE_WORLD_DEVICE_IDS", "PADDLE_LOCAL_SIZE", "PADDLE_TRAINER_ID",

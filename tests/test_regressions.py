@@ -21,11 +21,12 @@ from properties.verdicts import Judgement
 CASES = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 
 
-def _judged(case: Case, attempts: int = 3) -> Judgement:
-    """The case judged in fresh processes. A power-loss state replays only where the ranks interleave their IO as
-    recorded (the judge tries several runs); on a loaded machine a whole attempt may miss it, so a few are made."""
+def _judged(case: Case, launch: str = "fresh", attempts: int = 3) -> Judgement:
+    """The case judged in fresh processes (or, for a finding larger than real ranks here, ``launch`` "virtual"). A
+    power-loss state replays only where the ranks interleave their IO as recorded (the judge tries several runs);
+    on a loaded machine a whole attempt may miss it, so a few are made."""
     for attempt in range(attempts):
-        judge_case = Judge(Runners(case.sut, mode="fresh"))
+        judge_case = Judge(Runners(case.sut, mode=launch))
         try:
             return judge_case(case)[0]
         except CaseError as exc:
@@ -45,7 +46,7 @@ def test_finding_still_reproduces(path: Path) -> None:
         how = ("its own environment (README: PaddleFormers)" if info.framework == "paddleformers"
                else f"pip install -e '.[{info.framework}]'")
         pytest.skip(f"{case.sut} needs {info.framework}: {how}")
-    judgement = _judged(case)
+    judgement = _judged(case, finding.get("launch", "fresh"))
     # A racy bug may show one of several ways; each way is listed with what its failure says ("or").
     ways = [finding, *finding.get("or", [])]
     way = next((w for w in ways if judgement.verdict.value == w["verdict"]), None)

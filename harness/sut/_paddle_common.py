@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import sys
 import threading
 from typing import Any
 
@@ -195,7 +196,7 @@ class PaddleAdapter(SutAdapter):
         from ..virtual_paddle import PaddleWorld
 
         cls.preload()
-        return PaddleWorld(size)
+        return PaddleWorld(size, sys.modules[__name__])
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         return init_runtime(rank, world_size, options)
