@@ -203,7 +203,7 @@ class _Job:
             suspect = any(not r.symmetric or r.failure for r in mine)
             try:
                 runner.end()
-                if failed and runner.drifts and (suspect or not runner.healthy()):
+                if failed and runner.drifts and ((suspect and not runner.exact_health) or not runner.healthy()):
                     self.runners.discard(runner)
             except PoolFailure:
                 self.runners.discard(runner)

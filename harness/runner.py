@@ -31,6 +31,9 @@ class Runner(ABC):
     #: Its ranks meet in collectives, so a failed op may leave them out of step (one raised, one waits): a failed
     #: case's runner is checked with ``healthy`` before it is kept.
     drifts: bool = False
+    #: ``healthy`` sees every way the ranks can be out of step (virtual ranks: the baton knows each rank's place in
+    #: every collective), so a failed op that was not symmetric needs no relaunch where the check passes.
+    exact_health: bool = False
 
     def __init__(self) -> None:
         self.pids: dict[int, int] = {}  # rank -> pid of the rank process (real ranks only)

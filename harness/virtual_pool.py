@@ -20,6 +20,7 @@ HOST_MODULE = "harness.virtual_host"
 class VirtualPool(RankPool):
     mode = "virtual"
     launched = False
+    exact_health = True
 
     def __init__(self, sut: str, world: int, options: dict, start_timeout: float = 120.0,
                  forks: ForkServer | None = None) -> None:
