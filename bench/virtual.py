@@ -11,6 +11,14 @@ same 2-rank cases on real ranks) and ``virtual_vs_pool`` (virtual cases/s over p
 Targets (issue 16): >= 20 cases/s at <= 16 ranks, ``virtual_vs_pool`` >= 5, a 256-rank case <= 30 s.
 
 ``--worlds 2,16`` and ``--cases N`` (per world; 256 ranks get at most a quarter) for a quick look.
+
+Measured on the project's 2-core VM, 2026-11-27 (``--cases 30``; seed 1):
+  virtual_2 29.1 cases/s (worst 0.24 s); pool_2 5.4 cases/s; virtual_vs_pool 5.41 (target >= 5: met)
+  virtual_16 4.0 cases/s (worst 0.84 s; target >= 20: not met); virtual_64 0.83 cases/s (worst 4.7 s)
+  virtual_256 7 cases in 363 s: six of 8-25 s, one of 278 s (target <= 30 s a case: not met)
+Where the time goes at large W (py-spy): Paddle's own planning on every rank — ``all_gather_object`` unpickling
+W objects of size ~W per rank (``get_rank_to_read_files`` gathers every rank's file list), and
+``CheckpointLoadBalancer.plan`` over all ranks: quadratic per rank, so W virtual ranks in one process pay ~W^3.
 """
 
 from __future__ import annotations
