@@ -22,6 +22,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--sut", default="reference", help="system under test for the property suite: a registered "
                      "name (reference, paddle-dcp, paddle-save, torch-dcp) or package.module:ClassName")
     parser.addoption("--ranks", type=int, default=2, help="world size of saves in the property suite")
+    parser.addoption("--launch", default="pool", choices=("pool", "virtual"),
+                     help="how the property suite's ranks run: a warm pool (default) or virtual ranks (paddle-dcp)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -86,8 +88,8 @@ def sut_judge(request: pytest.FixtureRequest):
 
     name = request.config.getoption("--sut")
     try:
-        judge = Judge(Runners(name, mode="pool"), exploring=True)  # Hypothesis draws: fuzzing
-    except UnknownSut as exc:
+        judge = Judge(Runners(name, mode=request.config.getoption("--launch")), exploring=True)  # fuzzing draws
+    except (UnknownSut, ValueError) as exc:  # ValueError: --launch virtual for a SUT without virtual ranks
         pytest.fail(f"--sut {name}: {exc}")
     yield judge
     judge.close()

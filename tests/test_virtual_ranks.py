@@ -3,6 +3,7 @@ real launch by a differential test, and run at world sizes no machine here launc
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -120,3 +121,25 @@ def test_each_rank_keeps_its_own_copy_of_paddles_module_state() -> None:
         assert [value for _, value in again] == [[f"/ckpt/{r}"] for r in range(3)]
     finally:
         world.close()
+
+
+def _virtual_campaign(tmp_path, ranks: int, seconds: int) -> dict:
+    from harness.cli import main
+
+    code = main(["fuzz", "--sut", SUT, "--launch", "virtual", "--ranks", str(ranks), "--time", str(seconds),
+                 "--seed", "1", "--property", "P-ROUNDTRIP", "--property", "P-RESHARD", "--out", str(tmp_path)])
+    assert code in (0, 1), (tmp_path / "report.md").read_text()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["launch_mode"] == "virtual" and sum(summary["cases_run"].values()) > 0
+    for finding in (tmp_path / "findings").glob("*.json"):  # every virtual finding says where it stands on real ranks
+        assert json.loads(finding.read_text())["confirmed_real"] in ("yes", "no", "virtual-only")
+    return summary
+
+
+def test_a_virtual_campaign_reaches_64_ranks(tmp_path) -> None:
+    _virtual_campaign(tmp_path, 64, 20)
+
+
+@pytest.mark.nightly
+def test_a_virtual_campaign_reaches_256_ranks(tmp_path) -> None:
+    _virtual_campaign(tmp_path, 256, 1200)
