@@ -136,7 +136,10 @@ def _parser() -> argparse.ArgumentParser:
 def _runners(args: argparse.Namespace, sut: str) -> Runners:
     if args.nnodes < 1:
         raise HarnessError("--nnodes must be at least 1")
-    return Runners(sut, args.launch, args.op_timeout, device=args.device, nnodes=args.nnodes)
+    try:
+        return Runners(sut, args.launch, args.op_timeout, device=args.device, nnodes=args.nnodes)
+    except ValueError as exc:  # e.g. --launch virtual for a SUT without virtual ranks
+        raise HarnessError(str(exc)) from None
 
 
 def _terminate(signum: int, frame: object) -> None:

@@ -87,6 +87,7 @@ def test_dead_or_hung_rank_is_a_verdict_and_the_pool_recovers(tmp_path: Path, ca
         (["fuzz", "--sut", "nosuchpkg.mod:Cls", "--time", "1", "--out", "{tmp}"], "cannot import SUT adapter"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--property", "P-NOPE"], "unknown property"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--nnodes", "0"], "--nnodes must be"),
+        (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--launch", "virtual"], "no virtual ranks"),
         (["replay", "{tmp}/missing.json"], "no such case file"),
         (["replay", "{tmp}/garbage.json"], "not a JSON case file"),
         (["replay", "{tmp}/bad_version.json"], "case version"),
