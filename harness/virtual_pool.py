@@ -11,6 +11,7 @@ import json
 import sys
 
 from .forkserver import ForkError, ForkServer
+from .gloo_model import VirtualUnsupported
 from .launch import kill_trees, start, worker_argv
 from .pool import RankPool
 
@@ -49,3 +50,12 @@ class VirtualPool(RankPool):
                     self.procs = []
         self.procs.append(start([sys.executable, "-m", HOST_MODULE, *argv], base, log))
         return base
+
+    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None) -> list[dict]:
+        """A rank that met something the virtual world does not emulate (``VirtualUnsupported``) makes the op the
+        harness's failure, never a record a judge could read as the SUT's bug."""
+        replies = super().op(index, timeout, fail_fast, stuck_after)
+        unsupported = next((r for r in replies if r.get("error_type") == VirtualUnsupported.__name__), None)
+        if unsupported is not None:
+            raise VirtualUnsupported(f"rank {unsupported['rank']}, op {index}: {unsupported.get('error')}")
+        return replies

@@ -143,3 +143,21 @@ def test_a_virtual_campaign_reaches_64_ranks(tmp_path) -> None:
 @pytest.mark.nightly
 def test_a_virtual_campaign_reaches_256_ranks(tmp_path) -> None:
     _virtual_campaign(tmp_path, 256, 1200)
+
+
+def test_what_the_virtual_world_does_not_emulate_is_the_harness_s_failure_not_a_finding() -> None:
+    """A rank that meets a call virtual ranks do not emulate (a sub-group) raises VirtualUnsupported out of the op,
+    so a campaign counts a harness error and replay exits 2: never a finding."""
+    from harness.gloo_model import VirtualUnsupported
+    from harness.virtual_pool import VirtualPool
+
+    pool = VirtualPool("tests.suts.buggy:NewGroupSut", 2, {"shims": True, "device": "auto"})
+    try:
+        mesh = Mesh((2,))
+        case = _case("P-ROUNDTRIP", (TensorCase("w", "F32", (2,), 1),), {"w": Sharded(mesh, (Shard(0),)).to_json()},
+                     {"w": Sharded(mesh, (Shard(0),)).to_json()})
+        pool.begin(case.to_json(), "/nonexistent-root")
+        with pytest.raises(VirtualUnsupported, match="new_group"):
+            pool.op(0, 60)
+    finally:
+        pool.close(False)

@@ -8,9 +8,12 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import threading
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from harness.sut.paddle_dcp import PaddleDcpSut
 from harness.sut.reference import ReferenceSut, agreed_save_id
 from reference import commit, committed_checkpoints, save_rank
 from reference.commit import set_latest
@@ -374,3 +377,15 @@ class TwoBugsSut(FlipsLastElementSut):
         if any(len(t.local.global_shape) == 0 for t in targets.values()):
             raise ValueError(f"cannot load scalar {sorted(targets)[0]!r} from {root}")
         return super().load(root, name, targets, options=options)
+
+
+class NewGroupSut(PaddleDcpSut):
+    """paddle-dcp that makes a sub-group before it saves: a call virtual ranks do not emulate."""
+
+    name = "new-group"
+
+    def save(self, root: Path, name: str, tensors: dict, *, use_async: bool, options: dict) -> Any:
+        import paddle.distributed as dist
+
+        dist.new_group(list(range(dist.get_world_size())))
+        return super().save(root, name, tensors, use_async=use_async, options=options)
