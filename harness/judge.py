@@ -124,8 +124,12 @@ class Judge:
     def _flaky(self, case: Case, judgement: Judgement) -> bool:
         """While fuzzing, a fault-free case whose only failure is ranks that died or hung runs once more: a crash
         the same ops do not repeat (a race in the runtime's own teardown, a wedged collective) is reported as
-        flaky instead of failing the campaign and being shrunk towards nothing; one that repeats stands."""
+        flaky instead of failing the campaign and being shrunk towards nothing; one that repeats stands. Virtual
+        ranks are not asked: their schedule is fixed (one rank at a time, in rank order), so the same ops repeat the
+        same crash by construction and a second run only costs a relaunch."""
         if not self.exploring or judgement.ok or case.fault is not None or not ranks_stopped(judgement.anomalies):
+            return False
+        if self.runners.mode == "virtual":  # fault-free cases, the only ones asked, run on virtual ranks there
             return False
         again, _ = self._judge(case)
         if not again.ok:

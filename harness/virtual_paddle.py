@@ -13,12 +13,14 @@ import collections
 import copy
 import gc
 import importlib
+import operator
 import os
 import pickle
 import pkgutil
 import sys
 import types
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -72,6 +74,7 @@ class RankGlobals:
         for _ in range(world):
             self.values.append([self._copy(v, owner, attr) for v, (owner, attr) in zip(pristine, self.slots)])
         self.current: int | None = None
+        self._runs: list[_Run] | None = None
 
     def _copy(self, value: Any, owner: Any, attr: str) -> Any:
         if isinstance(value, _IMMUTABLE):
@@ -85,12 +88,17 @@ class RankGlobals:
             return value
 
     def install(self, rank: int) -> None:
+        """Runs at every switch (W per collective): one C-level read and one update per namespace, since a loop of
+        getattr/setattr over every slot was a third of a 16-rank case."""
+        if self._runs is None:
+            self._runs = _runs(self.slots)
         if self.current is not None:
             mine = self.values[self.current]
-            for i, (owner, attr) in enumerate(self.slots):
-                mine[i] = getattr(owner, attr)
-        for (owner, attr), value in zip(self.slots, self.values[rank]):
-            setattr(owner, attr, value)
+            for run in self._runs:
+                mine[run.lo:run.hi] = run.read(run.space)
+        values = self.values[rank]
+        for run in self._runs:
+            run.write(values[run.lo:run.hi])
         self.current = rank
 
     def restore(self) -> None:
@@ -98,6 +106,38 @@ class RankGlobals:
         for (owner, attr), value in zip(self.slots, self.pristine):
             setattr(owner, attr, value)
         self.current = None
+
+
+@dataclass
+class _Run:
+    """Consecutive slots of one owner: read and written as a block of its namespace."""
+
+    owner: Any
+    attrs: tuple[str, ...]
+    lo: int
+    hi: int
+
+    def __post_init__(self) -> None:
+        self.space = vars(self.owner)
+        self.read = operator.itemgetter(*self.attrs) if len(self.attrs) > 1 else (lambda d, a=self.attrs[0]: (d[a],))
+
+    def write(self, values: Sequence[Any]) -> None:
+        if isinstance(self.space, dict):  # a module's namespace
+            self.space.update(zip(self.attrs, values))
+        else:  # a class's namespace is read-only: through setattr
+            for attr, value in zip(self.attrs, values):
+                setattr(self.owner, attr, value)
+
+
+def _runs(slots: Sequence[tuple[Any, str]]) -> list[_Run]:
+    """The slots as runs of one owner each (a module's slots are consecutive: modules are enumerated in turn)."""
+    runs: list[_Run] = []
+    start = 0
+    for i in range(1, len(slots) + 1):
+        if i == len(slots) or slots[i][0] is not slots[start][0]:
+            runs.append(_Run(slots[start][0], tuple(attr for _, attr in slots[start:i]), start, i))
+            start = i
+    return runs
 
 
 def _is_state(value: Any, module: types.ModuleType) -> bool:

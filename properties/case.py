@@ -190,10 +190,19 @@ class Case:
         return any(op.kind in SEQUENCE_KINDS or op.detach for op in self.ops)
 
     def state(self, version: int = 0) -> dict[str, Tensor]:
-        """The whole state at ``version`` (a training case: the uninterrupted run after that many steps)."""
-        if self.training is not None:
-            return trained_state(self.spec(), self.params(), version)
-        return {t.name: t.build(version) for t in self.tensors}
+        """The whole state at ``version`` (a training case: the uninterrupted run after that many steps).
+
+        Built once per case object and version: the W virtual ranks of one host (and the judges) share the immutable
+        case, and rebuilding every tensor on every rank was a sixth of a 16-rank case. The bits are made read-only,
+        so a caller that wrote into them would fail loudly instead of changing what another rank or judge sees."""
+        memo: dict[int, dict[str, Tensor]] = self.__dict__.setdefault("_states", {})
+        if version not in memo:
+            built = (trained_state(self.spec(), self.params(), version) if self.training is not None
+                     else {t.name: t.build(version) for t in self.tensors})
+            for tensor in built.values():
+                tensor.bits.flags.writeable = False
+            memo[version] = built
+        return dict(memo[version])
 
     def expected(self, version: int, which: str) -> dict[str, Tensor]:
         """The state a load (or the live state) under ``which`` layouts holds: a training case's layouts may name a
