@@ -61,7 +61,8 @@ def test_what_a_script_cannot_show_is_said(change, why: str) -> None:
 
 @pytest.mark.parametrize("stem", ["paddle-dcp-version-cache", "paddle-dcp-async-not-isolated",
                                   "paddle-dcp-flat-cross-rank-load", "paddle-save-fp8-dtype-lost",
-                                  "paddle-dcp-moe-ep2-to-ep1-dist-tensor-zeros"])
+                                  "paddle-dcp-moe-ep2-to-ep1-dist-tensor-zeros", "paddle-dcp-power-loss-after-save",
+                                  "torch-dcp-metadata-fsync-before-write", "paddle-dcp-metadata-bitflip-zeros"])
 def test_the_script_is_python_with_every_step_named(stem: str) -> None:
     case = _case(stem)
     plan = plan_case(case)
@@ -70,7 +71,10 @@ def test_the_script_is_python_with_every_step_named(stem: str) -> None:
     for index, op in enumerate(case.ops):
         if op.kind != "restart":
             assert f"'step {index}: {op.kind}" in text
-    shell = run_sh(plan, "why")
+    if case.fault is not None:  # a fault becomes file edits after its op, then fresh processes
+        assert "damage, [" in text and len(plan.phases) >= 2
+    assert 'if __name__ == "__main__":' in text  # a spawned writer re-imports the script: it must not run it
+    shell = run_sh(plan)
     assert shell.count("\nlaunch ") == len(plan.phases)
     assert "timeout" in shell
 

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from properties.case import Case, read_case_file
+from properties.case import Case, Op, read_case_file
 
 from .plan import ReproUnsupported, plan_case
 from .render import emitter, repro_py, run_sh
@@ -24,8 +24,6 @@ from .verify import Verification, judge_run, run_repro
 
 __all__ = ["ReproUnsupported", "check_repro", "make_repro"]
 
-SHIMS_WHY = ("CPU shims: on a CPU-only Paddle wheel repro.py turns Tensor.cuda() into a CPU copy and "
-             "device.synchronize() into a no-op, because the checkpoint code calls them on paths the bug needs.")
 
 
 def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bool = True,
@@ -47,11 +45,12 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         op = reported_op(judgement.details, _expected_words(finding, judgement.verdict.value))
         failed = frozenset(r.index for r in outcome.records if not r.ok and op is not None and r.index < op)
         summary.update(step=op, harness_verdict=judgement.verdict.value)
-        plan = plan_case(case, reference_failures(case), upto=op, tolerated=failed)
+        corruptions = {r.index: r.applied for r in outcome.records if r.kind == "corrupt" and r.applied}
+        plan = plan_case(case, reference_failures(case), upto=op, tolerated=failed, corruptions=corruptions)
         title = _title(path, finding, case)
         source = f"ckpt-harness finding {path.name}"
         (out / "repro.py").write_text(repro_py(plan, title, source), encoding="utf-8")
-        (out / "run.sh").write_text(run_sh(plan, SHIMS_WHY), encoding="utf-8")
+        (out / "run.sh").write_text(run_sh(plan), encoding="utf-8")
         os.chmod(out / "run.sh", 0o755)
         summary.update(phases=len(plan.phases), ranks=plan.max_world, case=case.to_json())
         result = check_repro(out, verdict, op) if verify else None
@@ -100,13 +99,16 @@ def _expected_words(finding: dict, verdict: str) -> str:
 
 
 def reference_failures(case: Case) -> frozenset[int]:
-    """Indices of ops the reference engine fails too (a load of a name never saved): there an error is right."""
+    """Indices of ops the reference engine fails too (a load of a name never saved): there an error is right. The
+    reference runs the case undamaged (no fault, a ``corrupt`` op kept only as a place): after damage, what is right
+    is the data or an error, and the script's tolerance of earlier failures covers the error."""
     from ..run import run_case
     from ..runners import Runners
 
+    ops = tuple(Op("wait") if op.kind == "corrupt" else op for op in case.ops)
     runners = Runners("reference", mode="in-process")
     try:
-        outcome = run_case(dataclasses.replace(case, sut="reference"), runners)
+        outcome = run_case(dataclasses.replace(case, sut="reference", fault=None, ops=ops), runners)
     finally:
         runners.close()
     return frozenset(r.index for r in outcome.records if not r.ok)

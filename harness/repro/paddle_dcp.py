@@ -7,9 +7,11 @@ given; the script spells out which, from the case's options.
 
 from __future__ import annotations
 
+from . import paddle_text
 from .plan import Plan, ReproUnsupported
 
 FRAMEWORK = "paddle"
+TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
 # Options that only shaped the case's layouts or the harness's own bounds: nothing for the script to do.
 INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method"})

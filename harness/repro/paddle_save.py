@@ -3,9 +3,11 @@ to one file per checkpoint name and reads the same file back, as harness/sut/pad
 
 from __future__ import annotations
 
+from . import paddle_text
 from .plan import Plan, ReproUnsupported
 
 FRAMEWORK = "paddle"
+TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
 INERT = frozenset({"commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format"})
 

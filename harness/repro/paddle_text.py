@@ -60,13 +60,16 @@ def carriers(dtypes: set[str]) -> str:
     return f"CARRIERS = {{{rows}}}  # numpy dtype Paddle reads bit for bit, and the paddle dtype to view it as\n"
 
 
-PADDLE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
+DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
                 "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
                 "U8": "uint8", "BOOL": "bool"}
 
 
-def launch(world: int) -> str:
-    """The command run.sh uses for ``world`` processes of this framework."""
-    if world == 1:
-        return "python repro.py"
-    return f"python -m paddle.distributed.launch --nproc_per_node {world} --log_dir \"$WORK/log$1\" repro.py"
+WHY = ("CPU shims: on a CPU-only Paddle wheel repro.py turns Tensor.cuda() into a CPU copy and",
+       "device.synchronize() into a no-op, because the checkpoint code calls them on the paths the bug needs.")
+
+# run.sh's launch of N > 1 processes ($2) for phase $1, its output in log files $WORK/log$1/workerlog.*
+LAUNCH = ('python -m paddle.distributed.launch --nproc_per_node "$2" --log_dir "$WORK/log$1" '
+          'repro.py "$WORK/ckpt" "$1" > "$WORK/launch$1.out" 2>&1')
+SHOW = 'for log in "$WORK/log$1"/workerlog.*; do echo "== $log"; grep -v "\\] \\[ *INFO\\]" "$log"; done'
+

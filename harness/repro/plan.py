@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from faults.corrupt import Corruption, garbage
+from faults.spec import CorruptFault, StateFault
 from properties.case import Case
 from reference.engine import local_tensors
 from reference.layout import Box, Flat, FlatRange, Sharded
@@ -43,7 +45,7 @@ class Step:
     (layout, version). ``expect_error``: the reference engine refuses this op too, so an error is the right answer."""
 
     index: int
-    kind: str  # save | load | wait
+    kind: str  # save | load | wait | damage (files changed between ops: a corruption, what a power loss leaves)
     name: str | None
     table: tuple[str, int] | None = None
     use_async: bool = False
@@ -51,10 +53,13 @@ class Step:
     detach: bool = False
     expect_error: bool = False
     tolerate: bool = False  # fails on the SUT before the reported step: an earlier bug the case passes through
+    edits: tuple[dict, ...] = ()  # damage: concrete file edits (faults.corrupt JSON), and ``why`` says what they are
+    why: str = ""
 
     @property
     def label(self) -> str:
-        what = f"{self.kind} {self.name or 'latest'}" if self.kind != "wait" else "wait for detached saves"
+        named = f"{self.kind} {self.name or 'latest'}"
+        what = {"wait": "wait for detached saves", "damage": self.why}.get(self.kind, named)
         return f"step {self.index}: {what}" + (" (async)" if self.use_async else "")
 
 
@@ -77,6 +82,9 @@ class Plan:
         """Whether any step sets ``flag`` (use_async, mutate_after, detach): the script leaves out what none needs."""
         return any(getattr(step, flag) for phase in self.phases for step in phase.steps)
 
+    def edit_kinds(self) -> set[str]:
+        return {e["kind"] for phase in self.phases for step in phase.steps for e in step.edits}
+
     def has_flat(self) -> bool:
         return any(p.flat is not None for table in self.tables.values() for ps in table.values() for p in ps.values())
 
@@ -89,20 +97,28 @@ RANK_OPS = ("save", "load", "wait")
 
 
 def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int | None = None,
-              tolerated: frozenset[int] = frozenset()) -> Plan:
+              tolerated: frozenset[int] = frozenset(), corruptions: dict[int, dict] | None = None) -> Plan:
     """The case as launches and tables. ``expect_errors``: indices of ops the reference engine fails as well;
     ``upto``: the op where the reported failure shows (later ops are left out); ``tolerated``: earlier ops that fail
-    on the SUT too, which the script reports and goes past."""
+    on the SUT too, which the script reports and goes past; ``corruptions``: the concrete plan each ``corrupt`` op
+    applied in the harness's run (faults.corrupt JSON)."""
     if case.training is not None:
         raise ReproUnsupported("a training case (its state is computed by the harness's training loop)")
-    if case.fault is not None:
-        raise ReproUnsupported(f"a {case.fault.kind} fault (the script cannot inject it yet)")
+    after = _fault_edits(case)  # a fault as file edits after its op, then the job restarts (as the harness does)
     phases: list[Phase] = []
     tables: dict[tuple[str, int], dict[int, dict[str, Piece]]] = {}
     fresh = True
     for index, op in enumerate(case.ops[: None if upto is None else upto + 1]):
         if op.kind == "restart":
             fresh = True
+            continue
+        if op.kind == "corrupt":
+            plan = (corruptions or {}).get(index)
+            if not plan or "kind" not in plan:
+                raise ReproUnsupported(f"op {index} is a 'corrupt' whose concrete plan is unknown (it damaged nothing)")
+            if not phases:
+                raise ReproUnsupported(f"op {index} corrupts before any launch")
+            phases[-1].steps.append(Step(index, "damage", None, edits=(_edit(plan),), why=f"corrupt {describe(plan)}"))
             continue
         if op.kind not in RANK_OPS:
             raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
@@ -120,7 +136,41 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
                 tables[table] = _table(case, which, op.version, world)
         phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after, op.detach,
                                      index in expect_errors, index in tolerated))
+        if after is not None and index == case.fault.op:
+            phases[-1].steps.append(Step(index, "damage", None, edits=after[0], why=after[1]))
+            fresh = True
     return Plan(case.sut, dict(case.options), phases, tables)
+
+
+def describe(plan: dict) -> str:
+    return Corruption.from_json(plan).describe()
+
+
+def _edit(plan: dict) -> dict:
+    """A corruption as the script applies it: ``append`` carries its garbage bytes (the harness draws them)."""
+    edit = dict(Corruption.from_json(plan).to_json())
+    if edit["kind"] == "append":
+        edit["content"] = garbage(edit["seed"], edit["length"]).hex()
+    return edit
+
+
+def _fault_edits(case: Case) -> tuple[tuple[dict, ...], str] | None:
+    """A case's fault as concrete file edits after its op: a corruption with its plan; a power loss that loses the
+    data of files never fsynced (they come back empty — what the finding's trace shows for them). Anything else
+    needs the harness (a kill at a syscall, an injected errno, torn writes, lost directory entries)."""
+    fault = case.fault
+    if fault is None:
+        return None
+    if isinstance(fault, CorruptFault) and fault.plan:
+        return (_edit(fault.plan),), f"corrupt {describe(fault.plan)}"
+    if isinstance(fault, StateFault) and fault.state.get("kind") in ("lost-data", "lost-all-data"):
+        detail = fault.state.get("detail", {})
+        paths = detail.get("paths") or [detail.get("path")]
+        edits = tuple({"kind": "lose_data", "path": p} for p in paths if p)
+        return edits, (f"power loss after the save returned: the data of {', '.join(paths)} was never fsynced, "
+                       "so those files come back empty")
+    which = f" ({fault.state.get('kind')} state)" if isinstance(fault, StateFault) else ""
+    raise ReproUnsupported(f"a {fault.kind} fault{which} (the script cannot inject it yet)")
 
 
 def _table(case: Case, which: str, version: int, world: int) -> dict[int, dict[str, Piece]]:
