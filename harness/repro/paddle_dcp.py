@@ -112,21 +112,15 @@ SAVE = '''def save(name, pieces):
 
 SAVE_ASYNC = '''from paddle.distributed.flex_checkpoint.dcp import save_state_dict as save_module  # noqa: E402
 
-PENDING = []  # writer processes of async saves not waited for yet
-
 
 def save(name, pieces, async_save=False, mutate_after=False, detach=False):
     state, dense = state_dict(pieces)
     path, unique_id = location(name)
     dist.save_state_dict(state, path, unique_id=unique_id, async_save=async_save, safetensors=SAFETENSORS,
                          save_replicas=SAVE_REPLICAS)
-    if async_save:
-        PENDING.extend(save_module.async_save_queue[-1:])  # Paddle keeps each save's writer process there
-        if mutate_after:
-            for t in dense.values():
-                scribble(t)
-        if not detach:
-            wait()
+    if async_save:  # Paddle keeps each save's writer process in async_save_queue
+        returned(save_module.async_save_queue[-1] if save_module.async_save_queue else None, dense.values(),
+                 mutate_after, detach)
 
 
 def wait():

@@ -23,9 +23,7 @@ def helpers(plan: Plan) -> str:
     return HELPERS
 
 
-HELPERS = '''from paddle.framework import io as paddle_io  # where paddle.async_save keeps its writer threads
-
-PENDING = []  # writer threads of async saves not waited for yet
+HELPERS = '''from paddle.framework import io as paddle_io  # noqa: E402 (where paddle.async_save keeps its threads)
 
 
 def path_of(name):
@@ -40,12 +38,7 @@ def save(name, pieces, async_save=False, mutate_after=False, detach=False):
         paddle.save(state, path, safetensors=SAFETENSORS)
         return
     paddle.async_save(state, path, safetensors=SAFETENSORS)
-    PENDING.append(paddle_io.async_save_queue[-1])
-    if mutate_after:
-        for t in state.values():
-            scribble(t)
-    if not detach:
-        wait()
+    returned(paddle_io.async_save_queue[-1], state.values(), mutate_after, detach)
 
 
 def wait():

@@ -63,6 +63,22 @@ def run(step, action, *args, expect_error=False, tolerate=False, **kwargs):
 '''
 
 
+RETURNED = '''PENDING = []  # the writers (threads, processes or futures) of async saves not waited for yet
+
+
+def returned(writer, tensors, mutate_after, detach):
+    """An async save returned: the caller overwrites its tensors (where the step says so), then waits for the
+    writer unless the step leaves it running."""
+    if writer is not None:
+        PENDING.append(writer)
+    if mutate_after:
+        for t in tensors:
+            scribble(t)
+    if not detach:
+        wait()
+'''
+
+
 def emitter(sut: str) -> ModuleType:
     if sut not in EMITTERS:
         raise ReproUnsupported(f"no standalone script for {sut} yet (it needs its framework's set-up spelled out)")
@@ -89,6 +105,7 @@ def repro_py(plan: Plan, title: str, source: str) -> str:
         _tables(plan),
         text.TENSORS,
         text.SCRIBBLE if plan.uses("mutate_after") else "",
+        RETURNED if plan.uses("use_async") else "",
         module.helpers(plan),
         damage(plan.edit_kinds()) if plan.edit_kinds() else "",
         CHECK,

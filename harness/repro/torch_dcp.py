@@ -61,8 +61,6 @@ SAVE = '''def save(name, pieces):
 
 SAVE_ASYNC = '''from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType  # noqa: E402
 
-PENDING = []  # futures of async saves not waited for yet
-
 
 def save(name, pieces, async_save=False, mutate_after=False, detach=False):
     state, dense = state_dict(pieces)
@@ -73,12 +71,7 @@ def save(name, pieces, async_save=False, mutate_after=False, detach=False):
     group = dist.new_group(backend="gloo") if ASYNC_EXECUTOR == "thread" and dist.is_initialized() else None
     response = dcp.async_save(state, checkpoint_id=path, process_group=group,
                               async_checkpointer_type=AsyncCheckpointerType(ASYNC_EXECUTOR))
-    PENDING.append(getattr(response, "upload_completion", response))
-    if mutate_after:
-        for t in dense.values():
-            scribble(t)
-    if not detach:
-        wait()
+    returned(getattr(response, "upload_completion", response), dense.values(), mutate_after, detach)
 
 
 def wait():
