@@ -16,7 +16,7 @@ from pathlib import Path
 
 from properties.case import Case, Op, read_case_file
 
-from .plan import ReproUnsupported, plan_case
+from .plan import ReproUnsupported, check_supported, plan_case
 from .render import emitter, repro_py, run_sh
 from .report import report_md
 from .simplify import judged, simplify
@@ -36,7 +36,8 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     summary: dict = {"source": str(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
     kept: list[str] = []
     try:
-        emitter(case.sut)  # a SUT without scripts is said at once, before any simplifying launch
+        emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
+        check_supported(case)
         if simplify_first and verdict:
             case, kept, tried = simplify(case, finding)
             summary["simplifications_tried"] = tried

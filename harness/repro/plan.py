@@ -102,9 +102,7 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
     ``upto``: the op where the reported failure shows (later ops are left out); ``tolerated``: earlier ops that fail
     on the SUT too, which the script reports and goes past; ``corruptions``: the concrete plan each ``corrupt`` op
     applied in the harness's run (faults.corrupt JSON)."""
-    if case.training is not None:
-        raise ReproUnsupported("a training case (its state is computed by the harness's training loop)")
-    after = _fault_edits(case)  # a fault as file edits after its op, then the job restarts (as the harness does)
+    after = check_supported(case)  # a fault as file edits after its op, then the job restarts (as the harness does)
     phases: list[Phase] = []
     tables: dict[tuple[str, int], dict[int, dict[str, Piece]]] = {}
     fresh = True
@@ -120,10 +118,6 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
                 raise ReproUnsupported(f"op {index} corrupts before any launch")
             phases[-1].steps.append(Step(index, "damage", None, edits=(_edit(plan),), why=f"corrupt {describe(plan)}"))
             continue
-        if op.kind not in RANK_OPS:
-            raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
-        if op.stall:
-            raise ReproUnsupported(f"op {index} holds its writer (stall): the script cannot hold a writer yet")
         which = case.op_layouts(index)
         world = case.world_size(which)
         if fresh or phases[-1].world != world:
@@ -140,6 +134,19 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
             phases[-1].steps.append(Step(index, "damage", None, edits=after[0], why=after[1]))
             fresh = True
     return Plan(case.sut, dict(case.options), phases, tables)
+
+
+def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
+    """Raise ``ReproUnsupported`` for what no script can show yet (before any launch is spent on the case); else
+    the case's fault as file edits (None without one)."""
+    if case.training is not None:
+        raise ReproUnsupported("a training case (its state is computed by the harness's training loop)")
+    for index, op in enumerate(case.ops):
+        if op.kind not in (*RANK_OPS, "restart", "corrupt"):
+            raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
+        if op.stall:
+            raise ReproUnsupported(f"op {index} holds its writer (stall): the script cannot hold a writer yet")
+    return _fault_edits(case)
 
 
 def describe(plan: dict) -> str:
