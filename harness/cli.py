@@ -26,7 +26,9 @@ from properties.known import KnownFindingsError, read_known
 
 from .campaign import Campaign, default_seed, fuzz
 from .corpus import Corpus
+from .fleet import FleetError
 from .judge import EXHAUSTIVE_BOUND, Judge
+from .plan import PlanError
 from .report import buckets, buckets_table, write_results
 from .runner import PoolFailure
 from .runners import DEVICES, MODES, Runners
@@ -42,7 +44,8 @@ class HarnessError(Exception):
     """Bad input to the harness itself; reported as one line, exit status 2."""
 
 
-INPUT_ERRORS = (HarnessError, UnknownSut, CaseError, KnownFindingsError)  # their message is the whole story
+# their message is the whole story
+INPUT_ERRORS = (HarnessError, UnknownSut, CaseError, KnownFindingsError, PlanError, FleetError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -127,8 +130,19 @@ def _parser() -> argparse.ArgumentParser:
                        help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
         p.add_argument("--nnodes", type=int, default=1,
                        help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
+    fl = sub.add_parser("fleet", help="run a plan of campaigns (shards) as Ray tasks and merge their results "
+                        "(docs/fleet.md; needs the fleet extra)")
+    fl.add_argument("--plan", type=Path, required=True, help="the plan: TOML, [fleet] and [[shard]] (harness/plan.py)")
+    fl.add_argument("--time", type=float, required=True, help="seconds of each shard's campaign (a shard's own "
+                    "'time' overrides it)")
+    fl.add_argument("--out", type=Path, required=True, help="output directory (shards/<id>/, findings/, "
+                    "summary.json, report.md, report.html)")
+    fl.add_argument("--address", default=None, help="join this Ray cluster (default: start one on this machine for "
+                    "the night and shut it down afterwards)")
+    fl.add_argument("--corpus", type=Path, default=None, metavar="DIR",
+                    help="every shard reads this corpus; what they learn is folded back into it")
     listing = sub.add_parser("list", help="SUTs, properties and faults")
-    for p in (f, r, c, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
+    for p in (f, r, c, fl, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
@@ -151,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
-        return {"fuzz": _fuzz, "replay": _replay, "list": _list, "crashpoints": _crashpoints}[args.command](args)
+        return {"fuzz": _fuzz, "replay": _replay, "list": _list, "crashpoints": _crashpoints,
+                "fleet": _fleet}[args.command](args)
     except Exception as exc:  # the harness could not do its job: never a finding (exit 1), never a traceback
         if args.debug or os.environ.get(DEBUG_VAR, "") not in ("", "0"):
             raise
@@ -228,6 +243,27 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
     if campaign.fatal is not None:
         raise campaign.fatal
     return 1 if rows or (args.fail_on_known and campaign.known) else 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    """A night of shards on Ray: exit 1 with a new bucket, 2 when a shard failed for good (after its retry) or the
+    plan is bad; the merged report is written either way."""
+    from .fleet import print_line, run_fleet
+    from .plan import read_plan
+
+    if args.time <= 0:
+        raise HarnessError("--time must be positive")
+    plan = read_plan(args.plan)
+    summary = run_fleet(plan, args.time, args.out, args.address, args.corpus, on_event=print_line)
+    fleet = summary["fleet"]
+    print(f"{len(summary['shards'])} shard runs, {sum(summary['cases_run'].values())} cases, {fleet['wall_s']} s; "
+          f"fleet overhead {fleet['overhead_s']} s (seconds with no shard running); results in {args.out}")
+    print("\n".join(buckets_table(summary)))
+    failed = [s["id"] for s in summary["shards"] if s["status"] != "ok"]
+    if failed:
+        raise HarnessError(f"fleet: shard(s) {', '.join(failed)} failed after {plan.retries + 1} attempt(s); "
+                           f"see {args.out / 'report.md'}")
+    return 1 if any(b["status"].startswith("new") for b in summary["buckets"]) else 0
 
 
 def _read_case(path: Path):
