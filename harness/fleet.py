@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from .corpus import record_night, trends
 from .launch import rank_pythonpath
 from .merge import busy_seconds, merge_buckets, merged_summary, pick_findings, write_fleet, write_shard
@@ -54,6 +56,7 @@ def cluster(address: str | None) -> Iterator[dict]:
     ray = _ray()
     began = time.monotonic()
     temp = None
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     try:
         if address is None:
             temp = tempfile.mkdtemp(prefix="ckh-ray-")
@@ -75,8 +78,20 @@ def cluster(address: str | None) -> Iterator[dict]:
         yield info
     finally:
         ray.shutdown()
+        _reap(before)
         if temp:
             shutil.rmtree(temp, ignore_errors=True)
+
+
+def _reap(before: set[int], timeout: float = 15.0) -> None:
+    """Wait for the processes Ray started here to end (shutdown signals them; they exit soon after), killing any
+    left after ``timeout``: the night leaves nothing running."""
+    mine = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(mine, timeout=timeout)
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(alive, timeout=5.0)
 
 
 @contextlib.contextmanager

@@ -131,7 +131,7 @@ def merged_summary(runs: list[dict], shards: list[tuple[str, dict]], buckets: li
         "cases_run": dict(sorted(cases.items())),
         "skipped_properties": {},
         "findings": {v.value: verdicts.get(v.value, 0) for v in Verdict if v is not Verdict.PASS},
-        "wall_time_s": fleet["wall_s"],
+        "wall_time_s": fleet.get("wall_s"),
         "sut_share": None,
         "launch_mode": ", ".join(sorted({r["launch"] for r in runs})),
         "launches": launches,

@@ -25,6 +25,7 @@ import psutil
 
 from faults.procs import kill_tree, popen
 
+from .corpus import NIGHTS
 from .launch import child_env
 from .plan import ShardRun
 
@@ -38,8 +39,8 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
               fleet_token: str = "", pythonpath: str = "") -> dict:
     """Run the shard's campaign; return what it left: status, exit code, seconds, its files and new corpus files.
 
-    ``status``: "ok" (the campaign ran: exit 0 or 1), "failed" (exit 2 or a signal: the shard died), "overrun"
-    (still running ``seconds + slack`` after it started: terminated)."""
+    ``status``: "ok" (the campaign ran: exit 0 or 1), "failed" (exit 2: the harness could not do its job), "died"
+    (killed by a signal), "overrun" (still running ``seconds + slack`` after it started: terminated)."""
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix=f"ckh-shard-{run.id}-"))
     try:
@@ -65,7 +66,7 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
             kill_tree(proc)
             sweep(SHARD_VAR, token)
         if status == "ok" and rc not in (0, 1):
-            status = "failed"
+            status = "died" if rc is None or rc < 0 else "failed"
         ended = time.time()
         return {"id": run.id, "attempt": attempt, "status": status, "exit": rc, "started": started, "ended": ended,
                 "seconds": round(ended - started, 3), "node": os.uname().nodename,
@@ -157,5 +158,7 @@ def pack_corpus(root: Path | None) -> dict[str, bytes]:
 
 
 def _new_corpus(root: Path, shipped: dict[str, bytes]) -> dict[str, str]:
-    """Corpus files the shard wrote that the shared corpus did not hold (base64: any bytes travel)."""
-    return {rel: base64.b64encode(data).decode() for rel, data in pack_corpus(root).items() if rel not in shipped}
+    """Corpus files the shard wrote that the shared corpus did not hold (base64: any bytes travel); not its night
+    line: the fleet records the night once, merged."""
+    return {rel: base64.b64encode(data).decode() for rel, data in pack_corpus(root).items()
+            if rel not in shipped and rel != NIGHTS}
