@@ -124,7 +124,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--verbose", action="store_true", help="with --exhaustive: a line per point or state judged "
                    "(the default on a terminal)")
     c.add_argument("--out", type=Path, default=None,
-                   help="with --exhaustive: write failing cases as findings (DIR/findings/) and DIR/explore.json")
+                   help="write summary.json, report.md and report.html (with the crash-point map: the save's IO per "
+                   "rank and writer, each point or state on it by verdict); with --exhaustive: failing cases as "
+                   "findings (DIR/findings/) and DIR/explore.json")
     for p in (f, r, c):
         p.add_argument("--device", choices=DEVICES, default="auto",
                        help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
@@ -316,16 +318,57 @@ def _crashpoints(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise HarnessError(f"crashpoints: {exc}") from None
     judge_case = Judge(_runners(args, case.sut))
+    traced: list = []
+    start = time.perf_counter()
     try:
         if args.states:
-            return _print_states(*crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case))
-        def progress(n: int, r) -> None:  # a long run reports each point as it is judged
-            print(f"point {n}: {r.fault.syscall} {r.fault.path} -> {r.judgement.verdict.value}", file=sys.stderr,
-                  flush=True)
+            results, n_ops = crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case,
+                                         on_traced=lambda t: traced.append(_timeline(t, case.sut, args.out)))
+            code, lines = _print_states(results, n_ops)
+        else:
+            def progress(n: int, r) -> None:  # a long run reports each point as it is judged
+                print(f"point {n}: {r.fault.syscall} {r.fault.path} -> {r.judgement.verdict.value}",
+                      file=sys.stderr, flush=True)
 
-        return _print_points(crashpoints(case, judge_case, sample=args.limit, on_result=progress))
+            results = crashpoints(case, judge_case, sample=args.limit, on_result=progress,
+                                  on_traced=lambda t: traced.append(_timeline(t, case.sut, args.out)))
+            code, lines = _print_points(results)
     finally:
         judge_case.close()
+    if args.out is not None:
+        _write_crash_report(args, case, results, traced, lines, time.perf_counter() - start)
+    return code
+
+
+def _timeline(t, sut: str, out: Path | None) -> tuple[dict, list, str] | None:
+    """What the crash-point map needs of the traced run, taken while it exists (only when a report is written)."""
+    from .iomap import timeline
+
+    return (timeline(t, sut), list(t.recording.all_calls), t.root) if out is not None else None
+
+
+def _write_crash_report(args: argparse.Namespace, case, results: list, traced: list, lines: list[str],
+                        wall: float) -> None:
+    """``crashpoints --out DIR``: summary.json (every point or state with its verdict, and the crash-point map),
+    report.md (the table printed) and report.html (the map drawn)."""
+    from .iomap import crash_rows, place
+    from .report import write_reports
+
+    rows = crash_rows(results)
+    io_map = place(traced[0][0], results, traced[0][1], traced[0][2]) if traced and traced[0] else None
+    failing = [r for r in rows if r["verdict"] not in ("pass", None)]
+    summary = {"kind": "crashpoints --states" if args.states else "crashpoints", "sut": case.sut,
+               "case": str(args.case), "ranks": case.world_size("save"),
+               "launch_mode": args.launch, "seed": case.seed, "wall_time_s": round(wall, 1),
+               "cases_run": {case.property: sum(1 for r in rows if r["verdict"] is not None)},
+               "judged": sum(1 for r in rows if r["verdict"] is not None), "total": len(rows), "failing": len(failing),
+               "crash_results": rows, "io_map": io_map}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    markdown = "\n".join([f"# ckpt-harness {summary['kind']}: {case.sut}", "", f"Case {args.case}, op "
+                          f"{io_map['op'] if io_map else '-'}: {summary['judged']}/{summary['total']} judged, "
+                          f"{len(failing)} failing, {summary['wall_time_s']} s.", "", *lines]) + "\n"
+    write_reports(args.out, summary, [], markdown=markdown)
 
 
 def _explore(args: argparse.Namespace) -> int:
@@ -427,32 +470,37 @@ def case_of(args: argparse.Namespace, shape: str, fault):
     return dataclasses.replace(case, fault=fault)
 
 
-def _print_points(results: list) -> int:
-    print("| point | syscall | k | path | fired | verdict |")
-    print("|---|---|---|---|---|---|")
+def _print_points(results: list) -> tuple[int, list[str]]:
+    """The crash points table, printed; also returned (report.md of ``--out``)."""
+    lines = ["| point | syscall | k | path | fired | verdict |", "|---|---|---|---|---|---|"]
     for n, r in enumerate(results):
         f = r.fault
-        print(f"| {n} | {f.syscall} | {f.k} | {f.path} | {'yes' if r.report.get('fired') else 'no'} | "
-              f"{r.judgement.verdict.value} |")
+        lines.append(f"| {n} | {f.syscall} | {f.k} | {f.path} | {'yes' if r.report.get('fired') else 'no'} | "
+                     f"{r.judgement.verdict.value} |")
     bad = [(n, r) for n, r in enumerate(results) if not r.judgement.ok]
     for n, r in bad:
-        print(f"point {n}: {r.judgement.property} {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
-        print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}")
-    print(f"{len(results)} crash points, {sum(1 for r in results if r.report.get('fired'))} fired, {len(bad)} failing")
-    return 1 if bad else 0
+        lines.append(f"point {n}: {r.judgement.property} {r.judgement.verdict.value}: "
+                     f"{'; '.join(r.judgement.details)}")
+        lines.append(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}")
+    lines.append(f"{len(results)} crash points, {sum(1 for r in results if r.report.get('fired'))} fired, "
+                 f"{len(bad)} failing")
+    print("\n".join(lines))
+    return (1 if bad else 0), lines
 
 
-def _print_states(results: list, n_ops: int) -> int:
-    print("| state | verdict | confirmed in fresh processes |")
-    print("|---|---|---|")
+def _print_states(results: list, n_ops: int) -> tuple[int, list[str]]:
+    """The power-loss states table, printed; also returned (report.md of ``--out``)."""
+    lines = ["| state | verdict | confirmed in fresh processes |", "|---|---|---|"]
     for r in results:
         confirmed = "-" if r.confirmed is None else ("yes" if r.confirmed else "NO (flaky)")
-        print(f"| {r.description} | {r.judgement.verdict.value} | {confirmed} |")
+        lines.append(f"| {r.description} | {r.judgement.verdict.value} | {confirmed} |")
     bad = [r for r in results if not r.judgement.ok and r.confirmed is not False]
     for r in bad:
-        print(f"{r.description}: {r.judgement.property} {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
-    print(f"{len(results)} crash states from {n_ops} IO ops, {len(bad)} failing")
-    return 1 if bad else 0
+        lines.append(f"{r.description}: {r.judgement.property} {r.judgement.verdict.value}: "
+                     f"{'; '.join(r.judgement.details)}")
+    lines.append(f"{len(results)} crash states from {n_ops} IO ops, {len(bad)} failing")
+    print("\n".join(lines))
+    return (1 if bad else 0), lines
 
 
 def _and(ids: list[str]) -> str:
