@@ -23,7 +23,7 @@ CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 table{border-collapse:collapse;width:100%;margin:6px 0}th,td{border:1px solid #e0e0e0;padding:3px 7px;
-text-align:left;vertical-align:top}th{background:#f5f5f5}td.n{text-align:right;font-variant-numeric:tabular-nums}
+text-align:left;vertical-align:top}th{background:#f5f5f5}td{overflow-wrap:anywhere}td.n{text-align:right;font-variant-numeric:tabular-nums}
 .new{color:#b71c1c;font-weight:600}.known{color:#555}.ok{color:#2e7d32}.bad{color:#b71c1c;font-weight:600}
 .muted{color:#777}code{font-size:12px}svg text{font:11px system-ui,sans-serif}.pill{display:inline-block;
 padding:0 6px;border-radius:8px;color:#fff;font-size:12px}#totals{font-size:15px;margin:6px 0 2px}
@@ -61,8 +61,9 @@ def render(summary: dict, rows: list[dict], out: Path | None = None) -> str:
 def _header(s: dict) -> str:
     kind = s.get("kind", "campaign")
     wall = s.get("wall_time_s", "-")
+    seed = s.get("seed") if s.get("seed") is not None else "-"
     line = (f"{kind}, {wall} s wall, {s.get('ranks', '-')} rank(s), launch {escape(str(s.get('launch_mode', '-')))}, "
-            f"seed {s.get('seed', '-')}, devices {escape(', '.join(s.get('devices', [])) or '-')}, "
+            f"seed {seed}, devices {escape(', '.join(s.get('devices', [])) or '-')}, "
             f"shims {escape(', '.join(s.get('shims', [])) or 'none')}")
     return (f"<h1>ckpt-harness report: {escape(str(s.get('sut', '')))}</h1><p id=totals class=muted></p>"
             f"<p class=muted>{line}</p>")
@@ -134,7 +135,7 @@ def _link(replay: str | None, out: Path | None) -> str:
             href = str(Path(path).resolve().relative_to(out.resolve()))
         except ValueError:
             href = Path(path).as_uri() if Path(path).is_absolute() else path
-    return f"<a href='{escape(href)}'>{escape(Path(path).name)}</a><br><code>{escape(replay)}</code>"
+    return f"<a href='{escape(href)}' title='{escape(replay)}'>{escape(Path(path).name)}</a>"
 
 
 def _repro(b: dict, out: Path | None) -> str:
