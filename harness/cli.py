@@ -440,12 +440,34 @@ def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> 
         summary = {"sut": args.sut, "ranks": args.ranks, "max_len": args.max_len, "wall_time_s": round(wall, 1),
                    "judged": judged, "total": total, "failing": len(failing), "shapes": rows, "findings": written}
         (args.out / "explore.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        _write_explore_report(args, summary, reports)
     for (shape, r), path in itertools.zip_longest(failing, written):
         print(f"{shape} op {r.fault.op} {r.description}: {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
         print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}" + (f"  (finding: {path})" if path else ""))
     print(f"{args.sut}, {args.ranks} ranks, shapes of up to {args.max_len} ops: {judged}/{total} judged, "
           f"{len(failing)} failing, {wall:.0f} s")
     return 1 if failing or judged < total else 0
+
+
+def _write_explore_report(args: argparse.Namespace, explored: dict, reports: list) -> None:
+    """report.md and report.html of an exploration: the shapes table, and every crash point or state that failed
+    or could not run (those that passed are counted per shape)."""
+    from .iomap import crash_rows
+    from .report import write_reports
+
+    rows = [{**row, "label": f"{rep.shape} op {r.fault.op}: {row['label']}"} for rep in reports
+            for r, row in zip(rep.results, crash_rows(rep.results)) if row["verdict"] != "pass"]
+    summary = {**explored, "kind": "crashpoints --exhaustive", "launch_mode": args.launch, "seed": None,
+               "cases_run": {"shapes": len(explored["shapes"])}, "crash_results": rows}
+    lines = [f"# ckpt-harness crashpoints --exhaustive: {args.sut}", "",
+             f"{explored['judged']}/{explored['total']} judged, {explored['failing']} failing, shapes of up to "
+             f"{args.max_len} ops on {args.ranks} ranks, {explored['wall_time_s']} s.", "",
+             "| shape | ops | without fault | crash points | power-loss states | failing |",
+             "|---|---|---|---|---|---|",
+             *[f"| {r['shape']} | {r['ops']} | {r['control']} | {r['points']} | {r['states']} | {r['failing']} |"
+               for r in explored["shapes"]], "", *[f"- {r['label']}: {r['verdict'] or 'not run'} {r['detail']}"
+                                                    for r in rows]]
+    write_reports(args.out, summary, [], markdown="\n".join(lines) + "\n")
 
 
 def _options(args: argparse.Namespace) -> dict:

@@ -19,15 +19,17 @@ VERDICT_COLOURS = {"pass": "#2e7d32", "loud-failure": "#ef6c00", "silent-corrupt
 IO_COLOURS = {"write": "#78909c", "fsync": "#1565c0", "rename": "#7b1fa2", "open": "#cfd8dc", "unlink": "#ef6c00",
               "mkdir": "#8d6e63", "truncate": "#f9a825", "other": "#b0bec5"}
 
-CSS = """
-body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}
-h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;width:100%;margin:6px 0}th,td{border:1px solid #e0e0e0;padding:3px 7px;
-text-align:left;vertical-align:top}th{background:#f5f5f5}td{overflow-wrap:anywhere}td.n{text-align:right;font-variant-numeric:tabular-nums}
-.new{color:#b71c1c;font-weight:600}.known{color:#555}.ok{color:#2e7d32}.bad{color:#b71c1c;font-weight:600}
-.muted{color:#777}code{font-size:12px}svg text{font:11px system-ui,sans-serif}.pill{display:inline-block;
-padding:0 6px;border-radius:8px;color:#fff;font-size:12px}#totals{font-size:15px;margin:6px 0 2px}
-"""
+CSS = "".join((
+    "body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1200px;color:#222;padding:0 16px}",
+    "h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}",
+    "table{border-collapse:collapse;width:100%;margin:6px 0}",
+    "th,td{border:1px solid #e0e0e0;padding:3px 7px;text-align:left;vertical-align:top}th{background:#f5f5f5}",
+    "td{overflow-wrap:break-word}td.n{text-align:right;font-variant-numeric:tabular-nums}",
+    ".new{color:#b71c1c;font-weight:600}.known{color:#555}.ok{color:#2e7d32}.bad{color:#b71c1c;font-weight:600}",
+    ".muted{color:#777}code{font-size:12px}svg text{font:11px system-ui,sans-serif}",
+    ".pill{display:inline-block;white-space:nowrap;padding:0 6px;border-radius:8px;color:#fff;font-size:12px}",
+    "#totals{font-size:15px;margin:6px 0 2px}",
+))
 
 SCRIPT = """
 const data = JSON.parse(document.getElementById('summary-data').textContent);
