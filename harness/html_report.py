@@ -34,10 +34,14 @@ CSS = "".join((
 SCRIPT = """
 const data = JSON.parse(document.getElementById('summary-data').textContent);
 const b = data.buckets || [];
+const crashes = data.crash_results || [];
+const failing = crashes.filter(x => x.verdict !== null && x.verdict !== 'pass').length;
+const judged = crashes.filter(x => x.verdict !== null).length;
 const fresh = b.filter(x => String(x.status).startsWith('new')).length;
 const cases = Object.values(data.cases_run || {}).reduce((a, c) => a + c, 0);
 const hits = b.reduce((a, x) => a + (x.cases || 0), 0);
-document.getElementById('totals').textContent =
+document.getElementById('totals').textContent = data.buckets === undefined ?
+  `${judged}/${crashes.length} crash points and states judged, ${failing} failing` :
   `${b.length} buckets (${fresh} new, ${b.length - fresh} known), ${hits} failing cases, ${cases} cases run`;
 document.querySelectorAll('th[data-sort]').forEach(th => th.addEventListener('click', () => {
   const body = th.closest('table').tBodies[0], i = th.cellIndex;
@@ -95,7 +99,9 @@ def _attempts(attempts: list[dict]) -> str:
 
 
 def _buckets(s: dict, out: Path | None) -> str:
-    buckets = s.get("buckets", [])
+    if "buckets" not in s:  # crashpoints: its verdicts are the crash table
+        return ""
+    buckets = s["buckets"]
     if not buckets:
         return "<h2>Buckets</h2><p class=ok id=no-buckets>No failures.</p>"
     first = {}
@@ -204,11 +210,18 @@ def _io_map(m: dict | None) -> str:
         return ""
     lanes, events, marks = m["lanes"], m["events"], m.get("marks", [])
     n = max(1, max(e["t"] for e in events) + 1)
-    left, width, lane_h, top = 190, 900, 34, 40
+    stack: dict[int, int] = {}
+    level: dict[int, int] = {}
+    for i, mk in enumerate(marks):  # states at one place in the IO (a prefix, lost data there) stack upwards
+        if mk["kind"] == "state":
+            level[i] = stack[mk["t"]] = stack.get(mk["t"], -1) + 1
+    row = 12 * (max(stack.values(), default=0) + 1)
+    left, width, lane_h, top = 190, 900, 34, row + 30
     x = lambda t: left + width * (t + 0.5) / n  # noqa: E731
     height = top + lane_h * len(lanes) + 40
     svg = [f"<svg id=io-map width={left + width + 20} height={height} role=img>",
-           f"<text x=0 y=16>power-loss states</text><line x1={left} x2={left + width} y1=12 y2=12 stroke='#ddd'/>"]
+           f"<text x=0 y={row + 4}>power-loss states</text><line x1={left} x2={left + width} y1={row + 12} "
+           f"y2={row + 12} stroke='#ddd'/>"]
     for i, lane in enumerate(lanes):
         y = top + i * lane_h
         svg.append(f"<text x=0 y={y + 14}>{escape(lane['label'])}</text><line x1={left} x2={left + width} "
@@ -218,13 +231,14 @@ def _io_map(m: dict | None) -> str:
         svg.append(f"<rect class=io data-kind='{escape(e['kind'])}' x={x(e['t']) - 2:.1f} y={y + 4} width=4 "
                    f"height=12 fill='{IO_COLOURS.get(e['kind'], IO_COLOURS['other'])}'><title>#{e['t']} "
                    f"{escape(e['call'])} {escape(e.get('path') or '')}</title></rect>")
-    for mk in marks:
+    for i, mk in enumerate(marks):
         colour = VERDICT_COLOURS.get(mk.get("verdict"), VERDICT_COLOURS[None])
         title = f"<title>{escape(mk['label'])}: {escape(str(mk.get('verdict') or 'not judged'))}</title>"
         cls = f"class='mark {mk['kind']}' data-verdict='{escape(str(mk.get('verdict')))}'"
         if mk["kind"] == "state":
             cx = left + width * mk["t"] / n
-            svg.append(f"<path {cls} d='M{cx:.1f},20 l-5,-9 h10 z' fill='{colour}'>{title}</path>")
+            tip = row + 10 - 12 * level[i]
+            svg.append(f"<path {cls} d='M{cx:.1f},{tip} l-5,-9 h10 z' fill='{colour}'>{title}</path>")
         else:
             y = top + mk["lane"] * lane_h + 26
             svg.append(f"<circle {cls} cx={x(mk['t']):.1f} cy={y} r=5 fill='{colour}'>{title}</circle>")

@@ -91,5 +91,8 @@ def test_crashpoints_page_draws_the_crash_point_map(tmp_path: Path) -> None:
     assert len(marks) == len(io_map["marks"]) == len(summary["crash_results"]) == summary["total"] > 0
     assert [m["data-verdict"] for m in marks] == [str(m["verdict"]) for m in io_map["marks"]]
     assert len(dom.find("io")) == len(io_map["events"])
+    failing = sum(1 for r in summary["crash_results"] if r["verdict"] not in ("pass", None))
+    assert dom.by_id("totals")["text"] == (f"{summary['judged']}/{summary['total']} crash points and states judged, "
+                                           f"{failing} failing")
     assert len(dom.find("crash")) == summary["total"] and "Crash-point map" in (out / "report.html").read_text()
     assert "crash states" in (out / "report.md").read_text()
