@@ -59,7 +59,7 @@ def cluster(address: str | None) -> Iterator[dict]:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     try:
         if address is None:
-            temp = tempfile.mkdtemp(prefix="ckh-ray-")
+            temp = _ray_temp()
             with _env(PYTHONPATH=rank_pythonpath(os.environ.get("PYTHONPATH"))):  # workers import this harness
                 ray.init(num_cpus=os.cpu_count() or 1, include_dashboard=False, _temp_dir=temp,
                          object_store_memory=LOCAL_OBJECT_STORE, log_to_driver=False, configure_logging=False)
@@ -92,6 +92,13 @@ def _reap(before: set[int], timeout: float = 15.0) -> None:
         with contextlib.suppress(psutil.Error):
             p.kill()
     psutil.wait_procs(alive, timeout=5.0)
+
+
+def _ray_temp() -> str:
+    """A temp folder for the local Ray, short enough for its Unix sockets (107 bytes with Ray's ~65 of session and
+    socket names): under $TMPDIR where that fits, else under /tmp."""
+    base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="ckh-ray-", dir=base if len(base) <= 24 else "/tmp")
 
 
 @contextlib.contextmanager
