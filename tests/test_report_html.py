@@ -14,8 +14,8 @@ from harness.cli import main
 
 from .browser import chromium, dump_dom, screenshot
 
-pytestmark = pytest.mark.skipif(chromium() is None, reason="chromium is not installed (apt-get install -y chromium; "
-                                "CI installs it)")
+needs_chromium = pytest.mark.skipif(chromium() is None, reason="chromium is not installed (apt-get install -y "
+                                    "chromium; CI installs it)")
 
 
 class _Dom(HTMLParser):
@@ -48,6 +48,7 @@ class _Dom(HTMLParser):
         return next(e for e in self.elements if e.get("id") == ident)
 
 
+@needs_chromium
 def test_fuzz_report_page_shows_the_buckets_of_the_json(tmp_path: Path) -> None:
     out = tmp_path / "out"
     code = main(["fuzz", "--sut", "tests.suts.buggy:TwoBugsSut", "--ranks", "2", "--time", "6", "--out", str(out),
@@ -73,6 +74,7 @@ def test_fuzz_report_page_shows_the_buckets_of_the_json(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
+@needs_chromium
 @pytest.mark.multirank
 def test_crashpoints_page_draws_the_crash_point_map(tmp_path: Path) -> None:
     from harness.faultrun import standard_case
@@ -96,3 +98,24 @@ def test_crashpoints_page_draws_the_crash_point_map(tmp_path: Path) -> None:
                                            f"{failing} failing")
     assert len(dom.find("crash")) == summary["total"] and "Crash-point map" in (out / "report.html").read_text()
     assert "crash states" in (out / "report.md").read_text()
+
+
+def test_trends_and_standalone_repro_links_are_rendered_from_the_json(tmp_path: Path) -> None:
+    """Nights recorded in a corpus become opened/closed per night; a finding's standalone reproducer (issue 17's
+    ``repro`` and ``standalone_verified``) is linked from its bucket row when the summary carries it."""
+    from harness.corpus import record_night, trends
+    from harness.html_report import render
+
+    for failing in (["a", "b"], ["b", "c"]):
+        record_night(tmp_path, {"sut": "s", "buckets": [{"bucket": x} for x in failing], "cases_run": {"P": 3}})
+    nights = trends(tmp_path)
+    assert [(n["opened"], n["closed"]) for n in nights] == [(["a", "b"], []), (["c"], ["a"])]
+    assert nights[-1]["first_seen"]["b"] == nights[0]["night"]
+    bucket = {"bucket": "c", "status": "new", "title": "t", "cases": 2, "repro": "findings/000-repro",
+              "standalone_verified": True, "verdict": "data-loss"}
+    page = _Dom(render({"sut": "s", "cases_run": {"P": 3}, "buckets": [bucket], "trends": nights}, [], tmp_path))
+    (row,) = page.find("bucket")
+    assert row["data-bucket"] == "c" and "verified" in row["text"] and nights[-1]["night"] in row["text"]
+    assert any(e.get("href") == "findings/000-repro" for e in page.elements)
+    rows = page.find("night")
+    assert len(rows) == 2 and all(r["text"].startswith(n["night"]) for r, n in zip(rows, nights))
