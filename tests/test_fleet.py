@@ -153,3 +153,11 @@ def test_the_example_plan_is_valid() -> None:
     plan = read_plan(Path(__file__).resolve().parent.parent / "examples" / "nightly-cpu.toml")
     assert len(plan.runs) >= 2 and {r.sut for r in plan.runs} >= {"reference", "paddle-dcp"}
     assert all(r.ranks == 2 and r.device == "cpu" for r in plan.runs)
+
+
+def test_without_ray_the_fleet_is_one_line_exit_2(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(__import__("sys").modules, "ray", None)  # import ray fails, as where it is not installed
+    plan = _plan(tmp_path / "plan.toml", [{"sut": "reference", "seeds": [1]}])
+    code = main(["fleet", "--plan", str(plan), "--time", "5", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "fleet needs Ray: pip install 'ckpt-harness[fleet]'" in err and err.count("\n") == 1
