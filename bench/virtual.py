@@ -12,13 +12,23 @@ Targets (issue 16): >= 20 cases/s at <= 16 ranks, ``virtual_vs_pool`` >= 5, a 25
 
 ``--worlds 2,16`` and ``--cases N`` (per world; 256 ranks get at most a quarter) for a quick look.
 
-Measured on the project's 2-core VM, 2026-11-27 (``--cases 30``; seed 1):
-  virtual_2 29.1 cases/s (worst 0.24 s); pool_2 5.4 cases/s; virtual_vs_pool 5.41 (target >= 5: met)
-  virtual_16 4.0 cases/s (worst 0.84 s; target >= 20: not met); virtual_64 0.83 cases/s (worst 4.7 s)
-  virtual_256 7 cases in 363 s: six of 8-25 s, one of 278 s (target <= 30 s a case: not met)
-Where the time goes at large W (py-spy): Paddle's own planning on every rank — ``all_gather_object`` unpickling
-W objects of size ~W per rank (``get_rank_to_read_files`` gathers every rank's file list), and
-``CheckpointLoadBalancer.plan`` over all ranks: quadratic per rank, so W virtual ranks in one process pay ~W^3.
+Measured on the project's 2-core VM (shared with other work), 2026-11-27, ``--worlds 2,16,64 --cases 30``, seed 1:
+  virtual_2 30.9 cases/s (worst 0.11 s); pool_2 4.6 cases/s; virtual_vs_pool 6.67 (target >= 5: met)
+  virtual_16 4.97 cases/s (worst 0.51 s; target >= 20: not met); virtual_64 1.0 cases/s (worst 3.0 s)
+  virtual_256 (earlier the same day, before the changes below): 7 cases in 363 s, six of 8-25 s, one of 278 s (target <= 30 s
+  a case: not met)
+The 16-rank rate went from 4.0 to 5.0 with: no flaky re-run of a crash on virtual ranks (their schedule is fixed);
+a case's state built once per case and shared read-only by the ranks of one host (it was a sixth of a case); module
+globals swapped a namespace at a time (the per-switch loop was a third of the host's CPU under yappi); gloo's ring
+check skipped when every rank sends the same size. What is left, profiled with ``py-spy --gil`` on the host at 16
+ranks: about 60% of the rank threads' CPU is Paddle's own save/load code run once per rank (``load_state_dict``
+alone ~60%, ``save_state_dict`` ~20%, overlapping), ~12% is thread hand-off at each of the W switches per collective
+(futex wake-ups), ~11% swapping module state and the environment at those switches, ~7% unpickling in
+``all_gather_object`` (each rank unpickles every rank's object: W^2 per collective). Paddle's per-rank planning is
+what grows at large W — ``get_rank_to_read_files`` gathers every rank's file list and ``CheckpointLoadBalancer.plan``
+runs over all ranks on every rank — quadratic per rank, so W virtual ranks in one process pay ~W^3. Sharing that
+work across ranks would mean returning one rank's Paddle objects to another, which Paddle may mutate: not done, as
+it could change the result.
 """
 
 from __future__ import annotations

@@ -69,6 +69,8 @@ def _parser() -> argparse.ArgumentParser:
                        "not shrunk (default: this checkout's tests/regressions)")
     known.add_argument("--no-known", action="store_const", const=None, dest="known",
                        help="treat every failure as new (no known set)")
+    f.add_argument("--no-repro", dest="repro", action="store_false",
+                   help="do not write a standalone repro (OUT/repro/) for each new finding")
     f.add_argument("--corpus", type=Path, default=None, metavar="DIR",
                    help="keep what campaigns learn here: replay every bucket case it holds first, store each new "
                    "bucket's smallest case (harness/corpus.py)")
@@ -90,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
         default=120.0,
         help="seconds one operation may take before the ranks are declared hung (default 120)",
     )
-    r = sub.add_parser("replay", help="re-run one case or finding file; exit 1 if the failure reproduces")
+    r = sub.add_parser("replay", help="re-run one case or finding file, or a standalone repro folder (its run.sh, "
+                       "without the harness); exit 1 if the failure reproduces")
     r.add_argument("case", type=Path)
     r.add_argument("--launch", choices=MODES, default="fresh")
     r.add_argument("--op-timeout", type=float, default=120.0)
@@ -143,8 +146,15 @@ def _parser() -> argparse.ArgumentParser:
                     "the night and shut it down afterwards)")
     fl.add_argument("--corpus", type=Path, default=None, metavar="DIR",
                     help="every shard reads this corpus; what they learn is folded back into it")
+    w = sub.add_parser("repro", help="write a standalone reproduction (repro.py, run.sh, REPORT.md) of a finding or "
+                       "case, simplified first and verified in fresh processes")
+    w.add_argument("case", type=Path, help="a finding or case file")
+    w.add_argument("--out", type=Path, required=True, help="the folder to write it to")
+    w.add_argument("--no-simplify", dest="simplify", action="store_false",
+                   help="write the case as it is (no simpler variants tried)")
+    w.add_argument("--no-verify", dest="verify", action="store_false", help="do not run the written script")
     listing = sub.add_parser("list", help="SUTs, properties and faults")
-    for p in (f, r, c, fl, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
+    for p in (f, r, c, fl, w, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
@@ -168,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return {"fuzz": _fuzz, "replay": _replay, "list": _list, "crashpoints": _crashpoints,
-                "fleet": _fleet}[args.command](args)
+                "fleet": _fleet, "repro": _repro}[args.command](args)
     except Exception as exc:  # the harness could not do its job: never a finding (exit 1), never a traceback
         if args.debug or os.environ.get(DEBUG_VAR, "") not in ("", "0"):
             raise
@@ -234,7 +244,7 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
     if campaign.fatal is not None and not total:
         raise campaign.fatal
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = write_results(campaign, args.out)
+    rows = write_results(campaign, args.out, extra=_repro_of if args.repro else None)
     if campaign.corpus is not None:
         for finding, row in zip(campaign.findings, rows):
             campaign.corpus.keep(campaign.sut, finding.bucket, row)
@@ -268,6 +278,18 @@ def _fleet(args: argparse.Namespace) -> int:
     return 1 if any(b["status"].startswith("new") for b in summary["buckets"]) else 0
 
 
+def _repro_of(path: Path) -> dict:
+    """The standalone repro of one new finding, beside the findings (simplified, then verified in fresh processes);
+    its folder and verification go into the finding file and its row."""
+    from .repro import make_repro
+
+    summary = make_repro(path, path.parent.parent / "repro" / path.stem)
+    print(f"{path.name}: " + (f"no standalone repro ({summary['unsupported']})" if "unsupported" in summary else
+                              f"standalone repro standalone_verified={str(summary['standalone_verified']).lower()}"),
+          file=sys.stderr)
+    return {"repro": f"repro/{path.stem}", "standalone_verified": summary["standalone_verified"]}
+
+
 def _read_case(path: Path):
     """A case file, its fault checked too (a bad fault is bad input, named in one line: reading the case parses
     it, and a fault must hit an op that runs on the ranks)."""
@@ -281,6 +303,8 @@ def _read_case(path: Path):
 
 
 def _replay(args: argparse.Namespace) -> int:
+    if args.case.is_dir():
+        return _check_repro(args.case)
     case, _ = _read_case(args.case)
     judge_case = Judge(_runners(args, case.sut))
     try:
@@ -294,6 +318,37 @@ def _replay(args: argparse.Namespace) -> int:
     for line in judgement.details:
         print(f"  {line}")
     return 0 if judgement.ok else 1
+
+
+def _repro(args: argparse.Namespace) -> int:
+    """Write the repro; exit 0 when it was verified standalone (or not asked to be), 1 when not."""
+    from .repro import make_repro
+
+    _read_case(args.case)  # a malformed file is the user's error, said in one line
+    summary = make_repro(args.case, args.out, simplify_first=args.simplify, verify=args.verify)
+    if "unsupported" in summary:
+        print(f"{args.case}: no standalone script: the case uses {summary['unsupported']}; wrote {args.out}/REPORT.md")
+        return 1
+    kept = f" (simplified: {'; '.join(summary['simplified'])})" if summary.get("simplified") else ""
+    state = ("not run" if not args.verify else
+             f"standalone_verified: {str(summary['standalone_verified']).lower()} ({summary.get('how')})")
+    print(f"{args.out}: repro.py, run.sh, REPORT.md{kept}; {state}")
+    return 0 if summary["standalone_verified"] or not args.verify else 1
+
+
+def _check_repro(folder: Path) -> int:
+    from .repro import check_repro
+
+    try:
+        result = check_repro(folder)
+    except FileNotFoundError as exc:
+        raise HarnessError(str(exc)) from None
+    print(f"{folder}: {'reproduces' if result.shown else 'does not reproduce'} standalone ({result.how}, exit "
+          f"{result.status})")
+    for line in result.output.splitlines():
+        if line.startswith(("BUG", "EXPECTED", "ACTUAL")):
+            print(f"  {line}")
+    return 1 if result.shown else 0
 
 
 def _crashpoints(args: argparse.Namespace) -> int:

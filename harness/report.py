@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from properties.verdicts import Verdict
@@ -37,7 +38,9 @@ def finding_json(finding: Finding, replay: str) -> dict:
     }
 
 
-def write_results(campaign: Campaign, out: Path) -> list[dict]:
+def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] | None = None) -> list[dict]:
+    """``extra``: called with each finding file once written (``fuzz`` writes its standalone repro there); what it
+    returns is added to the finding's row, so the summary and the report link the repro."""
     findings_dir = out / "findings"
     findings_dir.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -46,6 +49,8 @@ def write_results(campaign: Campaign, out: Path) -> list[dict]:
         path = findings_dir / f"{n:03d}-{finding.judgement.property}-{safe_sut}.json"
         data = finding_json(finding, f"ckpt-harness replay {path}")
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        if extra is not None:
+            data.update(extra(path))
         rows.append(data)
     verdicts = Counter(f.judgement.verdict.value for f in campaign.findings)
     summary = {
@@ -170,11 +175,13 @@ def buckets_table(summary: dict) -> list[str]:
     rows = summary.get("buckets", [])
     if not rows:
         return ["No failures."]
-    out = ["| bucket | new/known | cases | what | replay |", "|---|---|---|---|---|"]
+    out = ["| bucket | new/known | cases | what | replay | standalone repro |", "|---|---|---|---|---|---|"]
     for b in rows:
         title = (b["title"] or "").replace("|", "\\|").replace("\n", " ")[:160]
+        repro = (f"{b['repro']} ({'verified' if b.get('standalone_verified') else 'not verified'})"
+                 if b.get("repro") else "-")
         out.append(f"| {b['bucket']} | {b['status']} | {b['cases']} | {title} | "
-                   f"{'`' + b['replay'] + '`' if b.get('replay') else '-'} |")
+                   f"{'`' + b['replay'] + '`' if b.get('replay') else '-'} | {repro} |")
     return out
 
 

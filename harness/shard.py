@@ -45,8 +45,10 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
     work = Path(tempfile.mkdtemp(prefix=f"ckh-shard-{run.id}-"))
     try:
         shared = _unpack(work / "shared", corpus)
+        # --no-repro: a shard's bound is its campaign's time; repros of the night's new buckets are written
+        # afterwards, from the merged findings (`ckpt-harness repro`), not inside a shard that would overrun
         argv = [sys.executable, "-m", "harness.cli", *run.fuzz_argv(seconds, str(work / "out")),
-                "--corpus", str(work / "corpus")]
+                "--corpus", str(work / "corpus"), "--no-repro"]
         if shared is not None:
             argv += ["--corpus-readonly", str(shared)]
         token = f"{run.id}#{attempt}:{os.getpid()}:{time.time_ns()}"

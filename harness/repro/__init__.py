@@ -1,0 +1,128 @@
+"""Upstream-ready reproductions: a finding as ``repro.py`` + ``run.sh`` + ``REPORT.md`` that a framework maintainer
+runs without the harness (issue 17; docs/design.md §17).
+
+The order is syzkaller's: simplify the case one choice at a time while the harness still sees the same failure
+(``simplify``), write the script from the simplified case (``plan`` -> ``render``), then run the script in fresh
+processes and record whether it showed the bug (``verify``) — in ``repro.json`` beside it and in the finding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from pathlib import Path
+
+from properties.case import Case, Op, read_case_file
+
+from .plan import ReproUnsupported, check_supported, plan_case
+from .render import emitter, repro_py, run_sh
+from .report import report_md
+from .simplify import judged, simplify
+from .verify import Verification, judge_run, run_repro
+
+__all__ = ["ReproUnsupported", "check_repro", "make_repro"]
+
+
+
+def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bool = True,
+               update_finding: bool = True) -> dict:
+    """Write ``out``/{repro.py, run.sh, REPORT.md, repro.json} for the finding or case at ``path``; the summary is
+    returned and, for a finding file, ``repro`` and ``standalone_verified`` are written into it."""
+    case, finding = read_case_file(path)
+    verdict = finding.get("verdict", "")
+    out.mkdir(parents=True, exist_ok=True)
+    summary: dict = {"source": str(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
+    kept: list[str] = []
+    try:
+        emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
+        check_supported(case)
+        if simplify_first and verdict:
+            case, kept, tried = simplify(case, finding)
+            summary["simplifications_tried"] = tried
+        summary["simplified"] = kept
+        judgement, outcome = judged(case, finding.get("launch", "fresh"))
+        op = reported_op(judgement.details, _expected_words(finding, judgement.verdict.value))
+        failed = frozenset(r.index for r in outcome.records if not r.ok and op is not None and r.index < op)
+        summary.update(step=op, harness_verdict=judgement.verdict.value)
+        corruptions = {r.index: r.applied for r in outcome.records if r.kind == "corrupt" and r.applied}
+        plan = plan_case(case, reference_failures(case), upto=op, tolerated=failed, corruptions=corruptions)
+        title = _title(path, finding, case)
+        source = f"ckpt-harness finding {path.name}"
+        (out / "repro.py").write_text(repro_py(plan, title, source), encoding="utf-8")
+        (out / "run.sh").write_text(run_sh(plan), encoding="utf-8")
+        os.chmod(out / "run.sh", 0o755)
+        summary.update(phases=len(plan.phases), ranks=plan.max_world, case=case.to_json())
+        result = check_repro(out, verdict, op) if verify else None
+    except ReproUnsupported as exc:
+        summary["unsupported"] = str(exc)
+        result = None
+        for name in ("repro.py", "run.sh"):
+            (out / name).unlink(missing_ok=True)
+    if result is not None:
+        summary.update(result.to_json())
+        summary["output"] = _excerpt(result.output)
+    (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    (out / "REPORT.md").write_text(report_md(summary, finding, out), encoding="utf-8")
+    if update_finding and finding:
+        finding["repro"] = os.path.relpath(out, path.parent)
+        finding["standalone_verified"] = summary["standalone_verified"]
+        path.write_text(json.dumps(finding, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return summary
+
+
+def check_repro(folder: Path, verdict: str | None = None, step: int | None = None) -> Verification:
+    """Run an existing repro folder in fresh processes and judge it against its verdict and the step where the
+    failure must show (both from repro.json unless given)."""
+    meta = json.loads((folder / "repro.json").read_text(encoding="utf-8")) if (folder / "repro.json").is_file() else {}
+    if not (folder / "run.sh").is_file():
+        raise FileNotFoundError(f"{folder}: no run.sh (not a repro folder, or the finding has no standalone repro: "
+                                f"{meta.get('unsupported', 'never written')})")
+    status, output = run_repro(folder, int(meta.get("phases", 1)))
+    return judge_run(status, output, verdict or meta.get("verdict", ""), step if step is not None else meta.get("step"))
+
+
+def reported_op(details: tuple[str, ...] | list[str], words: str = "") -> int | None:
+    """The op a judgement reports the finding at ("op 3 (load step-0): ..."): on the first line with the finding's
+    own words (an earlier line may be another bug the case passes through), else the first that names an op."""
+    lines = [line for line in details if words and words in line] + list(details)
+    for line in lines:
+        found = re.search(r"\bop (\d+) \(", line)
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def _expected_words(finding: dict, verdict: str) -> str:
+    way = next((w for w in (finding, *finding.get("or", [])) if w.get("verdict") == verdict), finding)
+    return way.get("expect", "")
+
+
+def reference_failures(case: Case) -> frozenset[int]:
+    """Indices of ops the reference engine fails too (a load of a name never saved): there an error is right. The
+    reference runs the case undamaged (no fault, a ``corrupt`` op kept only as a place): after damage, what is right
+    is the data or an error, and the script's tolerance of earlier failures covers the error."""
+    from ..run import run_case
+    from ..runners import Runners
+
+    ops = tuple(Op("wait") if op.kind == "corrupt" else op for op in case.ops)
+    runners = Runners("reference", mode="in-process")
+    try:
+        outcome = run_case(dataclasses.replace(case, sut="reference", fault=None, ops=ops), runners)
+    finally:
+        runners.close()
+    return frozenset(r.index for r in outcome.records if not r.ok)
+
+
+def _title(path: Path, finding: dict, case: Case) -> str:
+    note = (finding.get("note") or finding.get("expect") or "").split(". ")[0].strip()
+    head = f"{case.sut}: {finding.get('verdict', 'failure')} in {finding.get('property', case.property)}"
+    return f"{head} ({path.stem})" + (f"\n\n{note}." if note else "")
+
+
+def _excerpt(output: str, lines: int = 30) -> str:
+    """The lines that say what happened: the script's own (each once), else the last lines of the output."""
+    keep = list(dict.fromkeys(ln for ln in output.splitlines() if ln.startswith(("BUG", "EXPECTED", "ACTUAL"))))
+    tail = [ln for ln in output.splitlines() if ln.strip() and "Warning" not in ln and "warn(" not in ln]
+    return "\n".join(keep[:lines]) if keep else "\n".join(tail[-lines:])

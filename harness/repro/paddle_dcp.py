@@ -1,0 +1,142 @@
+"""Repro scripts for Paddle flex checkpoint (``dist.save_state_dict`` / ``dist.load_state_dict``).
+
+Each rank builds its pieces as the adapter hands them to Paddle (harness/sut/paddle_dcp.py): a ``ShardedWeight``
+with explicit offsets (flattened slices included) or a dist tensor built from the local piece with the global shape
+given; the script spells out which, from the case's options.
+"""
+
+from __future__ import annotations
+
+from . import paddle_text
+from .plan import Plan, ReproUnsupported
+
+FRAMEWORK = "paddle"
+TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
+# Options that only shaped the case's layouts or the harness's own bounds: nothing for the script to do.
+INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
+RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method"})
+
+
+def settings(plan: Plan) -> str:
+    options = plan.options
+    unknown = sorted(set(options) - INERT - RENDERED)
+    if unknown:
+        raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
+    kind = options.get("tensor_kind", "sharded_weight")
+    if kind not in ("sharded_weight", "dist_from_local"):
+        raise ReproUnsupported(f"tensor_kind {kind!r}")
+    return (f"SAFETENSORS = {options.get('format') == 'safetensors'}  # the format= of the checkpoint\n"
+            f"DIST_TENSORS = {kind == 'dist_from_local'}  # pieces as dist tensors (else as ShardedWeight)\n"
+            f"SAME_DIR = {bool(options.get('same_dir', False))}  # every name a version (unique_id) of one directory\n"
+            f"SAVE_REPLICAS = {bool(options.get('save_replicas', False))}\n"
+            f"UNIQUE_ID = {options.get('unique_id')!r}\n"
+            f"COMM_METHOD = {options.get('comm_method', 'broadcast')!r}\n")
+
+
+def helpers(plan: Plan) -> str:
+    """The script's functions, leaving out the branches this case never takes."""
+    blocks = [LOCATION, ENTRY_HEAD]
+    if plan.has_flat():
+        blocks.append(ENTRY_FLAT)
+    blocks.append(ENTRY_DIST if plan.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
+    blocks.append(STATE_DICT)
+    blocks.append(SAVE_ASYNC if plan.uses("use_async") else SAVE)
+    blocks.append(LOAD)
+    return "".join(blocks)
+
+
+LOCATION = '''def location(name):
+    """(directory, unique_id) of a checkpoint name: its own directory, or a version of the shared one."""
+    if name is None:
+        return os.path.join(ROOT, "dcp"), None  # the newest version
+    if SAME_DIR:
+        return os.path.join(ROOT, "dcp"), int(name.rsplit("-", 1)[-1])
+    return os.path.join(ROOT, name), UNIQUE_ID
+
+
+'''
+
+ENTRY_HEAD = '''def entry(name, p, t, dist_tensors):
+    """What goes in the state dict for this rank's piece ``p``, held in ``t``."""
+'''
+
+ENTRY_FLAT = '''    if p.flat is not None:  # flattened; an empty slice is left out, as Paddle's sharding optimizer does
+        if p.flat[0] == p.flat[1]:
+            return None
+        return dist.ShardedWeight(name, t, local_shape=p.global_shape, global_shape=p.global_shape,
+                                  global_offset=(0,) * len(p.global_shape), is_flattened=True,
+                                  flattened_range=slice(*p.flat))
+'''
+
+ENTRY_SHARDED = '''    return dist.ShardedWeight(name, t, p.shape, p.global_shape, p.offsets)
+
+
+'''
+
+ENTRY_DIST = '''    if not dist_tensors:
+        return dist.ShardedWeight(name, t, p.shape, p.global_shape, p.offsets)
+    if p.mesh is None:
+        return t  # a tensor without a layout: whole, on rank 0
+    ids = np.arange(int(np.prod(p.mesh))).reshape(p.mesh)
+    for mesh_dim, index in p.owner:  # pinned to some coordinates (an expert on its expert-parallel rank)
+        ids = np.take(ids, [index], axis=mesh_dim)
+    mesh = dist.ProcessMesh(ids.tolist())
+    placements = [dist.Shard(int(s[1:])) if s.startswith("S") else dist.Replicate() for s in p.placements]
+    # the global shape is given: dtensor_from_local would infer local x mesh size, wrong for uneven splits
+    return paddle.Tensor(t, dims=list(p.global_shape), process_mesh=mesh, placements=placements, place=t.place)
+
+
+'''
+
+STATE_DICT = '''def state_dict(pieces, zero=False):
+    """(state dict, the dense tensors behind it) for this rank; ShardedWeight for all if any piece is flattened."""
+    dist_tensors = DIST_TENSORS and not any(p.flat is not None for p in pieces.values())
+    state, dense = {}, {}
+    for name, p in pieces.items():
+        t = tensor(p, zero)
+        value = entry(name, p, t, dist_tensors)
+        if value is not None:
+            state[name], dense[name] = value, t
+    return state, dense
+
+
+'''
+
+SAVE = '''def save(name, pieces):
+    state, _ = state_dict(pieces)
+    path, unique_id = location(name)
+    dist.save_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, save_replicas=SAVE_REPLICAS)
+
+
+'''
+
+SAVE_ASYNC = '''from paddle.distributed.flex_checkpoint.dcp import save_state_dict as save_module  # noqa: E402
+
+
+def save(name, pieces, async_save=False, mutate_after=False, detach=False):
+    state, dense = state_dict(pieces)
+    path, unique_id = location(name)
+    dist.save_state_dict(state, path, unique_id=unique_id, async_save=async_save, safetensors=SAFETENSORS,
+                         save_replicas=SAVE_REPLICAS)
+    if async_save:  # Paddle keeps each save's writer process in async_save_queue
+        returned(save_module.async_save_queue[-1] if save_module.async_save_queue else None, dense.values(),
+                 mutate_after, detach)
+
+
+def wait():
+    """Join every async writer; a writer that failed is an error (Paddle itself only logs it at the next save)."""
+    writers, PENDING[:] = list(PENDING), []
+    for writer in writers:
+        writer.join()
+        if writer.exitcode != 0:
+            raise Failed(f"the async save's writer process exited with {writer.exitcode}")
+
+
+'''
+
+LOAD = '''def load(name, pieces):
+    state, _ = state_dict(pieces, zero=True)
+    path, unique_id = location(name)
+    dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD)
+    return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
+'''

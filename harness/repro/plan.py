@@ -1,0 +1,211 @@
+"""A case as a standalone script sees it: launches (phases), named steps, and explicit per-rank data tables.
+
+A repro script must not know the harness's layouts, seeds or case language, so everything it needs is worked out
+here, once, from the case: which processes each launch starts, what each rank hands the framework (its piece of
+each tensor: region and bits) and what each load must give back. Framework-free, like the case itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from faults.corrupt import Corruption, garbage
+from faults.spec import CorruptFault, StateFault
+from properties.case import Case
+from reference.engine import local_tensors
+from reference.layout import Box, Flat, FlatRange, Sharded
+from reference.layout import Shard as ShardPlacement
+
+
+class ReproUnsupported(Exception):
+    """The case uses something a standalone script cannot show yet; the message says what, for the report."""
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One rank's piece of one tensor: the global shape, where the piece sits, its bits, and for a dist tensor
+    the mesh it is laid out on (shape, placements as "S<dim>"/"R", and the owner coordinates it is pinned to)."""
+
+    dtype: str
+    global_shape: tuple[int, ...]
+    offsets: tuple[int, ...] | None  # a box piece: its offsets and shape
+    shape: tuple[int, ...]
+    flat: tuple[int, int] | None  # a flattened piece: [start, stop) of the row-major tensor
+    hexbits: str
+    mesh: tuple[int, ...] | None = None
+    placements: tuple[str, ...] = ()
+    owner: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class Step:
+    """One operation of the case on every rank of a launch. ``table`` names the data it saves or must load:
+    (layout, version). ``expect_error``: the reference engine refuses this op too, so an error is the right answer."""
+
+    index: int
+    kind: str  # save | load | wait | damage (files changed between ops: a corruption, what a power loss leaves)
+    name: str | None
+    table: tuple[str, int] | None = None
+    use_async: bool = False
+    mutate_after: bool = False
+    detach: bool = False
+    expect_error: bool = False
+    tolerate: bool = False  # fails on the SUT before the reported step: an earlier bug the case passes through
+    edits: tuple[dict, ...] = ()  # damage: concrete file edits (faults.corrupt JSON), and ``why`` says what they are
+    why: str = ""
+
+    @property
+    def label(self) -> str:
+        named = f"{self.kind} {self.name or 'latest'}"
+        what = {"wait": "wait for detached saves", "damage": self.why}.get(self.kind, named)
+        return f"step {self.index}: {what}" + (" (async)" if self.use_async else "")
+
+
+@dataclass
+class Phase:
+    """One launch: ``world`` fresh processes running ``steps`` in order."""
+
+    world: int
+    steps: list[Step] = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    sut: str
+    options: dict
+    phases: list[Phase]
+    tables: dict[tuple[str, int], dict[int, dict[str, Piece]]]  # (layout, version) -> rank -> tensor -> piece
+
+    def uses(self, flag: str) -> bool:
+        """Whether any step sets ``flag`` (use_async, mutate_after, detach): the script leaves out what none needs."""
+        return any(getattr(step, flag) for phase in self.phases for step in phase.steps)
+
+    def edit_kinds(self) -> set[str]:
+        return {e["kind"] for phase in self.phases for step in phase.steps for e in step.edits}
+
+    def has_flat(self) -> bool:
+        return any(p.flat is not None for table in self.tables.values() for ps in table.values() for p in ps.values())
+
+    @property
+    def max_world(self) -> int:
+        return max(p.world for p in self.phases)
+
+
+RANK_OPS = ("save", "load", "wait")
+
+
+def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int | None = None,
+              tolerated: frozenset[int] = frozenset(), corruptions: dict[int, dict] | None = None) -> Plan:
+    """The case as launches and tables. ``expect_errors``: indices of ops the reference engine fails as well;
+    ``upto``: the op where the reported failure shows (later ops are left out); ``tolerated``: earlier ops that fail
+    on the SUT too, which the script reports and goes past; ``corruptions``: the concrete plan each ``corrupt`` op
+    applied in the harness's run (faults.corrupt JSON)."""
+    after = check_supported(case)  # a fault as file edits after its op, then the job restarts (as the harness does)
+    phases: list[Phase] = []
+    tables: dict[tuple[str, int], dict[int, dict[str, Piece]]] = {}
+    fresh = True
+    for index, op in enumerate(case.ops[: None if upto is None else upto + 1]):
+        if op.kind == "restart":
+            fresh = True
+            continue
+        if op.kind == "corrupt":
+            plan = (corruptions or {}).get(index)
+            if not plan or "kind" not in plan:
+                raise ReproUnsupported(f"op {index} is a 'corrupt' whose concrete plan is unknown (it damaged nothing)")
+            if not phases:
+                raise ReproUnsupported(f"op {index} corrupts before any launch")
+            phases[-1].steps.append(Step(index, "damage", None, edits=(_edit(plan),), why=f"corrupt {describe(plan)}"))
+            continue
+        which = case.op_layouts(index)
+        world = case.world_size(which)
+        if fresh or phases[-1].world != world:
+            phases.append(Phase(world))
+            fresh = False
+        table = None
+        if op.kind in ("save", "load"):
+            table = (which, op.version)
+            if table not in tables:
+                tables[table] = _table(case, which, op.version, world)
+        phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after, op.detach,
+                                     index in expect_errors, index in tolerated))
+        if after is not None and index == case.fault.op:
+            phases[-1].steps.append(Step(index, "damage", None, edits=after[0], why=after[1]))
+            fresh = True
+    return Plan(case.sut, dict(case.options), phases, tables)
+
+
+def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
+    """Raise ``ReproUnsupported`` for what no script can show yet (before any launch is spent on the case); else
+    the case's fault as file edits (None without one)."""
+    if case.training is not None:
+        raise ReproUnsupported("a training case (its state is computed by the harness's training loop)")
+    for index, op in enumerate(case.ops):
+        if op.kind not in (*RANK_OPS, "restart", "corrupt"):
+            raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
+        if op.stall:
+            raise ReproUnsupported(f"op {index} holds its writer (stall): the script cannot hold a writer yet")
+    return _fault_edits(case)
+
+
+def describe(plan: dict) -> str:
+    return Corruption.from_json(plan).describe()
+
+
+def _edit(plan: dict) -> dict:
+    """A corruption as the script applies it: ``append`` carries its garbage bytes (the harness draws them)."""
+    edit = dict(Corruption.from_json(plan).to_json())
+    if edit["kind"] == "append":
+        edit["content"] = garbage(edit["seed"], edit["length"]).hex()
+    return edit
+
+
+def _fault_edits(case: Case) -> tuple[tuple[dict, ...], str] | None:
+    """A case's fault as concrete file edits after its op: a corruption with its plan; a power loss that loses the
+    data of files never fsynced (they come back empty — what the finding's trace shows for them). Anything else
+    needs the harness (a kill at a syscall, an injected errno, torn writes, lost directory entries)."""
+    fault = case.fault
+    if fault is None:
+        return None
+    if isinstance(fault, CorruptFault) and fault.plan:
+        return (_edit(fault.plan),), f"corrupt {describe(fault.plan)}"
+    if isinstance(fault, StateFault) and fault.state.get("kind") in ("lost-data", "lost-all-data"):
+        detail = fault.state.get("detail", {})
+        paths = detail.get("paths") or [detail.get("path")]
+        edits = tuple({"kind": "lose_data", "path": p} for p in paths if p)
+        return edits, (f"power loss after the save returned: the data of {', '.join(paths)} was never fsynced, "
+                       "so those files come back empty")
+    which = f" ({fault.state.get('kind')} state)" if isinstance(fault, StateFault) else ""
+    raise ReproUnsupported(f"a {fault.kind} fault{which} (the script cannot inject it yet)")
+
+
+def _table(case: Case, which: str, version: int, world: int) -> dict[int, dict[str, Piece]]:
+    state = case.expected(version, which)
+    layouts = case.layouts(which)
+    out: dict[int, dict[str, Piece]] = {}
+    for rank in range(world):
+        pieces = {}
+        for name, lt in local_tensors(state, layouts, rank).items():
+            pieces[name] = _piece(lt.tensor.dtype.name, lt.global_shape, lt.region, lt.tensor.bits,
+                                  layouts.get(name))
+        out[rank] = pieces
+    return out
+
+
+def _piece(dtype: str, gshape: tuple[int, ...], region, bits: np.ndarray, layout) -> Piece:
+    hexbits = np.ascontiguousarray(bits).tobytes().hex()
+    mesh: tuple[int, ...] | None = None
+    placements: tuple[str, ...] = ()
+    owner: tuple[tuple[int, int], ...] = ()
+    if isinstance(layout, Sharded):
+        mesh = tuple(layout.mesh.shape)
+        placements = tuple(f"S{p.dim}" if isinstance(p, ShardPlacement) else "R" for p in layout.placements)
+        owner = tuple((int(d), int(i)) for d, i in layout.owner)
+    elif isinstance(layout, Flat):
+        mesh = tuple(layout.mesh.shape)
+    if isinstance(region, FlatRange):
+        return Piece(dtype, tuple(gshape), None, tuple(bits.shape), (region.start, region.stop), hexbits, mesh)
+    assert isinstance(region, Box)
+    return Piece(dtype, tuple(gshape), tuple(region.offsets), tuple(region.shape), None, hexbits, mesh, placements,
+                 owner)

@@ -1,0 +1,235 @@
+"""A plan as two files a maintainer runs without the harness: ``repro.py`` (named steps, explicit data) and
+``run.sh`` (the launches, each with fresh processes, bounded by a timeout)."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from .plan import Piece, Plan, ReproUnsupported, Step
+
+EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp": "torch_dcp"}
+STEP_TIMEOUT_S = 300  # per launch in run.sh: a hang shows as exit 124
+MARK = "BUG"  # the first word of the lines a script prints when it shows the bug
+
+CHECK = f'''def check(step, got, pieces):
+    """Every loaded piece must have the dtype and the exact bits that were saved."""
+    for key, p in pieces.items():
+        if key not in got:
+            continue  # an empty flattened slice: nothing was asked for
+        dtype, shape, bits = bits_of(got[key])
+        want = (DTYPE_NAMES[p.dtype], list(p.shape), p.bits)
+        if (dtype, shape, bits) != want:
+            print(f"{MARK}: {{step}} on rank {{RANK}}: {{key}} does not hold what was saved")
+            print(f"EXPECTED: {{want[0]}} {{want[1]}} bits {{want[2]}}")
+            print(f"ACTUAL:   {{dtype}} {{shape}} bits {{bits}}")
+            sys.exit(1)
+
+
+class Failed(Exception):
+    """A failure this script detects itself (the framework only logged it)."""
+
+
+def run(step, action, *args, expect_error=False, tolerate=False, **kwargs):
+    """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
+    were saved, shows the bug."""
+    try:
+        result = action(*args, **kwargs)
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise
+        if traceback.extract_tb(exc.__traceback__)[-1].filename == __file__ and not isinstance(exc, Failed):
+            raise  # a mistake of this script, not the framework's failure
+        if tolerate:
+            print(f"{{step}} fails on rank {{RANK}} too ({{type(exc).__name__}}: {{exc}}): another known bug this case "
+                  "passes through on the way to the one reported; going on")
+            return None
+        if expect_error:
+            print(f"{{step}}: raised as it should ({{type(exc).__name__}})")
+            return None
+        print(f"{MARK}: {{step}} raised on rank {{RANK}}")
+        print("EXPECTED: it succeeds")
+        lines = str(exc).strip().splitlines() or [""]
+        last = f" ... {{lines[-1].strip()}}" if len(lines) > 1 else ""
+        print(f"ACTUAL:   {{type(exc).__name__}}: {{lines[0]}}{{last}}")
+        sys.exit(1)
+    if expect_error:
+        print(f"{MARK}: {{step}} succeeded on rank {{RANK}}")
+        print("EXPECTED: an error (the checkpoint it reads is not there or not whole)")
+        print("ACTUAL:   no error")
+        sys.exit(1)
+    if action is load and not tolerate:
+        check(step, result, args[-1])
+'''
+
+
+RETURNED = '''PENDING = []  # the writers (threads, processes or futures) of async saves not waited for yet
+
+
+def returned(writer, tensors, mutate_after, detach):
+    """An async save returned: the caller overwrites its tensors (where the step says so), then waits for the
+    writer unless the step leaves it running."""
+    if writer is not None:
+        PENDING.append(writer)
+    if mutate_after:
+        for t in tensors:
+            scribble(t)
+    if not detach:
+        wait()
+'''
+
+
+def emitter(sut: str) -> ModuleType:
+    if sut not in EMITTERS:
+        raise ReproUnsupported(f"no standalone script for {sut} yet (it needs its framework's set-up spelled out)")
+    return importlib.import_module(f"{__package__}.{EMITTERS[sut]}")
+
+
+def repro_py(plan: Plan, title: str, source: str) -> str:
+    module = emitter(plan.sut)
+    text = module.TEXT
+    dtypes = {p.dtype for table in plan.tables.values() for pieces in table.values() for p in pieces.values()}
+    parts = [
+        f'"""{title}\n\nStandalone reproduction written by ckpt-harness from {source}. Run ``bash run.sh``: it starts '
+        f"each launch below with fresh processes. The script prints {MARK} / EXPECTED / ACTUAL and exits 1 while the "
+        'bug is there; every rank exits 0 once it is fixed.\n"""\n',
+        text.IMPORTS,
+        "from collections import namedtuple\n",
+        "ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank\n",
+        module.settings(plan),
+        text.carriers(dtypes),
+        f"DTYPE_NAMES = {({d: text.DTYPE_NAMES[d] for d in sorted(dtypes)})!r}  # as the framework prints them\n",
+        "# One rank's piece of a tensor: dtype, global shape, offsets and shape of its box (or the [start, stop) of a\n"
+        "# flattened slice), its bits as hex, and for a dist tensor its mesh shape, placements and owner coordinates.\n"
+        'Piece = namedtuple("Piece", "dtype global_shape offsets shape flat bits mesh placements owner")\n',
+        _tables(plan),
+        text.TENSORS,
+        text.SCRIBBLE if plan.uses("mutate_after") else "",
+        RETURNED if plan.uses("use_async") else "",
+        module.helpers(plan),
+        damage(plan.edit_kinds()) if plan.edit_kinds() else "",
+        CHECK,
+        _main(plan, text.SETUP),
+    ]
+    return "\n".join(parts)
+
+
+def _tables(plan: Plan) -> str:
+    """One entry per (layout, version), one line per rank; a table equal to one already written refers to it."""
+    lines = ["# What each rank saves, and what each load must give back: (layout, version) -> rank -> tensor -> piece",
+             "DATA = {}"]
+    written: dict[tuple[str, int], str] = {}
+    for key, ranks in sorted(plan.tables.items()):
+        body = "\n".join(f"    {rank}: {{{', '.join(f'{n!r}: {_piece(p)}' for n, p in sorted(pieces.items()))}}},"
+                         for rank, pieces in sorted(ranks.items()))
+        if body in written.values():
+            same = next(k for k, v in written.items() if v == body)
+            lines.append(f"DATA[{key[0]!r}, {key[1]}] = DATA[{same[0]!r}, {same[1]}]  # the same pieces")
+            continue
+        written[key] = body
+        lines += [f"DATA[{key[0]!r}, {key[1]}] = {{", body, "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _piece(p: Piece) -> str:
+    return (f"Piece({p.dtype!r}, {p.global_shape}, {p.offsets}, {p.shape}, {p.flat}, {p.hexbits!r}, {p.mesh}, "
+            f"{p.placements}, {p.owner})")
+
+
+def _main(plan: Plan, setup: str) -> str:
+    """Set-up and steps inside ``main()``, run only as the program: a writer process the framework starts with
+    multiprocessing's "spawn" imports this file again, and must not set up or run the steps a second time."""
+    lines = ["def main():", "    global ROOT, PHASE, RANK",
+             "    ROOT, PHASE = sys.argv[1], int(sys.argv[2])",
+             *(f"    {line}" if line else "" for line in setup.splitlines())]
+    for number, phase in enumerate(plan.phases):
+        lines.append(f"    {'if' if number == 0 else 'elif'} PHASE == {number}:  # {phase.world} process(es)")
+        for step in phase.steps:
+            lines.append(f"        {_call(step)}")
+    lines += ['    print(f"rank {RANK}: every step of launch {PHASE} behaved as it should")', "", "",
+              'if __name__ == "__main__":', "    main()"]
+    return "\n".join(lines) + "\n"
+
+
+def _call(step: Step) -> str:
+    label = repr(step.label)
+    err = (", expect_error=True" if step.expect_error else "") + (", tolerate=True" if step.tolerate else "")
+    if step.kind == "wait":
+        return f"run({label}, wait{err})"
+    if step.kind == "damage":
+        return f"run({label}, damage, {list(step.edits)!r}{err})"
+    data = f"DATA[{step.table[0]!r}, {step.table[1]}][RANK]" if step.table else "{}"
+    name = repr(step.name)
+    if step.kind == "save":
+        flags = "".join(f", {k}=True" for k in ("use_async", "mutate_after", "detach") if getattr(step, k))
+        flags = flags.replace("use_async", "async_save")
+        return f"run({label}, save, {name}, {data}{flags}{err})"
+    return f"run({label}, load, {name}, {data}{err})"
+
+
+def run_sh(plan: Plan) -> str:
+    """Each phase a launch of fresh processes into one checkpoint directory; the first that fails ends the run."""
+    lines = [
+        "#!/usr/bin/env bash",
+        "# Runs repro.py: each launch below starts fresh processes on the same checkpoint directory.",
+        *(f"# {line}" for line in emitter(plan.sut).TEXT.WHY),
+        "# Exit status: 0 when no step shows the bug; 1 (or the failing launch's status) while it is there;",
+        f"# 124 when a launch hangs (bounded at {STEP_TIMEOUT_S} s).",
+        "set -u",
+        'cd "$(dirname "$0")"',
+        'WORK=$(mktemp -d)',
+        "trap 'rm -rf \"$WORK\"' EXIT",
+        "",
+        "launch() {  # launch PHASE NPROC",
+        '  if [ "$2" -eq 1 ]; then',
+        f'    timeout -k 10 {STEP_TIMEOUT_S} python repro.py "$WORK/ckpt" "$1"',
+        "    return $?",
+        "  fi",
+        f"  timeout -k 10 {STEP_TIMEOUT_S} {emitter(plan.sut).TEXT.LAUNCH}",
+        "  local status=$?",
+        f"  {emitter(plan.sut).TEXT.SHOW}",
+        '  [ $status -eq 124 ] && echo "BUG: launch $1 did not finish within the bound: a hang"',
+        "  return $status",
+        "}",
+        "",
+    ]
+    for number, phase in enumerate(plan.phases):
+        lines.append(f"launch {number} {phase.world} || exit $?")
+    return "\n".join(lines) + "\n"
+
+
+# How the script changes a checkpoint's files between steps, per kind of edit (faults.corrupt's kinds).
+EDITS = {
+    "bitflip": """with open(path, "r+b") as f:  # flip one bit of one byte
+                f.seek(e["offset"])
+                byte = f.read(1)[0]
+                f.seek(e["offset"])
+                f.write(bytes([byte ^ (1 << e["bit"])]))""",
+    "truncate": """os.truncate(path, e["length"])""",
+    "lose_data": """if os.path.exists(path):  # written since its last fsync (never): a power loss empties it
+                os.truncate(path, 0)""",
+    "append": """with open(path, "ab") as f:
+                f.write(bytes.fromhex(e["content"]))""",
+    "delete": """os.remove(path)""",
+    "stale_marker": """with open(path, "x") as f:
+                f.write(e["content"])""",
+    "zero_range": """with open(path, "r+b") as f:
+                f.seek(e["offset"])
+                f.write(bytes(e["length"]))""",
+}
+
+
+def damage(kinds: set[str]) -> str:
+    """The script's ``damage`` step, with a branch for each kind of edit the case makes."""
+    branches = "".join(f"""        {'if' if i == 0 else 'elif'} e["kind"] == {kind!r}:
+            {EDITS[kind]}
+""" for i, kind in enumerate(sorted(kinds)))
+    return f'''def damage(edits):
+    """Change the checkpoint's files as listed (rank 0 does it, the others wait): done between two steps."""
+    for e in edits if RANK == 0 else ():
+        path = os.path.join(ROOT, e["path"])
+{branches}    if dist.is_initialized():
+        dist.barrier()
+
+
+'''

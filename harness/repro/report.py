@@ -1,0 +1,65 @@
+"""REPORT.md: a bug report draft a maintainer can paste — title, versions, steps, expected, actual, the repro, and
+the likely cause where the finding knows it."""
+
+from __future__ import annotations
+
+import platform
+import re
+from importlib import metadata
+from pathlib import Path
+
+DISTRIBUTIONS = {"paddle-dcp": ("paddlepaddle",), "paddle-save": ("paddlepaddle",),
+                 "torch-dcp": ("torch",), "paddleformers-uc": ("paddleformers", "paddlepaddle")}
+
+
+def versions(sut: str) -> str:
+    found = []
+    for dist in DISTRIBUTIONS.get(sut, ()):
+        try:
+            found.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{dist} (not installed where this report was written)")
+    found += [f"Python {platform.python_version()}", f"{platform.system()} {platform.release()} ({platform.machine()})",
+              "device: CPU (gloo)"]
+    return ", ".join(found)
+
+
+def report_md(summary: dict, finding: dict, folder: Path) -> str:
+    stem = Path(summary["source"]).stem
+    title = f"[{summary['sut']}] {finding.get('property', '')} {summary.get('verdict', '')}: {stem}"
+    cause = finding.get("note") or finding.get("why") or ""
+    lines = [f"# {title}", "", f"**Versions:** {versions(summary['sut'])}", ""]
+    if "unsupported" in summary:
+        lines += ["**No standalone repro:** the case uses " + summary["unsupported"] + ". Replay it with the harness:",
+                  "", f"    ckpt-harness replay {summary['source']}", ""]
+    else:
+        verified = "yes" if summary.get("standalone_verified") else "no"
+        lines += [f"**Standalone verified:** {verified} (run in fresh processes: {summary.get('how', 'not run')}, "
+                  f"exit status {summary.get('status', '-')})", "",
+                  "## What the user does", "", _steps(folder), "",
+                  "## What they expect", "",
+                  "Every step succeeds and every load gives back, bit for bit, the tensors that were saved.", "",
+                  "## What happens", "", "```", summary.get("output", "(not run)"), "```", "",
+                  "## Reproduce", "", f"`bash run.sh` ({summary.get('ranks', 1)} process(es) at most; CPU is enough). "
+                  "It exits 1 and prints BUG / EXPECTED / ACTUAL while the bug is there, 0 once it is fixed.", ""]
+        if summary.get("simplified"):
+            lines += ["Simplified from the harness's case (each kept only while the failure stayed): "
+                      + "; ".join(summary["simplified"]) + ".", ""]
+    if cause:
+        lines += ["## Likely cause", "", _with_sources(cause), ""]
+    return "\n".join(lines)
+
+
+def _steps(folder: Path) -> str:
+    """The script's named steps, in order, as a list."""
+    script = (folder / "repro.py").read_text(encoding="utf-8") if (folder / "repro.py").is_file() else ""
+    steps = re.findall(r"run\('(step \d+: [^']*)'", script)
+    phases = re.findall(r"PHASE == (\d+):  # (\d+) process", script)
+    head = f"{len(phases)} launch(es) of fresh processes" + (
+        " (" + ", ".join(f"{n} process(es)" for _, n in phases) + ")" if phases else "")
+    return head + ":\n\n" + "\n".join(f"1. {s}" for s in steps)
+
+
+def _with_sources(text: str) -> str:
+    """The finding's note, with framework file names set as code so a reader can grep for them."""
+    return re.sub(r"(?<![`\w])([\w/]+\.(?:py|cc|h)(?::\d+)?)", r"`\1`", text)

@@ -1,0 +1,76 @@
+"""Simplify before writing: try the simpler form of each choice of a case, one at a time, and keep a change only
+if the harness still sees the finding's failure (the same verdict and words). A reader should meet the bug in the
+plainest setting it appears in: sync rather than async, pickle rather than safetensors, ShardedWeight rather than
+dist tensors."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from properties.case import Case
+from properties.outcome import Outcome
+from properties.verdicts import Judgement
+
+Variant = tuple[str, Callable[[Case], Case | None]]
+
+
+def _options(key: str, simpler: str) -> Callable[[Case], Case | None]:
+    """Set option ``key`` to its simpler value (also the SUT's default when the option is absent)."""
+    def apply(case: Case) -> Case | None:
+        if case.options.get(key, simpler) == simpler:
+            return None
+        return dataclasses.replace(case, options={**case.options, key: simpler})
+    return apply
+
+
+def _sync(case: Case) -> Case | None:
+    """Every async save made sync (a scribble after return and a detached wait then mean nothing)."""
+    if not any(op.use_async for op in case.ops) or any(op.stall for op in case.ops):
+        return None
+    ops = tuple(dataclasses.replace(op, use_async=False, mutate_after=False, detach=False)
+                if op.kind == "save" else op for op in case.ops if op.kind not in ("wait", "kill", "resume"))
+    return dataclasses.replace(case, ops=ops)
+
+
+VARIANTS: tuple[Variant, ...] = (
+    ("sync saves instead of async", _sync),
+    ("pickle instead of safetensors", _options("format", "pickle")),
+    ("ShardedWeight instead of dist tensors", _options("tensor_kind", "sharded_weight")),
+)
+
+
+def judged(case: Case, launch: str = "fresh") -> tuple[Judgement, Outcome]:
+    """The harness's judgement of ``case`` in fresh processes, and what each op did."""
+    from ..judge import Judge
+    from ..runners import Runners
+
+    judge = Judge(Runners(case.sut, mode=launch))
+    try:
+        return judge(case)
+    finally:
+        judge.close()
+
+
+def fails_alike(case: Case, finding: dict) -> bool:
+    """The case, judged in fresh processes, fails one of the ways the finding lists (verdict and words)."""
+    judgement = judged(case, finding.get("launch", "fresh"))[0]
+    text = "\n".join(judgement.details)
+    return any(judgement.verdict.value == way["verdict"] and way.get("expect", "") in text
+               for way in (finding, *finding.get("or", [])))
+
+
+def simplify(case: Case, finding: dict, still_fails: Callable[[Case, dict], bool] = fails_alike
+             ) -> tuple[Case, list[str], list[str]]:
+    """(the simplest case that still fails alike, the simplifications kept, every one tried)."""
+    kept: list[str] = []
+    tried: list[str] = []
+    for label, variant in VARIANTS:
+        candidate = variant(case)
+        if candidate is None or candidate == case:
+            continue
+        tried.append(label)
+        if still_fails(candidate, finding):
+            case = candidate
+            kept.append(label)
+    return case, kept, tried

@@ -1,0 +1,89 @@
+"""Repro scripts for PyTorch distributed checkpoint (``dcp.save`` / ``dcp.load`` / ``dcp.async_save``).
+
+Each rank wraps its piece as the adapter does (harness/sut/torch_dcp.py): a DTensor on a DeviceMesh of the case's
+mesh with the global shape and stride given, or the plain tensor for one that lives whole on its owners.
+"""
+
+from __future__ import annotations
+
+from . import torch_text
+from .plan import Plan, ReproUnsupported
+
+FRAMEWORK = "torch"
+TEXT = torch_text  # the framework's part of the script (set-up, tensors, launcher)
+INERT = frozenset({"op_timeout", "commit_timeout", "collective_timeout"})
+RENDERED = frozenset({"async_executor"})
+
+
+def settings(plan: Plan) -> str:
+    unknown = sorted(set(plan.options) - INERT - RENDERED)
+    if unknown:
+        raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
+    if any(step.kind == "load" and step.name is None for phase in plan.phases for step in phase.steps):
+        raise ReproUnsupported("a load of the latest checkpoint (DCP has no such notion)")
+    return f"ASYNC_EXECUTOR = {plan.options.get('async_executor', 'thread')!r}  # dcp.async_save's checkpointer type\n"
+
+
+def helpers(plan: Plan) -> str:
+    return ENTRY + (SAVE_ASYNC if plan.uses("use_async") else SAVE) + LOAD
+
+
+ENTRY = '''from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.tensor import DTensor, Replicate, Shard  # noqa: E402
+
+MESHES = {}
+
+
+def entry(p, t):
+    """What goes in the state dict for this rank's piece ``p`` held in ``t``."""
+    if p.mesh is None or p.owner:
+        return t  # whole on its owners: DCP treats it as replicated
+    if p.mesh not in MESHES:
+        MESHES[p.mesh] = init_device_mesh("cpu", p.mesh)
+    placements = [Shard(int(s[1:])) if s.startswith("S") else Replicate() for s in p.placements]
+    stride = tuple(int(np.prod(p.global_shape[i + 1:])) for i in range(len(p.global_shape)))
+    return DTensor.from_local(t, MESHES[p.mesh], placements, shape=p.global_shape, stride=stride)
+
+
+def state_dict(pieces, zero=False):
+    dense = {name: tensor(p, zero) for name, p in pieces.items()}
+    return {name: entry(pieces[name], t) for name, t in dense.items()}, dense
+
+
+'''
+
+SAVE = '''def save(name, pieces):
+    state, _ = state_dict(pieces)
+    dcp.save(state, checkpoint_id=os.path.join(ROOT, name))
+
+
+'''
+
+SAVE_ASYNC = '''from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType  # noqa: E402
+
+
+def save(name, pieces, async_save=False, mutate_after=False, detach=False):
+    state, dense = state_dict(pieces)
+    path = os.path.join(ROOT, name)
+    if not async_save:
+        dcp.save(state, checkpoint_id=path)
+        return
+    group = dist.new_group(backend="gloo") if ASYNC_EXECUTOR == "thread" and dist.is_initialized() else None
+    response = dcp.async_save(state, checkpoint_id=path, process_group=group,
+                              async_checkpointer_type=AsyncCheckpointerType(ASYNC_EXECUTOR))
+    returned(getattr(response, "upload_completion", response), dense.values(), mutate_after, detach)
+
+
+def wait():
+    futures, PENDING[:] = list(PENDING), []
+    for future in futures:
+        future.result()
+
+
+'''
+
+LOAD = '''def load(name, pieces):
+    state, _ = state_dict(pieces, zero=True)
+    dcp.load(state, checkpoint_id=os.path.join(ROOT, name))
+    return state
+'''

@@ -1,0 +1,65 @@
+"""Run a written repro the way its reader will — ``bash run.sh`` in a fresh process tree — and say whether it shows
+the bug the finding reports (syzkaller's rule: a reproducer counts only once it has been seen to reproduce)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from faults.procs import kill_tree
+
+from ..launch import child_env
+from .render import MARK, STEP_TIMEOUT_S
+
+SLACK_S = 60  # beyond the script's own bounds: start-up, and the kill of a hung launch
+
+
+@dataclass(frozen=True)
+class Verification:
+    shown: bool  # the run showed the bug the way the finding's verdict says
+    how: str  # "marked" (the script printed the bug), "crash", "hang", "passed", "script-error"
+    status: int
+    output: str
+
+    def to_json(self) -> dict:
+        return {"standalone_verified": self.shown, "how": self.how, "status": self.status}
+
+
+def run_repro(folder: Path, phases: int, timeout: float | None = None) -> tuple[int, str]:
+    """(exit status, output) of ``bash run.sh`` in ``folder``, its whole process tree killed at the bound."""
+    bound = timeout if timeout is not None else phases * (STEP_TIMEOUT_S + 10) + SLACK_S
+    env = child_env()
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # "python" is this one
+    proc = subprocess.Popen(["bash", "run.sh"], cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        out = (proc.stdout.read() if proc.stdout else b"").decode("utf-8", "replace")
+        return 124, out + f"\n{MARK}: run.sh did not end within {bound:.0f} s"
+    finally:
+        kill_tree(proc)
+    return proc.returncode, out.decode("utf-8", "replace")
+
+
+def judge_run(status: int, output: str, verdict: str, step: int | None = None) -> Verification:
+    """Does the run show the finding? A hang must time out, a crash must end a process abnormally; any other
+    verdict needs the script's own words (an error where none is due, or bits that differ) at ``step`` when the
+    finding names the op it shows at (an earlier step failing is another bug, not this one)."""
+    prefix = f"{MARK}: step {step}:" if step is not None else f"{MARK}:"
+    marked = any(line.startswith(prefix) for line in output.splitlines())
+    if status == 0:
+        return Verification(False, "passed", status, output)
+    if status == 124:
+        return Verification(verdict == "hang", "hang", status, output)
+    if marked:
+        return Verification(verdict != "hang", "marked", status, output)
+    if any(line.startswith(f"{MARK}: step ") for line in output.splitlines()):
+        return Verification(False, "another-step", status, output)  # it failed before the reported step
+    crashed = "Traceback (most recent call last)" not in output or any(
+        s in output for s in ("Aborted", "SIGABRT", "SIGSEGV", "SIGFPE", "terminate called", "FatalError"))
+    return Verification(verdict == "crash" and crashed, "crash" if crashed else "script-error", status, output)

@@ -1,0 +1,158 @@
+"""Standalone reproductions (harness/repro): every finding of tests/regressions/ whose repro was verified still
+reproduces with nothing but its framework, and the pieces that write them do what they say."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.repro import reported_op
+from harness.repro.plan import ReproUnsupported, plan_case
+from harness.repro.render import repro_py, run_sh
+from harness.repro.simplify import simplify
+from harness.repro.verify import judge_run
+from harness.sut import REGISTRY, framework_available
+from properties.case import Op, read_case_file
+
+REGRESSIONS = Path(__file__).parent / "regressions"
+CASES = sorted(REGRESSIONS.glob("*.json"))
+WITH_REPRO = [p for p in CASES if json.loads(p.read_text()).get("standalone_verified")]
+
+
+def _case(stem: str):
+    return read_case_file(REGRESSIONS / f"{stem}.json")[0]
+
+
+def test_a_launch_per_world_and_per_restart() -> None:
+    case = _case("paddle-dcp-resave-keeps-stale-metadata")
+    plan = plan_case(case)
+    kinds = [(p.world, [s.kind for s in p.steps]) for p in plan.phases]
+    restarts = sum(op.kind == "restart" for op in case.ops)
+    assert len(plan.phases) >= restarts + 1
+    assert sum(len(steps) for _, steps in kinds) == sum(op.kind != "restart" for op in case.ops)
+    assert {w for w, _ in kinds} == {case.world_size(case.op_layouts(i)) for i, op in enumerate(case.ops)
+                                     if op.kind != "restart"}
+
+
+def test_the_tables_hold_each_ranks_exact_bits() -> None:
+    case = _case("paddle-dcp-version-cache")
+    plan = plan_case(case)
+    for (which, version), ranks in plan.tables.items():
+        whole = case.expected(version, which)
+        for rank, pieces in ranks.items():
+            for name, piece in pieces.items():
+                raw = bytes.fromhex(piece.hexbits)
+                box = tuple(slice(o, o + n) for o, n in zip(piece.offsets, piece.shape))
+                assert raw == whole[name].bits[box].tobytes(), (which, version, rank, name)
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (lambda c: dataclasses.replace(c, ops=(*c.ops, Op("rotate", keep=1))), "rotate"),
+    (lambda c: dataclasses.replace(c, ops=(*c.ops, Op("corrupt", seed=3))), "corrupt"),
+])
+def test_what_a_script_cannot_show_is_said(change, why: str) -> None:
+    with pytest.raises(ReproUnsupported, match=why):
+        plan_case(change(_case("paddle-dcp-version-cache")))
+
+
+@pytest.mark.parametrize("stem", ["paddle-dcp-version-cache", "paddle-dcp-async-not-isolated",
+                                  "paddle-dcp-flat-cross-rank-load", "paddle-save-fp8-dtype-lost",
+                                  "paddle-dcp-moe-ep2-to-ep1-dist-tensor-zeros", "paddle-dcp-power-loss-after-save",
+                                  "torch-dcp-metadata-fsync-before-write", "paddle-dcp-metadata-bitflip-zeros"])
+def test_the_script_is_python_with_every_step_named(stem: str) -> None:
+    case = _case(stem)
+    plan = plan_case(case)
+    text = repro_py(plan, "title", "a test")
+    compile(text, "repro.py", "exec")
+    for index, op in enumerate(case.ops):
+        if op.kind != "restart":
+            assert f"'step {index}: {op.kind}" in text
+    if case.fault is not None:  # a fault becomes file edits after its op, then fresh processes
+        assert "damage, [" in text and len(plan.phases) >= 2
+    assert 'if __name__ == "__main__":' in text  # a spawned writer re-imports the script: it must not run it
+    shell = run_sh(plan)
+    assert shell.count("\nlaunch ") == len(plan.phases)
+    assert "timeout" in shell
+
+
+def test_equal_tables_are_written_once() -> None:
+    text = repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
+    assert "# the same pieces" in text
+
+
+@pytest.mark.parametrize(("status", "output", "verdict", "step", "shown", "how"), [
+    (0, "rank 0: every step ...", "silent-corruption", None, False, "passed"),
+    (1, "BUG: step 2: load x on rank 0\nEXPECTED: ...", "silent-corruption", 2, True, "marked"),
+    (1, "BUG: step 1: load x on rank 0", "silent-corruption", 2, False, "another-step"),
+    (124, "BUG: launch 0 did not finish", "hang", None, True, "hang"),
+    (124, "", "loud-failure", None, False, "hang"),
+    (134, "terminate called after throwing", "crash", None, True, "crash"),
+    (1, "Traceback (most recent call last):\n NameError", "crash", None, False, "script-error"),
+])
+def test_a_run_shows_the_finding_only_the_way_its_verdict_says(status, output, verdict, step, shown, how) -> None:
+    result = judge_run(status, output, verdict, step)
+    assert (result.shown, result.how) == (shown, how)
+
+
+def test_simplification_keeps_only_changes_that_still_fail() -> None:
+    case = _case("paddle-dcp-zero-size-safetensors")  # safetensors; pickle loads it
+    stays_safetensors = lambda c, f: c.options.get("format") == "safetensors"  # noqa: E731
+    simpler, kept, tried = simplify(case, {}, stays_safetensors)
+    assert simpler == case and kept == [] and "pickle instead of safetensors" in tried
+    simpler, kept, _ = simplify(case, {}, lambda c, f: True)
+    assert simpler.options["format"] == "pickle" and kept == ["pickle instead of safetensors"]
+
+
+def test_the_reported_op_is_read_from_the_judgement() -> None:
+    assert reported_op(["acknowledged version 1 (op 2) no longer loads: op 4 (load step-1): x"]) == 4
+    assert reported_op(["nothing here"]) is None
+
+
+def test_bad_input_is_one_line(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["repro", str(bad), "--out", str(tmp_path / "out")]) == 2
+    assert main(["replay", str(tmp_path)]) == 2  # a folder without run.sh
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("ckpt-harness: error:") for line in err)
+    assert "no run.sh" in err[1]
+
+
+def test_a_sut_without_scripts_gets_a_report_saying_so(tmp_path: Path, capsys) -> None:
+    finding = tmp_path / "f.json"
+    data = json.loads((REGRESSIONS / "paddle-dcp-version-cache.json").read_text())
+    data["case"]["sut"] = data["sut"] = "reference"
+    finding.write_text(json.dumps(data))
+    assert main(["repro", str(finding), "--out", str(tmp_path / "r")]) == 1
+    assert "no standalone script for reference" in (tmp_path / "r" / "REPORT.md").read_text()
+    updated = json.loads(finding.read_text())
+    assert updated["standalone_verified"] is False and updated["repro"] == "r"
+
+
+def test_every_open_row_says_whether_it_has_a_verified_repro() -> None:
+    listed = (REGRESSIONS.parent.parent / "FINDINGS.md").read_text()
+    for path in CASES:
+        data = json.loads(path.read_text())
+        assert "standalone_verified" in data, f"{path.name}: run `ckpt-harness repro` on it"
+        if data["standalone_verified"]:
+            assert (path.parent / data["repro"] / "run.sh").is_file(), path.name
+            assert data["repro"] in listed, f"FINDINGS.md does not link {data['repro']}"
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("path", WITH_REPRO, ids=[p.stem for p in WITH_REPRO])
+def test_standalone_repro_still_reproduces(path: Path) -> None:
+    """Each verified repro, run as its reader runs it (bash run.sh, fresh processes, no harness), still shows the bug
+    at the reported step; the day it passes, upstream fixed it: its row moves to "Fixed upstream"."""
+    from harness.repro import check_repro
+
+    data = json.loads(path.read_text())
+    info = REGISTRY[data["sut"]]
+    if not framework_available(info):
+        pytest.skip(f"{data['sut']} needs {info.framework}")
+    result = check_repro(path.parent / data["repro"])
+    assert result.shown, f"{result.how} (exit {result.status}):\n{result.output[-3000:]}"
