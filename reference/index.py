@@ -35,6 +35,7 @@ _INDEX_KEYS = frozenset(
      "slices"}
 )
 _SLICE_KEYS = frozenset({"tensor", "file", "key", "region", "offset", "nbytes", "crc32"})
+_BOX_KEYS = frozenset({"offsets", "shape"})
 
 
 def check_safe_name(name: object, what: str, path: Path | str | None = None) -> str:
@@ -185,53 +186,88 @@ def _file(name: str, rec_data: object, path: Path) -> FileRecord:
 def _slice(
     i: int, data: object, tensors: dict[str, TensorMeta], files: dict[str, FileRecord], block: int, path: Path
 ) -> SliceRecord:
-    rec = Record(data, path, f"index.slices[{i}]", _SLICE_KEYS)
-    tname = rec.str("tensor")
+    """One slice record. Types are checked by one fast predicate (an index may hold tens of thousands of slices
+    and must parse well within a second); only a record that fails it is walked field by field to name the
+    offending field."""
+    if not _well_typed_slice(data):
+        _explain_slice(i, data, path)
+    assert isinstance(data, dict)
+    where = f"index.slices[{i}]"
+    tname, fname = data["tensor"], check_safe_name(data["file"], "data file", path)
     meta = tensors.get(tname)
     if meta is None:
-        raise MalformedMetadata(f"{rec.field('tensor')} = {tname!r} is not a listed tensor", path)
-    fname = check_safe_name(rec.get("file"), "data file", path)
+        raise MalformedMetadata(f"{where}.tensor = {tname!r} is not a listed tensor", path)
     if fname not in files:
-        raise MalformedMetadata(f"{rec.field('file')} = {fname!r} is not a listed file", path)
-    region = _region(rec, meta.shape, path)
-    offset, nbytes = rec.int("offset"), rec.int("nbytes")
+        raise MalformedMetadata(f"{where}.file = {fname!r} is not a listed file", path)
+    region = _region(data["region"], meta.shape, f"{where}.region", path)
+    offset, nbytes, crcs = data["offset"], data["nbytes"], tuple(data["crc32"])
     if nbytes != region.numel * meta.dtype.itemsize:
-        raise MalformedMetadata(f"{rec.field('nbytes')} = {nbytes} but {region} holds {region.numel} elements", path)
+        raise MalformedMetadata(f"{where}.nbytes = {nbytes} but {region} holds {region.numel} elements", path)
     if offset + nbytes > files[fname].size:
         raise MalformedMetadata(
-            f"{rec.field('offset')}: bytes [{offset}, {offset + nbytes}) lie past the end of {fname!r} "
+            f"{where}.offset: bytes [{offset}, {offset + nbytes}) lie past the end of {fname!r} "
             f"({files[fname].size} bytes)",
             path,
         )
-    crcs = rec.ints("crc32", 0xFFFFFFFF)
     if len(crcs) != max(1, -(-nbytes // block)):
-        raise MalformedMetadata(f"{rec.field('crc32')} lists {len(crcs)} checksums for {nbytes} bytes", path)
-    return SliceRecord(tname, fname, rec.str("key"), region, offset, nbytes, crcs)
+        raise MalformedMetadata(f"{where}.crc32 lists {len(crcs)} checksums for {nbytes} bytes", path)
+    return SliceRecord(tname, fname, data["key"], region, offset, nbytes, crcs)
 
 
-def _region(rec: Record, shape: tuple[int, ...], path: Path) -> Region:
-    """A box or flat range, bounds-checked against the tensor's global shape."""
+def _uint(value: object, hi: int = MAX_INT) -> bool:
+    return type(value) is int and 0 <= value <= hi
+
+
+def _uints(value: object, hi: int = MAX_INT) -> bool:
+    return type(value) is list and all(type(v) is int and 0 <= v <= hi for v in value)
+
+
+def _well_typed_slice(data: object) -> bool:
+    if type(data) is not dict or data.keys() != _SLICE_KEYS or type(data["region"]) is not dict:
+        return False
+    region = data["region"]
+    if region.keys() == {"flat"}:
+        typed_region = _uints(region["flat"]) and len(region["flat"]) == 2
+    else:
+        box = region.get("box")
+        typed_region = (region.keys() == {"box"} and type(box) is dict and box.keys() == _BOX_KEYS
+                        and _uints(box["offsets"]) and _uints(box["shape"]))
+    return (typed_region and type(data["tensor"]) is str and type(data["file"]) is str and type(data["key"]) is str
+            and _uint(data["offset"]) and _uint(data["nbytes"]) and _uints(data["crc32"], 0xFFFFFFFF))
+
+
+def _explain_slice(i: int, data: object, path: Path) -> None:
+    """Raise the MalformedMetadata that names the first mistyped field of a slice record."""
+    rec = Record(data, path, f"index.slices[{i}]", _SLICE_KEYS)
+    rec.str("tensor"), rec.str("file"), rec.str("key"), rec.int("offset"), rec.int("nbytes")
+    rec.ints("crc32", 0xFFFFFFFF)
+    region = rec.get("region")
     where = rec.field("region")
-    data = rec.get("region")
-    if type(data) is dict and data.keys() == {"flat"}:
-        bounds = data["flat"]
+    if type(region) is dict and region.keys() == {"flat"}:
+        bounds = region["flat"]
         if type(bounds) is not list or len(bounds) != 2:
             raise MalformedMetadata(f"{where}.flat is {kind(bounds)}, expected [start, stop]", path)
-        start, stop = (as_int(v, path, f"{where}.flat[{j}]") for j, v in enumerate(bounds))
+        for j, v in enumerate(bounds):
+            as_int(v, path, f"{where}.flat[{j}]")
+    elif type(region) is dict and region.keys() == {"box"}:
+        box = Record(region["box"], path, f"{where}.box", _BOX_KEYS)
+        box.ints("offsets"), box.ints("shape")
+    raise MalformedMetadata(f"{where} is {kind(region)}, expected {{'box': ...}} or {{'flat': ...}}", path)
+
+
+def _region(data: dict, shape: tuple[int, ...], where: str, path: Path) -> Region:
+    """A well-typed box or flat range, bounds-checked against the tensor's global shape."""
+    if "flat" in data:
+        start, stop = data["flat"]
         if not start <= stop <= math.prod(shape):
             raise MalformedMetadata(f"{where}.flat = [{start}, {stop}) does not fit shape {list(shape)}", path)
         return FlatRange(start, stop)
-    if type(data) is dict and data.keys() == {"box"}:
-        box = Record(data["box"], path, f"{where}.box", frozenset({"offsets", "shape"}))
-        offsets, extent = box.ints("offsets"), box.ints("shape")
-        if not (len(offsets) == len(extent) == len(shape) and all(
-            o + n <= g for o, n, g in zip(offsets, extent, shape)
-        )):
-            raise MalformedMetadata(
-                f"{where}.box at {list(offsets)} of shape {list(extent)} does not fit shape {list(shape)}", path
-            )
-        return Box(offsets, extent)
-    raise MalformedMetadata(f"{where} is {kind(data)}, expected {{'box': ...}} or {{'flat': ...}}", path)
+    offsets, extent = tuple(data["box"]["offsets"]), tuple(data["box"]["shape"])
+    if not (len(offsets) == len(extent) == len(shape) and all(o + n <= g for o, n, g in zip(offsets, extent, shape))):
+        raise MalformedMetadata(
+            f"{where}.box at {list(offsets)} of shape {list(extent)} does not fit shape {list(shape)}", path
+        )
+    return Box(offsets, extent)
 
 
 def _check_disjoint_bytes(slices: tuple[SliceRecord, ...], path: Path) -> None:

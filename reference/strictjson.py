@@ -23,7 +23,7 @@ from .errors import MalformedMetadata
 MAX_DEPTH = 32  # deepest legitimate nesting: index → slices → slice → region → box → offsets (6) plus free meta
 MAX_DIGITS = 20  # a uint64 has 20 digits; longer digit runs are never a size, offset, checksum or step
 MAX_VALUES = 1 << 20  # JSON values per file; bounds decoded memory (~100 B a value) and hook calls
-MAX_CONTAINERS = 1 << 18  # objects and arrays per file (each one a Python hook call or list)
+MAX_CONTAINERS = 1 << 16  # objects and arrays per file: ~10,000 slices of an index, parsed well within 1 s
 MAX_INT = (1 << 63) - 1  # sizes, offsets and counts must fit numpy's intp
 
 _ESCAPE = re.compile(rb"\\.", re.DOTALL)  # one JSON escape: a backslash and the byte it escapes
