@@ -590,6 +590,36 @@ def test_the_marker_protocol_refuses_to_save_a_name_again(tmp_path: Path) -> Non
     assert_same(first, R.load_global(root))  # never overwritten in place
 
 
+# --- manifests: the coordinator trusts nothing a rank wrote ------------------------------------------------
+
+
+def _staged(tmp_path: Path) -> tuple[Path, str, Path]:
+    """Two ranks staged, not committed: (root, save id, rank 1's manifest)."""
+    root = tmp_path / "root"
+    sid = R.new_save_id()
+    for rank in range(2):
+        R.save_rank(root, "a", sid, rank, 2, R.local_tensors(make_state(), LAYOUTS, rank))
+    return root, sid, root / f".staging-a-{sid}" / "rank-00001.manifest.json"
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda raw: raw[:40] + bytes([raw[40] ^ 1]) + raw[41:], "fails its checksum"),
+        (lambda raw: encode_index([1, 2]), "manifest is a list"),
+        (lambda raw: encode_index({**json.loads(raw)["body"], "tensors": []}), "manifest.tensors is a list"),
+        (lambda raw: encode_index({**json.loads(raw)["body"], "rank": 0}), "describes rank 0"),
+        (lambda raw: encode_index({**json.loads(raw)["body"], "size": True}), "manifest.size is a boolean"),
+        (lambda raw: b"[" * 100_000, "not a checksummed envelope"),
+    ],
+)
+def test_hostile_manifest_fails_the_commit_typed(tmp_path: Path, edit, needle: str) -> None:
+    root, sid, manifest = _staged(tmp_path)
+    manifest.write_bytes(edit(manifest.read_bytes()))
+    raises_exactly(MalformedMetadata, lambda: R.commit(root, "a", sid, 2), str(manifest), needle)
+    assert R.committed_checkpoints(root) == {}
+
+
 # --- never unpickles ---------------------------------------------------------------------------------------
 
 
