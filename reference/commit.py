@@ -168,6 +168,10 @@ def read_latest(root: Path) -> str | None:
         raw = read_small_file(path, LATEST_LIMIT)
     except FileNotFoundError:
         return None
+    except CheckpointError:
+        raise
+    except OSError as exc:  # as before: an unreadable pointer is a corrupt one
+        raise CorruptCheckpoint(f"latest pointer is unreadable ({exc})", path) from None
     framed = _POINTER.fullmatch(raw)
     if framed is None:
         raise MalformedMetadata("latest pointer is not a name and its checksum", path)

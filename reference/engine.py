@@ -196,8 +196,15 @@ def commit(
         "files": files,
         "slices": slices,
     }
-    parse_index(index, staging / INDEX_NAME)  # the reference asserts exact cover before publishing
-    write_durable(staging / INDEX_NAME, encode_index(index))
+    path = staging / INDEX_NAME
+    try:
+        raw = encode_index(index)
+    except ValueError as exc:  # NaN or infinity in ``meta``: JSON cannot carry them
+        raise LayoutError(f"checkpoint meta is not finite JSON ({exc})") from None
+    # Parsed back as a load will read it: exact cover asserted before publishing, and nothing is written that the
+    # strict reader would refuse (meta nested too deep, integers too long).
+    parse_index(loads(unseal(raw, path, "index"), path, "index"), path)
+    write_durable(path, raw)
     final = root / name
     proto.finalize(staging, final)
     set_latest(root, name, save_id)

@@ -620,6 +620,20 @@ def test_hostile_manifest_fails_the_commit_typed(tmp_path: Path, edit, needle: s
     assert R.committed_checkpoints(root) == {}
 
 
+def test_meta_the_reader_would_refuse_is_refused_at_save(tmp_path: Path) -> None:
+    """The commit parses its index back as a load reads it, so nothing unloadable is ever published."""
+    root = tmp_path / "root"
+    deep: dict = {}
+    for _ in range(40):
+        deep = {"x": deep}
+    raises_exactly(MalformedMetadata, lambda: R.save(root, make_state(), LAYOUTS, name="a", meta=deep), "deeper")
+    raises_exactly(MalformedMetadata, lambda: R.save(root, make_state(), LAYOUTS, name="a", meta={"n": 10**30}),
+                   "digits")
+    with pytest.raises(R.LayoutError, match="finite"):
+        R.save(root, make_state(), LAYOUTS, name="a", meta={"loss": float("nan")})
+    assert R.committed_checkpoints(root) == {}
+
+
 # --- never unpickles ---------------------------------------------------------------------------------------
 
 
