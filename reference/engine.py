@@ -346,19 +346,22 @@ def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], 
     want = target.region.numel
     if want == 0:
         return Tensor(dt, np.empty(target.region.shape, dt.bits_dtype))
-    sources = [s for s in slices if _may_overlap(s.region, target.region, target.global_shape)]
-    opened = [files.entry(s) for s in sources]
+    plan = []  # (slice, element runs it gives, or None where it is exactly the target)
+    for s in slices:
+        if _may_overlap(s.region, target.region, target.global_shape):
+            runs = None if s.region == target.region else needed_runs(s.region, target.region, target.global_shape)
+            if runs is None or len(runs[0]):
+                plan.append((s, runs))
+    opened = [files.entry(s) for s, _ in plan]  # only files it needs: a damaged file it does not need is no error
     dst = np.empty(target.region.shape, dt.bits_dtype)
     copied = 0
-    for s, (reader, entry) in zip(sources, opened):
-        if s.region == target.region:
+    for (s, runs), (reader, entry) in zip(plan, opened):
+        if runs is None:
             view = memoryview(dst.reshape(-1)).cast("B")
             reader.read_blocks(entry, view, 0, [(0, len(s.crcs))], block, list(s.crcs), files.pool)
             copied += want
             continue
-        starts, lengths = needed_runs(s.region, target.region, target.global_shape)
-        if len(starts) == 0:
-            continue
+        starts, lengths = runs
         lo, hi = int(starts.min()), int((starts + lengths).max())
         if isinstance(s.region, Box) and s.region.shape:
             row = math.prod(s.region.shape[1:])
