@@ -232,13 +232,13 @@ def _read_manifest(path: Path, rank: int, save_id: str, world_size: int) -> dict
     (the slices themselves are validated with the whole index by ``parse_index``)."""
     rec = Record(loads(unseal(read_small_file(path), path, "manifest"), path, "manifest"), path, "manifest",
                  _MANIFEST_KEYS)
-    if rec.str("save_id") != save_id or rec.int("world_size") != world_size:
+    if rec.string("save_id") != save_id or rec.integer("world_size") != world_size:
         raise CheckpointIncomplete(f"manifest belongs to another save ({rec.data['save_id']})", path)
-    if rec.int("rank") != rank or rec.str("file") != rank_file(rank):
+    if rec.integer("rank") != rank or rec.string("file") != rank_file(rank):
         raise MalformedMetadata(f"manifest of rank {rank} describes rank {rec.data['rank']}", path)
-    rec.int("size"), rec.int("header_crc32"), rec.int("block")
-    rec.map("tensors")
-    for i, item in enumerate(rec.list("slices")):
+    rec.integer("size"), rec.integer("header_crc32"), rec.integer("block")
+    rec.mapping("tensors")
+    for i, item in enumerate(rec.array("slices")):
         Record(item, path, f"manifest.slices[{i}]")
     return rec.data
 

@@ -128,26 +128,26 @@ def parse_index(data: object, path: Path, check_cover: bool = True) -> Index:
             path,
         )
     top = Record(data, path, "index", _INDEX_KEYS)
-    block = top.int("block", 8, MAX_BLOCK)  # checked before any division by it
+    block = top.integer("block", 8, MAX_BLOCK)  # checked before any division by it
     if block % 8:
         raise MalformedMetadata(f"index.block = {block} is not a multiple of 8", path)
-    commit = top.str("commit")
+    commit = top.string("commit")
     if commit not in COMMITS:
         raise MalformedMetadata(f"index.commit = {commit!r} is not one of {COMMITS}", path)
-    tensors = {name: _tensor(name, spec, path) for name, spec in top.map("tensors").items()}
+    tensors = {name: _tensor(name, spec, path) for name, spec in top.mapping("tensors").items()}
     files = {
-        check_safe_name(name, "data file", path): _file(name, rec, path) for name, rec in top.map("files").items()
+        check_safe_name(name, "data file", path): _file(name, rec, path) for name, rec in top.mapping("files").items()
     }
-    slices = tuple(_slice(i, s, tensors, files, block, path) for i, s in enumerate(top.list("slices")))
+    slices = tuple(_slice(i, s, tensors, files, block, path) for i, s in enumerate(top.array("slices")))
     _check_disjoint_bytes(slices, path)
     index = Index(
-        name=top.str("name"),
-        seq=top.int("seq"),
-        save_id=top.str("save_id"),
-        world_size=top.int("world_size", 1),
+        name=top.string("name"),
+        seq=top.integer("seq"),
+        save_id=top.string("save_id"),
+        world_size=top.integer("world_size", 1),
         block=block,
         commit=commit,
-        meta=top.map("meta"),
+        meta=top.mapping("meta"),
         tensors=tensors,
         files=files,
         slices=slices,
@@ -160,11 +160,11 @@ def parse_index(data: object, path: Path, check_cover: bool = True) -> Index:
 
 def _tensor(name: str, spec: object, path: Path) -> TensorMeta:
     rec = Record(spec, path, f"index.tensors[{name!r}]", frozenset({"dtype", "shape"}))
-    code = rec.str("dtype")
+    code = rec.string("dtype")
     if code not in DTYPES:
         raise MalformedMetadata(f"{rec.field('dtype')} = {code!r} is not a known dtype", path)
     dt = DTYPES[code]
-    return TensorMeta(dt, checked_shape(rec.list("shape"), dt, path, rec.field("shape")))
+    return TensorMeta(dt, checked_shape(rec.array("shape"), dt, path, rec.field("shape")))
 
 
 def checked_shape(value: list, dt: DType, path: Path | str, field: str) -> tuple[int, ...]:
@@ -180,7 +180,7 @@ def checked_shape(value: list, dt: DType, path: Path | str, field: str) -> tuple
 
 def _file(name: str, rec_data: object, path: Path) -> FileRecord:
     rec = Record(rec_data, path, f"index.files[{name!r}]", frozenset({"size", "header_crc32"}))
-    return FileRecord(rec.int("size"), rec.int("header_crc32", 0, 0xFFFFFFFF))
+    return FileRecord(rec.integer("size"), rec.integer("header_crc32", 0, 0xFFFFFFFF))
 
 
 def _slice(
@@ -239,8 +239,8 @@ def _well_typed_slice(data: object) -> bool:
 def _explain_slice(i: int, data: object, path: Path) -> None:
     """Raise the MalformedMetadata that names the first mistyped field of a slice record."""
     rec = Record(data, path, f"index.slices[{i}]", _SLICE_KEYS)
-    rec.str("tensor"), rec.str("file"), rec.str("key"), rec.int("offset"), rec.int("nbytes")
-    rec.ints("crc32", 0xFFFFFFFF)
+    rec.string("tensor"), rec.string("file"), rec.string("key"), rec.integer("offset"), rec.integer("nbytes")
+    rec.integers("crc32", 0xFFFFFFFF)
     region = rec.get("region")
     where = rec.field("region")
     if type(region) is dict and region.keys() == {"flat"}:
@@ -251,7 +251,7 @@ def _explain_slice(i: int, data: object, path: Path) -> None:
             as_int(v, path, f"{where}.flat[{j}]")
     elif type(region) is dict and region.keys() == {"box"}:
         box = Record(region["box"], path, f"{where}.box", _BOX_KEYS)
-        box.ints("offsets"), box.ints("shape")
+        box.integers("offsets"), box.integers("shape")
     raise MalformedMetadata(f"{where} is {kind(region)}, expected {{'box': ...}} or {{'flat': ...}}", path)
 
 

@@ -133,7 +133,7 @@ class SafetensorsReader:
         data_start = 8 + length
         entries = {key: self._entry(key, meta, data_start) for key, meta in top.data.items() if key != "__metadata__"}
         if "__metadata__" in top.data:
-            top.map("__metadata__")
+            top.mapping("__metadata__")
         spans = sorted((e.offset, e.offset + e.nbytes, e.key) for e in entries.values())
         end = data_start
         for begin, stop, key in spans:
@@ -150,12 +150,12 @@ class SafetensorsReader:
 
     def _entry(self, key: str, meta: object, data_start: int) -> Entry:
         rec = Record(meta, self.path, f"header[{key!r}]", _ENTRY_KEYS)
-        code = rec.str("dtype")
+        code = rec.string("dtype")
         if code not in DTYPES:
             raise CorruptCheckpoint(f"malformed header entry for {key!r}: unknown dtype {code!r}", self.path)
         dt = DTYPES[code]
-        shape = checked_shape(rec.list("shape"), dt, self.path, rec.field("shape"))
-        bounds = rec.list("data_offsets")
+        shape = checked_shape(rec.array("shape"), dt, self.path, rec.field("shape"))
+        bounds = rec.array("data_offsets")
         if len(bounds) != 2:
             raise CorruptCheckpoint(f"malformed header entry for {key!r}: data_offsets is not [begin, end]", self.path)
         begin, end = (as_int(v, self.path, f"{rec.field('data_offsets')}[{i}]") for i, v in enumerate(bounds))

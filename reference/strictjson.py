@@ -154,29 +154,29 @@ class Record:
             raise MalformedMetadata(f"{self.field(key)} is missing", self.path)
         return self.data[key]
 
-    def int(self, key: str, lo: int = 0, hi: int = MAX_INT) -> int:
+    def integer(self, key: str, lo: int = 0, hi: int = MAX_INT) -> int:
         return as_int(self.get(key), self.path, self.field(key), lo, hi)
 
-    def str(self, key: str) -> str:
+    def string(self, key: str) -> str:
         value = self.get(key)
         if type(value) is not str:
             raise MalformedMetadata(f"{self.field(key)} is {kind(value)}, expected a string", self.path)
         return value
 
-    def list(self, key: str) -> list:
+    def array(self, key: str) -> list:
         value = self.get(key)
         if type(value) is not list:
             raise MalformedMetadata(f"{self.field(key)} is {kind(value)}, expected a list", self.path)
         return value
 
-    def map(self, key: str) -> dict:
+    def mapping(self, key: str) -> dict:
         value = self.get(key)
         if type(value) is not dict:
             raise MalformedMetadata(f"{self.field(key)} is {kind(value)}, expected an object", self.path)
         return value
 
-    def ints(self, key: str, hi: int = MAX_INT) -> tuple[int, ...]:
-        return tuple(as_int(v, self.path, f"{self.field(key)}[{i}]", 0, hi) for i, v in enumerate(self.list(key)))
+    def integers(self, key: str, hi: int = MAX_INT) -> tuple[int, ...]:
+        return tuple(as_int(v, self.path, f"{self.field(key)}[{i}]", 0, hi) for i, v in enumerate(self.array(key)))
 
 
 def as_int(value: object, path: Path | str, field: str, lo: int = 0, hi: int = MAX_INT) -> int:
