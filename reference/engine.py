@@ -346,11 +346,20 @@ def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], 
     want = target.region.numel
     if want == 0:
         return Tensor(dt, np.empty(target.region.shape, dt.bits_dtype))
-    plan = []  # (slice, element runs it gives, or None where it is exactly the target)
+    plan: list[tuple[SliceRecord, tuple | None]] = []  # (slice, its element runs; () = later; None = the target)
+    whole = isinstance(target.region, Box) and target.region.shape == tuple(target.global_shape)
     for s in slices:
-        if _may_overlap(s.region, target.region, target.global_shape):
-            runs = None if s.region == target.region else needed_runs(s.region, target.region, target.global_shape)
-            if runs is None or len(runs[0]):
+        if s.region == target.region:
+            plan.append((s, None))
+        elif whole:  # every saved element is wanted (load_global): no overlap test per slice
+            if s.region.numel:
+                plan.append((s, ()))
+        elif isinstance(s.region, Box) and isinstance(target.region, Box):
+            if _may_overlap(s.region, target.region, target.global_shape):  # exact for two boxes
+                plan.append((s, ()))
+        elif _may_overlap(s.region, target.region, target.global_shape):
+            runs = needed_runs(s.region, target.region, target.global_shape)
+            if len(runs[0]):
                 plan.append((s, runs))
     opened = [files.entry(s) for s, _ in plan]  # only files it needs: a damaged file it does not need is no error
     dst = np.empty(target.region.shape, dt.bits_dtype)
@@ -361,7 +370,7 @@ def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], 
             reader.read_blocks(entry, view, 0, [(0, len(s.crcs))], block, list(s.crcs), files.pool)
             copied += want
             continue
-        starts, lengths = runs
+        starts, lengths = runs or needed_runs(s.region, target.region, target.global_shape)
         lo, hi = int(starts.min()), int((starts + lengths).max())
         if isinstance(s.region, Box) and s.region.shape:
             row = math.prod(s.region.shape[1:])

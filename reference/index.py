@@ -193,11 +193,12 @@ def _slice(
         _explain_slice(i, data, path)
     assert isinstance(data, dict)
     where = f"index.slices[{i}]"
-    tname, fname = data["tensor"], check_safe_name(data["file"], "data file", path)
+    tname, fname = data["tensor"], data["file"]
     meta = tensors.get(tname)
     if meta is None:
         raise MalformedMetadata(f"{where}.tensor = {tname!r} is not a listed tensor", path)
-    if fname not in files:
+    if fname not in files:  # listed names passed check_safe_name already
+        check_safe_name(fname, "data file", path)
         raise MalformedMetadata(f"{where}.file = {fname!r} is not a listed file", path)
     region = _region(data["region"], meta.shape, f"{where}.region", path)
     offset, nbytes, crcs = data["offset"], data["nbytes"], tuple(data["crc32"])
