@@ -100,6 +100,8 @@ class Campaign:
     buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
     bucket_hits: Counter = field(default_factory=Counter)  # bucket id -> failing cases in it (new buckets)
     bucket_props: dict[str, set[str]] = field(default_factory=dict)  # bucket id -> properties that met it
+    swarm_cases: Counter = field(default_factory=Counter)  # swarm feature left out -> cases of batches without it
+    swarm_seconds: Counter = field(default_factory=Counter)  # ... and the seconds those batches took
 
     def counted(self, bucket: Bucket, prop: str) -> bool:
         """Count a failure in the campaign's bucket that covers it; False when none does (a new bug)."""
@@ -200,6 +202,7 @@ def _batch(
     shrink_until: list[float] = []  # set when the first failure appears: shrinking gets a bounded budget
     drawable, left_out = _configured(campaign, prop, capabilities, seed)
     first_seen: dict[str, float] = {}
+    began, cases_before = time.monotonic(), campaign.cases_run[prop]
 
     database = campaign.corpus.database() if campaign.corpus is not None else None
 
@@ -255,6 +258,10 @@ def _batch(
     except Exception:
         if not smallest:
             raise
+    finally:
+        for feature in left_out or ("(none left out)",):  # what each swarm configuration cost and ran
+            campaign.swarm_cases[feature] += campaign.cases_run[prop] - cases_before
+            campaign.swarm_seconds[feature] += time.monotonic() - began
     found = smallest + list(others.values())
     for finding in found:
         campaign.register(finding.bucket, prop)

@@ -26,7 +26,9 @@ from properties.known import KnownFindingsError, read_known
 
 from .campaign import Campaign, default_seed, fuzz
 from .corpus import Corpus
+from .fleet import FleetError
 from .judge import EXHAUSTIVE_BOUND, Judge
+from .plan import PlanError
 from .report import buckets, buckets_table, write_results
 from .runner import PoolFailure
 from .runners import DEVICES, MODES, Runners
@@ -42,7 +44,8 @@ class HarnessError(Exception):
     """Bad input to the harness itself; reported as one line, exit status 2."""
 
 
-INPUT_ERRORS = (HarnessError, UnknownSut, CaseError, KnownFindingsError)  # their message is the whole story
+# their message is the whole story
+INPUT_ERRORS = (HarnessError, UnknownSut, CaseError, KnownFindingsError, PlanError, FleetError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -124,12 +127,25 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--verbose", action="store_true", help="with --exhaustive: a line per point or state judged "
                    "(the default on a terminal)")
     c.add_argument("--out", type=Path, default=None,
-                   help="with --exhaustive: write failing cases as findings (DIR/findings/) and DIR/explore.json")
+                   help="write summary.json, report.md and report.html (with the crash-point map: the save's IO per "
+                   "rank and writer, each point or state on it by verdict); with --exhaustive: failing cases as "
+                   "findings (DIR/findings/) and DIR/explore.json")
     for p in (f, r, c):
         p.add_argument("--device", choices=DEVICES, default="auto",
                        help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
         p.add_argument("--nnodes", type=int, default=1,
                        help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
+    fl = sub.add_parser("fleet", help="run a plan of campaigns (shards) as Ray tasks and merge their results "
+                        "(docs/fleet.md; needs the fleet extra)")
+    fl.add_argument("--plan", type=Path, required=True, help="the plan: TOML, [fleet] and [[shard]] (harness/plan.py)")
+    fl.add_argument("--time", type=float, required=True, help="seconds of each shard's campaign (a shard's own "
+                    "'time' overrides it)")
+    fl.add_argument("--out", type=Path, required=True, help="output directory (shards/<id>/, findings/, "
+                    "summary.json, report.md, report.html)")
+    fl.add_argument("--address", default=None, help="join this Ray cluster (default: start one on this machine for "
+                    "the night and shut it down afterwards)")
+    fl.add_argument("--corpus", type=Path, default=None, metavar="DIR",
+                    help="every shard reads this corpus; what they learn is folded back into it")
     w = sub.add_parser("repro", help="write a standalone reproduction (repro.py, run.sh, REPORT.md) of a finding or "
                        "case, simplified first and verified in fresh processes")
     w.add_argument("case", type=Path, help="a finding or case file")
@@ -138,7 +154,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="write the case as it is (no simpler variants tried)")
     w.add_argument("--no-verify", dest="verify", action="store_false", help="do not run the written script")
     listing = sub.add_parser("list", help="SUTs, properties and faults")
-    for p in (f, r, c, w, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
+    for p in (f, r, c, fl, w, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
     return parser
 
@@ -162,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _terminate) if in_main else None
     try:
         return {"fuzz": _fuzz, "replay": _replay, "list": _list, "crashpoints": _crashpoints,
-                "repro": _repro}[args.command](args)
+                "fleet": _fleet, "repro": _repro}[args.command](args)
     except Exception as exc:  # the harness could not do its job: never a finding (exit 1), never a traceback
         if args.debug or os.environ.get(DEBUG_VAR, "") not in ("", "0"):
             raise
@@ -239,6 +255,27 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
     if campaign.fatal is not None:
         raise campaign.fatal
     return 1 if rows or (args.fail_on_known and campaign.known) else 0
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    """A night of shards on Ray: exit 1 with a new bucket, 2 when a shard failed for good (after its retry) or the
+    plan is bad; the merged report is written either way."""
+    from .fleet import print_line, run_fleet
+    from .plan import read_plan
+
+    if args.time <= 0:
+        raise HarnessError("--time must be positive")
+    plan = read_plan(args.plan)
+    summary = run_fleet(plan, args.time, args.out, args.address, args.corpus, on_event=print_line)
+    fleet = summary["fleet"]
+    print(f"{len(summary['shards'])} shard runs, {sum(summary['cases_run'].values())} cases, {fleet['wall_s']} s; "
+          f"fleet overhead {fleet['overhead_s']} s (seconds with no shard running); results in {args.out}")
+    print("\n".join(buckets_table(summary)))
+    failed = [s["id"] for s in summary["shards"] if s["status"] != "ok"]
+    if failed:
+        raise HarnessError(f"fleet: shard(s) {', '.join(failed)} failed after {plan.retries + 1} attempt(s); "
+                           f"see {args.out / 'report.md'}")
+    return 1 if any(b["status"].startswith("new") for b in summary["buckets"]) else 0
 
 
 def _repro_of(path: Path) -> dict:
@@ -336,16 +373,57 @@ def _crashpoints(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise HarnessError(f"crashpoints: {exc}") from None
     judge_case = Judge(_runners(args, case.sut))
+    traced: list = []
+    start = time.perf_counter()
     try:
         if args.states:
-            return _print_states(*crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case))
-        def progress(n: int, r) -> None:  # a long run reports each point as it is judged
-            print(f"point {n}: {r.fault.syscall} {r.fault.path} -> {r.judgement.verdict.value}", file=sys.stderr,
-                  flush=True)
+            results, n_ops = crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case,
+                                         on_traced=lambda t: traced.append(_timeline(t, case.sut, args.out)))
+            code, lines = _print_states(results, n_ops)
+        else:
+            def progress(n: int, r) -> None:  # a long run reports each point as it is judged
+                print(f"point {n}: {r.fault.syscall} {r.fault.path} -> {r.judgement.verdict.value}",
+                      file=sys.stderr, flush=True)
 
-        return _print_points(crashpoints(case, judge_case, sample=args.limit, on_result=progress))
+            results = crashpoints(case, judge_case, sample=args.limit, on_result=progress,
+                                  on_traced=lambda t: traced.append(_timeline(t, case.sut, args.out)))
+            code, lines = _print_points(results)
     finally:
         judge_case.close()
+    if args.out is not None:
+        _write_crash_report(args, case, results, traced, lines, time.perf_counter() - start)
+    return code
+
+
+def _timeline(t, sut: str, out: Path | None) -> tuple[dict, list, str] | None:
+    """What the crash-point map needs of the traced run, taken while it exists (only when a report is written)."""
+    from .iomap import timeline
+
+    return (timeline(t, sut), list(t.recording.all_calls), t.root) if out is not None else None
+
+
+def _write_crash_report(args: argparse.Namespace, case, results: list, traced: list, lines: list[str],
+                        wall: float) -> None:
+    """``crashpoints --out DIR``: summary.json (every point or state with its verdict, and the crash-point map),
+    report.md (the table printed) and report.html (the map drawn)."""
+    from .iomap import crash_rows, place
+    from .report import write_reports
+
+    rows = crash_rows(results)
+    io_map = place(traced[0][0], results, traced[0][1], traced[0][2]) if traced and traced[0] else None
+    failing = [r for r in rows if r["verdict"] not in ("pass", None)]
+    summary = {"kind": "crashpoints --states" if args.states else "crashpoints", "sut": case.sut,
+               "case": str(args.case), "ranks": case.world_size("save"),
+               "launch_mode": args.launch, "seed": case.seed, "wall_time_s": round(wall, 1),
+               "cases_run": {case.property: sum(1 for r in rows if r["verdict"] is not None)},
+               "judged": sum(1 for r in rows if r["verdict"] is not None), "total": len(rows), "failing": len(failing),
+               "crash_results": rows, "io_map": io_map}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    markdown = "\n".join([f"# ckpt-harness {summary['kind']}: {case.sut}", "", f"Case {args.case}, op "
+                          f"{io_map['op'] if io_map else '-'}: {summary['judged']}/{summary['total']} judged, "
+                          f"{len(failing)} failing, {summary['wall_time_s']} s.", "", *lines]) + "\n"
+    write_reports(args.out, summary, [], markdown=markdown)
 
 
 def _explore(args: argparse.Namespace) -> int:
@@ -417,12 +495,34 @@ def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> 
         summary = {"sut": args.sut, "ranks": args.ranks, "max_len": args.max_len, "wall_time_s": round(wall, 1),
                    "judged": judged, "total": total, "failing": len(failing), "shapes": rows, "findings": written}
         (args.out / "explore.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+        _write_explore_report(args, summary, reports)
     for (shape, r), path in itertools.zip_longest(failing, written):
         print(f"{shape} op {r.fault.op} {r.description}: {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
         print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}" + (f"  (finding: {path})" if path else ""))
     print(f"{args.sut}, {args.ranks} ranks, shapes of up to {args.max_len} ops: {judged}/{total} judged, "
           f"{len(failing)} failing, {wall:.0f} s")
     return 1 if failing or judged < total else 0
+
+
+def _write_explore_report(args: argparse.Namespace, explored: dict, reports: list) -> None:
+    """report.md and report.html of an exploration: the shapes table, and every crash point or state that failed
+    or could not run (those that passed are counted per shape)."""
+    from .iomap import crash_rows
+    from .report import write_reports
+
+    rows = [{**row, "label": f"{rep.shape} op {r.fault.op}: {row['label']}"} for rep in reports
+            for r, row in zip(rep.results, crash_rows(rep.results)) if row["verdict"] != "pass"]
+    summary = {**explored, "kind": "crashpoints --exhaustive", "launch_mode": args.launch, "seed": None,
+               "cases_run": {"shapes": len(explored["shapes"])}, "crash_results": rows}
+    lines = [f"# ckpt-harness crashpoints --exhaustive: {args.sut}", "",
+             f"{explored['judged']}/{explored['total']} judged, {explored['failing']} failing, shapes of up to "
+             f"{args.max_len} ops on {args.ranks} ranks, {explored['wall_time_s']} s.", "",
+             "| shape | ops | without fault | crash points | power-loss states | failing |",
+             "|---|---|---|---|---|---|",
+             *[f"| {r['shape']} | {r['ops']} | {r['control']} | {r['points']} | {r['states']} | {r['failing']} |"
+               for r in explored["shapes"]], "", *[f"- {r['label']}: {r['verdict'] or 'not run'} {r['detail']}"
+                                                    for r in rows]]
+    write_reports(args.out, summary, [], markdown="\n".join(lines) + "\n")
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -447,32 +547,37 @@ def case_of(args: argparse.Namespace, shape: str, fault):
     return dataclasses.replace(case, fault=fault)
 
 
-def _print_points(results: list) -> int:
-    print("| point | syscall | k | path | fired | verdict |")
-    print("|---|---|---|---|---|---|")
+def _print_points(results: list) -> tuple[int, list[str]]:
+    """The crash points table, printed; also returned (report.md of ``--out``)."""
+    lines = ["| point | syscall | k | path | fired | verdict |", "|---|---|---|---|---|---|"]
     for n, r in enumerate(results):
         f = r.fault
-        print(f"| {n} | {f.syscall} | {f.k} | {f.path} | {'yes' if r.report.get('fired') else 'no'} | "
-              f"{r.judgement.verdict.value} |")
+        lines.append(f"| {n} | {f.syscall} | {f.k} | {f.path} | {'yes' if r.report.get('fired') else 'no'} | "
+                     f"{r.judgement.verdict.value} |")
     bad = [(n, r) for n, r in enumerate(results) if not r.judgement.ok]
     for n, r in bad:
-        print(f"point {n}: {r.judgement.property} {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
-        print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}")
-    print(f"{len(results)} crash points, {sum(1 for r in results if r.report.get('fired'))} fired, {len(bad)} failing")
-    return 1 if bad else 0
+        lines.append(f"point {n}: {r.judgement.property} {r.judgement.verdict.value}: "
+                     f"{'; '.join(r.judgement.details)}")
+        lines.append(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}")
+    lines.append(f"{len(results)} crash points, {sum(1 for r in results if r.report.get('fired'))} fired, "
+                 f"{len(bad)} failing")
+    print("\n".join(lines))
+    return (1 if bad else 0), lines
 
 
-def _print_states(results: list, n_ops: int) -> int:
-    print("| state | verdict | confirmed in fresh processes |")
-    print("|---|---|---|")
+def _print_states(results: list, n_ops: int) -> tuple[int, list[str]]:
+    """The power-loss states table, printed; also returned (report.md of ``--out``)."""
+    lines = ["| state | verdict | confirmed in fresh processes |", "|---|---|---|"]
     for r in results:
         confirmed = "-" if r.confirmed is None else ("yes" if r.confirmed else "NO (flaky)")
-        print(f"| {r.description} | {r.judgement.verdict.value} | {confirmed} |")
+        lines.append(f"| {r.description} | {r.judgement.verdict.value} | {confirmed} |")
     bad = [r for r in results if not r.judgement.ok and r.confirmed is not False]
     for r in bad:
-        print(f"{r.description}: {r.judgement.property} {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
-    print(f"{len(results)} crash states from {n_ops} IO ops, {len(bad)} failing")
-    return 1 if bad else 0
+        lines.append(f"{r.description}: {r.judgement.property} {r.judgement.verdict.value}: "
+                     f"{'; '.join(r.judgement.details)}")
+    lines.append(f"{len(results)} crash states from {n_ops} IO ops, {len(bad)} failing")
+    print("\n".join(lines))
+    return (1 if bad else 0), lines
 
 
 def _and(ids: list[str]) -> str:

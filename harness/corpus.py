@@ -14,8 +14,10 @@ campaign shrank, drawn again under the batch's own swarm configuration, then exp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,3 +82,39 @@ def replay_corpus(corpus: Corpus, sut: str, judge) -> tuple[list[dict], list[Buc
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
+
+
+NIGHTS = "nights.jsonl"  # one line per campaign or fleet that used this corpus: which buckets failed that night
+
+
+def record_night(root: Path, summary: dict) -> None:
+    """Append this run's failing buckets (new, known, or replayed from the corpus and still failing) to the
+    corpus's history, so reports can show buckets opened and closed night by night."""
+    failing = {b["bucket"] for b in summary.get("buckets", [])}
+    failing |= {r["bucket"] for r in summary.get("corpus", []) if r.get("status") == "still failing"}
+    line = {"night": time.strftime("%Y-%m-%dT%H:%M:%S"), "sut": summary.get("sut"), "buckets": sorted(failing),
+            "cases": sum(summary.get("cases_run", {}).values())}
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / NIGHTS).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(line, sort_keys=True) + "\n")
+
+
+def trends(root: Path, last: int = 30) -> list[dict]:
+    """The last ``last`` nights of the corpus: per night, buckets failing, opened (not failing the night before)
+    and closed (failing the night before, not this one), and when each open bucket was first seen."""
+    path = root / NIGHTS
+    nights = []
+    if path.is_file():
+        for text in path.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                nights.append(json.loads(text))
+    out, before, first = [], set(), {}
+    for night in nights:
+        now = set(night.get("buckets", []))
+        for b in now:
+            first.setdefault(b, night["night"])
+        out.append({"night": night["night"], "sut": night.get("sut"), "cases": night.get("cases", 0),
+                    "failing": len(now), "opened": sorted(now - before), "closed": sorted(before - now),
+                    "first_seen": {b: first[b] for b in sorted(now)}})
+        before = now
+    return out[-last:]

@@ -369,23 +369,29 @@ def judge_states(t: Traced, states: list, runners: Runners, confirm: CaseJudge |
 
 
 def crashpoints(case: Case, judge: CaseJudge, sample: int | None = None,
-                on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
+                on_result: Callable[[int, CrashResult], None] | None = None,
+                on_traced: Callable[[Traced], None] | None = None) -> list[CrashResult]:
     """SIGKILL the fault op at every syscall it makes under the root and judge each: the ops before it run once (a
     traced run), each point starts from a copy of the root they left; ``sample``: only that many points, evenly
     spread (first and last included); ``on_result`` sees each result as it comes (a long run reports as it goes).
-    A failing point is replayed as its own case through ``judge`` before it counts."""
+    A failing point is replayed as its own case through ``judge`` before it counts; ``on_traced`` sees the traced
+    run first (the crash-point map of report.html, harness/iomap.py)."""
     with traced(case, judge.runners) as t:
+        if on_traced is not None:
+            on_traced(t)
         faults = t.points()
         if sample is not None and len(faults) > sample > 1:
             faults = [faults[round(i * (len(faults) - 1) / (sample - 1))] for i in range(sample)]
         return judge_points(t, faults, judge.runners, judge, on_result)
 
 
-def crashstates(case: Case, runners: Runners, *, limit: int | None = None,
-                confirm: CaseJudge | None = None) -> tuple[list[CrashResult], int]:
+def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: CaseJudge | None = None,
+                on_traced: Callable[[Traced], None] | None = None) -> tuple[list[CrashResult], int]:
     """Record the fault op's IO once, then for every power-loss state of it (faults.crashstates): materialise it in
     a fresh directory and run the remaining ops there on warm ranks that never saw any other state's directory.
     Returns the results and the number of IO ops modelled. A failing state is replayed as its own case in fresh
     processes (``confirm``) before it counts."""
     with traced(case, runners) as t:
+        if on_traced is not None:
+            on_traced(t)
         return judge_states(t, t.states(limit=limit), runners, confirm), len(t.fs_ops)

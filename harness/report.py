@@ -30,6 +30,8 @@ def finding_json(finding: Finding, replay: str) -> dict:
         "replay": replay,
         "bucket": finding.bucket.id if finding.bucket else None,
         "bucket_title": finding.bucket.title if finding.bucket else None,
+        "bucket_core": finding.bucket.core if finding.bucket else None,
+        "bucket_features": sorted(finding.bucket.features) if finding.bucket else [],
         "swarm_left_out": list(finding.left_out),
         "found_at_s": round(finding.found_at, 1),
         **({"confirmed_real": finding.confirmed_real} if finding.confirmed_real is not None else {}),
@@ -70,14 +72,30 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
         "harness_errors": campaign.harness_errors[:20],
         "flaky_failures": campaign.flaky[:20],
         "seconds_per_property": {p: round(t, 1) for p, t in sorted(campaign.prop_seconds.items())},
+        "swarm_per_feature": {f: {"cases": campaign.swarm_cases[f], "seconds": round(campaign.swarm_seconds[f], 1)}
+                              for f in sorted(campaign.swarm_cases)},
         "hypothesis_per_property": {p: {k: round(v, 2) if isinstance(v, float) else v for k, v in sorted(c.items())}
                                     for p, c in sorted(campaign.observed.items())},
         "buckets": buckets(campaign, rows),
         "corpus": campaign.corpus_rows,
     }
+    if campaign.corpus is not None:  # the corpus keeps the nights: buckets opened and closed across them
+        from .corpus import record_night, trends
+
+        record_night(campaign.corpus.root, summary)
+        summary["trends"] = trends(campaign.corpus.root)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    (out / "report.md").write_text(report(summary, rows), encoding="utf-8")
+    write_reports(out, summary, rows)
     return rows
+
+
+def write_reports(out: Path, summary: dict, rows: list[dict], markdown: str | None = None) -> None:
+    """``report.md`` (terminals, CI logs) and ``report.html`` (a page people look at) of one summary, side by side:
+    every command that writes one writes both, through the one HTML renderer (harness/html_report.py)."""
+    from .html_report import render
+
+    (out / "report.md").write_text(report(summary, rows) if markdown is None else markdown, encoding="utf-8")
+    (out / "report.html").write_text(render(summary, rows, out), encoding="utf-8")
 
 
 def _recovery_line(rec: dict) -> list[str]:
@@ -135,12 +153,22 @@ def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
                                                       if "confirmed_real" in r else ""), "title": r["bucket_title"],
             "cases": campaign.bucket_hits.get(r["bucket"], 1),
             "properties": sorted(campaign.bucket_props.get(r["bucket"], {r["property"]})), "replay": r["replay"],
-            "swarm_left_out": r.get("swarm_left_out", []),
+            "swarm_left_out": r.get("swarm_left_out", []), "core": r.get("bucket_core"),
+            "features": r.get("bucket_features", []), "verdict": r["verdict"], "found_at_s": r.get("found_at_s"),
+            "smallest": case_size(r["case"]),
             **{k: r[k] for k in ("repro", "standalone_verified") if k in r}}
            for r in rows]
     out += [{"bucket": Path(case_file).stem, "status": "known", "title": f"known finding {case_file} (FINDINGS.md)",
              "cases": n} for case_file, n in sorted(campaign.known.items())]
     return out
+
+
+def case_size(case: dict) -> str:
+    """A case in a few words (how small the smallest case of a bucket is): ops, tensors and their shapes."""
+    tensors = case.get("tensors", [])
+    shapes = ", ".join(f"{t.get('dtype', '?')}{list(t.get('shape', []))}" for t in tensors[:4])
+    more = f" +{len(tensors) - 4}" if len(tensors) > 4 else ""
+    return f"{len(case.get('ops', []))} ops, {len(tensors)} tensors: {shapes}{more}"
 
 
 def buckets_table(summary: dict) -> list[str]:

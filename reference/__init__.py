@@ -5,7 +5,7 @@ async save, typed errors.
 """
 
 from .async_save import AsyncSave, AsyncSaver, async_save
-from .commit import checkpoint_dir, committed_checkpoints, read_latest
+from .commit import Scan, checkpoint_dir, committed_checkpoints, read_latest, scan_checkpoints
 from .dtypes import DTYPES, DType, dtype
 from .engine import (
     CheckpointInfo,
@@ -34,12 +34,14 @@ from .errors import (
     CoverError,
     HeaderTooLarge,
     LayoutError,
+    MalformedMetadata,
     MissingSlices,
     MissingTensor,
     OverlappingSlices,
     TargetMismatch,
     UnsafePath,
     UnsupportedFormatVersion,
+    UnverifiableCover,
 )
 from .layout import Box, Flat, FlatRange, Mesh, Replicate, Shard, Sharded, flat_group, replicated, split_range
 from .namespaces import TrainingState

@@ -8,10 +8,12 @@ after the commit, and rotation never deletes what ``latest`` points at.
 
 from __future__ import annotations
 
-import json
+import logging
 import os
+import re
 import shutil
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -21,12 +23,16 @@ from .errors import (
     CheckpointIncomplete,
     CheckpointNotFound,
     CorruptCheckpoint,
+    MalformedMetadata,
     UnsafePath,
 )
 from .fsutil import exchange, fsync_dir, read_small_file, write_durable
-from .index import INDEX_NAME, check_safe_name, read_index
+from .index import INDEX_NAME, Index, check_safe_name, read_index
 
+_log = logging.getLogger(__name__)
 LATEST = "latest"
+LATEST_LIMIT = 4096  # a name of at most 255 bytes and its checksum; anything larger is hostile
+_POINTER = re.compile(rb"([^\n]{1,1024})\n(crc32:[0-9a-f]{8})\n")
 MARKER = "COMMITTED"
 STAGING_PREFIX = ".staging-"
 TRASH_PREFIX = ".trash-"
@@ -98,51 +104,82 @@ def protocol(name: str) -> CommitProtocol:
         raise CheckpointError(f"unknown commit protocol {name!r}; known: {', '.join(PROTOCOLS)}") from None
 
 
-def committed_checkpoints(root: Path) -> dict[str, int]:
-    """Committed checkpoint names under ``root`` → their sequence numbers (commit order)."""
-    out = {}
+@dataclass
+class Scan:
+    """What a scan of a root found: committed names → sequence numbers, the newest one's parsed index, and the
+    directories it skipped because they could not be read (a bad sibling is reported, never fatal)."""
+
+    found: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, CheckpointError] = field(default_factory=dict)
+    newest: tuple[str, Index] | None = None
+
+
+def scan_checkpoints(root: Path) -> Scan:
+    """Every committed checkpoint under ``root``, each index read and verified once. A directory whose index is
+    corrupt, hostile or unreadable lands in ``skipped``; an I/O error of the disk itself still propagates (see
+    ``committed_index``)."""
+    scan = Scan()
     if not root.is_dir():
-        return out
-    for entry in root.iterdir():
+        return scan
+    for entry in sorted(root.iterdir()):
         if entry.name.startswith(".") or entry.name == LATEST or entry.is_symlink() or not entry.is_dir():
             continue
-        seq = _committed_seq(entry)
-        if seq is not None:
-            out[entry.name] = seq
-    return out
+        try:
+            index = committed_index(entry)
+        except CheckpointError as exc:
+            scan.skipped[entry.name] = exc
+            continue
+        if index is not None:
+            scan.found[entry.name] = index.seq
+            if scan.newest is None or index.seq > scan.newest[1].seq:
+                scan.newest = (entry.name, index)
+    return scan
 
 
-def _committed_seq(ckpt_dir: Path) -> int | None:
-    """The commit sequence number, or None when the directory is positively not committed. An I/O error while
-    reading is *not* evidence of that: it propagates, so that no caller (garbage collection above all) takes a
-    committed checkpoint it could not read for debris (found by the fault layer: EIO on this read made the next
-    save's collector delete the previous checkpoint)."""
-    try:
-        data = json.loads(read_small_file(ckpt_dir / INDEX_NAME))
-        proto = PROTOCOLS.get(data.get("commit", "rename"))
-        if proto is None or not proto.is_committed(ckpt_dir):
-            return None
-        seq = data["seq"]
-        return seq if isinstance(seq, int) and seq >= 0 else None
-    except (FileNotFoundError, NotADirectoryError, ValueError, TypeError, KeyError, AttributeError, CheckpointError):
+def committed_checkpoints(root: Path) -> dict[str, int]:
+    """Committed checkpoint names under ``root`` → their sequence numbers (commit order)."""
+    return scan_checkpoints(root).found
+
+
+def committed_index(ckpt_dir: Path) -> Index | None:
+    """The verified index of a committed checkpoint; None when the directory is positively not committed (no
+    index, or the marker protocol without its marker); a typed error when its index is corrupt or names another
+    checkpoint. An I/O error while reading is *not* evidence either way: it propagates, so that no caller (garbage
+    collection above all) takes a committed checkpoint it could not read for debris (found by the fault layer: EIO
+    on this read made the next save's collector delete the previous checkpoint)."""
+    if not os.path.lexists(ckpt_dir / INDEX_NAME):
         return None
+    index = read_index(ckpt_dir, check_cover=False)
+    if not PROTOCOLS[index.commit].is_committed(ckpt_dir):
+        return None
+    if index.name != ckpt_dir.name:
+        raise CorruptCheckpoint(f"index names checkpoint {index.name!r} but lives in {ckpt_dir.name!r}", ckpt_dir)
+    return index
 
 
 def read_latest(root: Path) -> str | None:
+    """The name ``latest`` points at, or None without a pointer. Read without blocking (a FIFO is refused), at most
+    LATEST_LIMIT bytes, and exactly the name, a newline, ``crc32:`` and 8 lowercase hex digits, a newline: any
+    other byte is an error."""
     path = root / LATEST
     if path.is_symlink():
         raise UnsafePath("the latest pointer is a symlink", path)
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        raw = read_small_file(path, LATEST_LIMIT)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as exc:
+    except CheckpointError:
+        raise
+    except OSError as exc:  # as before: an unreadable pointer is a corrupt one
         raise CorruptCheckpoint(f"latest pointer is unreadable ({exc})", path) from None
-    name, _, check = text.partition("\n")
-    if check.strip() != _pointer_check(name):
+    framed = _POINTER.fullmatch(raw)
+    if framed is None:
+        raise MalformedMetadata("latest pointer is not a name and its checksum", path)
+    name = framed.group(1).decode("utf-8", "surrogateescape")
+    if framed.group(2).decode() != _pointer_check(name):
         # A flipped bit can turn one valid name into another (step-001 -> step-000): without this check the
         # load would silently return an older, complete checkpoint (found by the stateful machine).
-        raise CorruptCheckpoint("latest pointer fails its checksum", path)
+        raise MalformedMetadata("latest pointer fails its checksum", path)
     return check_safe_name(name, "latest pointer target", path)
 
 
@@ -164,38 +201,51 @@ def set_latest(root: Path, name: str, save_id: str) -> None:
 
 def checkpoint_dir(root: Path, name: str | None = None) -> Path:
     """Directory of checkpoint ``name`` (or of the latest one), which must be committed."""
+    return open_committed(root, name)[0]
+
+
+def open_committed(root: Path, name: str | None = None) -> tuple[Path, Index]:
+    """Directory and verified index of checkpoint ``name``, else of the one ``latest`` names, else of the newest
+    committed one (siblings that cannot be read are skipped and logged). The index is read once."""
     if name is not None:
         ckpt = root / check_safe_name(name, "checkpoint name", root)
         if not ckpt.exists():
             raise CheckpointNotFound(f"no checkpoint named {name!r}", root)
-        _require_committed(ckpt, f"checkpoint {name!r}")
-        return ckpt
+        return ckpt, _require_committed(ckpt, f"checkpoint {name!r}")
     pointed = read_latest(root)
     if pointed is not None:
         ckpt = root / pointed
-        _require_committed(ckpt, f"latest pointer target {pointed!r}")
-        return ckpt
-    found = committed_checkpoints(root)
-    if not found:
-        raise CheckpointNotFound("no committed checkpoint", root)
-    return root / max(found, key=found.__getitem__)
+        return ckpt, _require_committed(ckpt, f"latest pointer target {pointed!r}")
+    scan = scan_checkpoints(root)
+    for skipped, exc in sorted(scan.skipped.items()):
+        _log.warning("skipped unreadable checkpoint %s while looking for the newest: %s", skipped, exc)
+    if scan.newest is None:
+        unread = f" ({len(scan.skipped)} unreadable skipped: {sorted(scan.skipped)})" if scan.skipped else ""
+        raise CheckpointNotFound(f"no committed checkpoint{unread}", root)
+    return root / scan.newest[0], scan.newest[1]
 
 
-def _require_committed(ckpt: Path, what: str) -> None:
-    """Raise the most specific error for a directory that should hold a committed checkpoint."""
+def _require_committed(ckpt: Path, what: str) -> Index:
+    """The verified index of a directory that should hold a committed checkpoint, or the most specific error."""
     if ckpt.is_symlink():
         raise UnsafePath(f"{what} is a symbolic link", ckpt)
     if not ckpt.is_dir():
         raise CheckpointIncomplete(f"{what} does not exist", ckpt)
-    if _committed_seq(ckpt) is not None:
-        return
-    if (ckpt / INDEX_NAME).exists() or (ckpt / INDEX_NAME).is_symlink():
-        read_index(ckpt)  # raises CorruptCheckpoint / UnsupportedFormatVersion / UnsafePath when that is the problem
-    raise CheckpointIncomplete(f"{what} was never committed (no index or commit marker)", ckpt)
+    index = committed_index(ckpt)  # raises CorruptCheckpoint / UnsupportedFormatVersion / UnsafePath
+    if index is None:
+        raise CheckpointIncomplete(f"{what} was never committed (no index or commit marker)", ckpt)
+    return index
 
 
 def _is_committed_dir(ckpt: Path) -> bool:
-    return ckpt.is_dir() and not ckpt.is_symlink() and _committed_seq(ckpt) is not None
+    """For the collector and the marker protocol: a directory whose index cannot be read counts as uncommitted,
+    as an unparseable one always did (a save that crashed while writing it)."""
+    if not ckpt.is_dir() or ckpt.is_symlink():
+        return False
+    try:
+        return committed_index(ckpt) is not None
+    except CheckpointError:
+        return False
 
 
 def rotate(root: Path, keep_last: int, save_id: str) -> list[str]:

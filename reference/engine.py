@@ -7,12 +7,10 @@ A real multi-rank run calls ``save_rank`` on every rank and ``commit`` on the co
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 import uuid
-import zlib
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -20,21 +18,23 @@ from pathlib import Path
 
 import numpy as np
 
-from .commit import checkpoint_dir, collect_garbage, committed_checkpoints, protocol, rotate, set_latest
+from .commit import collect_garbage, committed_checkpoints, open_committed, protocol, rotate, set_latest
 from .dtypes import DType, dtype
 from .errors import (
     CheckpointIncomplete,
     CorruptCheckpoint,
     LayoutError,
+    MalformedMetadata,
     MissingSlices,
     MissingTensor,
     TargetMismatch,
 )
 from .fsutil import read_small_file, write_durable
-from .index import FORMAT, VERSION, Index, SliceRecord, check_safe_name, parse_index, read_index
+from .index import FORMAT, INDEX_NAME, VERSION, Index, SliceRecord, check_safe_name, encode_index, parse_index
 from .layout import Box, FlatRange, Region, TensorLayout
-from .regions import copy_between, needed_runs
+from .regions import copy_between, intersect_boxes, needed_runs, strides
 from .stio import DEFAULT_BLOCK, Entry, SafetensorsReader, write_file
+from .strictjson import Record, loads, seal, unseal
 from .tensor import Tensor
 
 
@@ -69,6 +69,11 @@ class CheckpointInfo:
 
 def rank_file(rank: int) -> str:
     return f"rank-{rank:05d}.safetensors"
+
+
+_MANIFEST_KEYS = frozenset(
+    {"rank", "save_id", "world_size", "file", "size", "header_crc32", "block", "tensors", "slices"}
+)
 
 
 def _manifest_file(rank: int) -> str:
@@ -128,7 +133,7 @@ def save_rank(
     }
     tmp = staging / f".{_manifest_file(rank)}.tmp"
     tmp.unlink(missing_ok=True)
-    write_durable(tmp, json.dumps(manifest).encode())
+    write_durable(tmp, seal(manifest))
     os.replace(tmp, staging / _manifest_file(rank))
     return staging
 
@@ -173,6 +178,9 @@ def commit(
                 raise LayoutError(f"{tname}: rank {m['rank']} saves it as {spec}, another rank as {tensors[tname]}")
         files[m["file"]] = {"size": m["size"], "header_crc32": m["header_crc32"]}
         slices += [{**s, "file": m["file"]} for s in m["slices"]]
+    if len({m["block"] for m in manifests}) > 1:
+        raise MalformedMetadata(f"ranks disagree on the checksum block: {sorted({m['block'] for m in manifests})}",
+                                staging)
     known = committed_checkpoints(root)
     index = {
         "format": FORMAT,
@@ -188,8 +196,15 @@ def commit(
         "files": files,
         "slices": slices,
     }
-    parse_index(index, staging / "index.json")  # the reference asserts exact cover before publishing
-    write_durable(staging / "index.json", json.dumps(index).encode())
+    path = staging / INDEX_NAME
+    try:
+        raw = encode_index(index)
+    except ValueError as exc:  # NaN or infinity in ``meta``: JSON cannot carry them
+        raise LayoutError(f"checkpoint meta is not finite JSON ({exc})") from None
+    # Parsed back as a load will read it: exact cover asserted before publishing, and nothing is written that the
+    # strict reader would refuse (meta nested too deep, integers too long).
+    parse_index(loads(unseal(raw, path, "index"), path, "index"), path)
+    write_durable(path, raw)
     final = root / name
     proto.finalize(staging, final)
     set_latest(root, name, save_id)
@@ -209,13 +224,23 @@ def _gather_manifests(staging: Path, world_size: int, save_id: str, timeout: flo
         time.sleep(0.01)
     if missing:
         raise CheckpointIncomplete(f"ranks {missing} did not finish writing (no manifest)", staging)
-    manifests = []
-    for path in paths:
-        m = json.loads(read_small_file(path))
-        if m.get("save_id") != save_id or m.get("world_size") != world_size:
-            raise CheckpointIncomplete(f"manifest belongs to another save ({m.get('save_id')})", path)
-        manifests.append(m)
-    return manifests
+    return [_read_manifest(path, rank, save_id, world_size) for rank, path in enumerate(paths)]
+
+
+def _read_manifest(path: Path, rank: int, save_id: str, world_size: int) -> dict:
+    """A rank's manifest, checksum-verified and strictly parsed: the coordinator trusts nothing a rank wrote
+    (the slices themselves are validated with the whole index by ``parse_index``)."""
+    rec = Record(loads(unseal(read_small_file(path), path, "manifest"), path, "manifest"), path, "manifest",
+                 _MANIFEST_KEYS)
+    if rec.string("save_id") != save_id or rec.integer("world_size") != world_size:
+        raise CheckpointIncomplete(f"manifest belongs to another save ({rec.data['save_id']})", path)
+    if rec.integer("rank") != rank or rec.string("file") != rank_file(rank):
+        raise MalformedMetadata(f"manifest of rank {rank} describes rank {rec.data['rank']}", path)
+    rec.integer("size"), rec.integer("header_crc32"), rec.integer("block")
+    rec.mapping("tensors")
+    for i, item in enumerate(rec.array("slices")):
+        Record(item, path, f"manifest.slices[{i}]")
+    return rec.data
 
 
 def world_size_of(layouts: Mapping[str, TensorLayout]) -> int:
@@ -283,7 +308,8 @@ def per_rank(
 
 
 class _Files:
-    """Data files of one checkpoint, opened on demand and checked against the index before use."""
+    """Data files of one checkpoint, opened on demand and checked against the index (size, then header checksum,
+    then the strict header) before any of their bytes is used."""
 
     def __init__(self, ckpt: Path, index: Index) -> None:
         self.ckpt, self.index = ckpt, index
@@ -294,16 +320,12 @@ class _Files:
         reader = self.open.get(s.file)
         path = self.ckpt / s.file
         if reader is None:
+            record = self.index.files[s.file]
             try:
-                reader = SafetensorsReader(path)
+                reader = SafetensorsReader(path, record.size, record.header_crc32)
             except FileNotFoundError:
                 raise CheckpointIncomplete("data file listed in the index is missing", path) from None
             self.open[s.file] = reader
-            record = self.index.files[s.file]
-            if reader.size != record.size:
-                raise CorruptCheckpoint(f"file is {reader.size} bytes, the index says {record.size}", path)
-            if zlib.crc32(reader.header_bytes) != record.header_crc32:
-                raise CorruptCheckpoint("safetensors header checksum mismatch", path)
         entry = reader.entries.get(s.key)
         meta = self.index.tensors[s.tensor]
         if entry is None or (entry.offset, entry.nbytes, entry.dtype) != (s.offset, s.nbytes, meta.dtype):
@@ -317,23 +339,38 @@ class _Files:
 
 
 def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], block: int) -> Tensor:
+    """Load one target. The tensor's cover is proved and every file it reads from is opened and checked against
+    the index first, so the destination is allocated only once the bytes it will hold are known to exist."""
     dt = target.dtype
-    dst = np.empty(target.region.shape, dt.bits_dtype)
+    files.index.check_cover(tname)
     want = target.region.numel
     if want == 0:
-        return Tensor(dt, dst)
-    copied = 0
+        return Tensor(dt, np.empty(target.region.shape, dt.bits_dtype))
+    plan: list[tuple[SliceRecord, tuple | None]] = []  # (slice, its element runs; () = later; None = the target)
+    whole = isinstance(target.region, Box) and target.region.shape == tuple(target.global_shape)
     for s in slices:
         if s.region == target.region:
-            reader, entry = files.entry(s)
+            plan.append((s, None))
+        elif whole:  # every saved element is wanted (load_global): no overlap test per slice
+            if s.region.numel:
+                plan.append((s, ()))
+        elif isinstance(s.region, Box) and isinstance(target.region, Box):
+            if _may_overlap(s.region, target.region, target.global_shape):  # exact for two boxes
+                plan.append((s, ()))
+        elif _may_overlap(s.region, target.region, target.global_shape):
+            runs = needed_runs(s.region, target.region, target.global_shape)
+            if len(runs[0]):
+                plan.append((s, runs))
+    opened = [files.entry(s) for s, _ in plan]  # only files it needs: a damaged file it does not need is no error
+    dst = np.empty(target.region.shape, dt.bits_dtype)
+    copied = 0
+    for (s, runs), (reader, entry) in zip(plan, opened):
+        if runs is None:
             view = memoryview(dst.reshape(-1)).cast("B")
             reader.read_blocks(entry, view, 0, [(0, len(s.crcs))], block, list(s.crcs), files.pool)
             copied += want
             continue
-        starts, lengths = needed_runs(s.region, target.region, target.global_shape)
-        if len(starts) == 0:
-            continue
-        reader, entry = files.entry(s)
+        starts, lengths = runs or needed_runs(s.region, target.region, target.global_shape)
         lo, hi = int(starts.min()), int((starts + lengths).max())
         if isinstance(s.region, Box) and s.region.shape:
             row = math.prod(s.region.shape[1:])
@@ -359,6 +396,27 @@ def _fill(files: _Files, tname: str, target: Target, slices: list[SliceRecord], 
     return Tensor(dt, dst)
 
 
+def _may_overlap(a: Region, b: Region, global_shape: tuple[int, ...]) -> bool:
+    """Cheap test (no runs built) whether two non-empty regions can share an element: exact for two boxes, by flat
+    bounding spans otherwise."""
+    if a.numel == 0 or b.numel == 0:
+        return False
+    if isinstance(a, Box) and isinstance(b, Box):
+        inter = intersect_boxes(a, b)
+        return inter is not None and inter.numel > 0
+    (a0, a1), (b0, b1) = _flat_span(a, global_shape), _flat_span(b, global_shape)
+    return a0 < b1 and b0 < a1
+
+
+def _flat_span(region: Region, global_shape: tuple[int, ...]) -> tuple[int, int]:
+    if isinstance(region, FlatRange):
+        return region.start, region.stop
+    st = strides(global_shape)
+    first = sum(o * k for o, k in zip(region.offsets, st))
+    last = sum((o + n - 1) * k for o, n, k in zip(region.offsets, region.shape, st))
+    return first, last + 1
+
+
 def _needed_blocks(
     starts: np.ndarray, lengths: np.ndarray, itemsize: int, block: int, first: int
 ) -> list[tuple[int, int]]:
@@ -374,17 +432,18 @@ def _needed_blocks(
 
 
 def open_checkpoint(root: str | Path, name: str | None = None) -> tuple[Path, Index]:
-    ckpt = checkpoint_dir(Path(root), name)
-    index = read_index(ckpt)
-    if index.name != ckpt.name:
-        raise CorruptCheckpoint(f"index names checkpoint {index.name!r} but lives in {ckpt.name!r}", ckpt)
-    return ckpt, index
+    """Directory and verified index of checkpoint ``name`` or the latest (commit.open_committed)."""
+    return open_committed(Path(root), name)
 
 
 def load(root: str | Path, targets: Mapping[str, Target], *, name: str | None = None) -> dict[str, Tensor]:
     """Load each target's region (any layout) from checkpoint ``name`` or the latest, reading only the blocks
     that overlap what is asked for and verifying their checksums."""
     ckpt, index = open_checkpoint(root, name)
+    return _load(ckpt, index, targets)
+
+
+def _load(ckpt: Path, index: Index, targets: Mapping[str, Target]) -> dict[str, Tensor]:
     files = _Files(ckpt, index)
     try:
         out = {}
@@ -405,8 +464,8 @@ def load(root: str | Path, targets: Mapping[str, Target], *, name: str | None = 
 
 
 def load_global(root: str | Path, *, name: str | None = None, names: list[str] | None = None) -> dict[str, Tensor]:
-    """Every (or the named) tensor of a checkpoint, whole."""
-    _, index = open_checkpoint(root, name)
+    """Every (or the named) tensor of a checkpoint, whole (the index is read once)."""
+    ckpt, index = open_checkpoint(root, name)
     wanted = names if names is not None else list(index.tensors)
     targets = {}
     for tname in wanted:
@@ -414,7 +473,7 @@ def load_global(root: str | Path, *, name: str | None = None, names: list[str] |
         if meta is None:
             raise MissingTensor(f"tensor {tname!r} is not in the checkpoint", root)
         targets[tname] = Target(meta.dtype, meta.shape, Box((0,) * len(meta.shape), meta.shape))
-    return load(root, targets, name=index.name)
+    return _load(ckpt, index, targets)
 
 
 def load_rank(

@@ -34,6 +34,11 @@ class CorruptCheckpoint(CheckpointError):
     """Bytes on disk contradict the index: malformed header, wrong size, bad JSON."""
 
 
+class MalformedMetadata(CorruptCheckpoint):
+    """A metadata file (index, manifest, safetensors header, ``latest``) fails its checksum or its strict grammar:
+    too large, too deep, duplicate keys, wrong types, fields missing or unknown. The message names file and field."""
+
+
 class ChecksumMismatch(CorruptCheckpoint):
     """A data block's checksum differs from the one recorded at save time."""
 
@@ -65,6 +70,11 @@ class OverlappingSlices(CoverError):
 class SliceOutOfRange(CoverError):
     """A slice has a negative offset or extent, or reaches past the tensor's shape (a split that went wrong, e.g. an
     extent of -1 for the last of uneven shards): whatever it covers, it does not describe data of the tensor."""
+
+
+class UnverifiableCover(CoverError):
+    """The slices of a tensor form no grid and so irregular a tiling that proving it exact would cost more than a
+    bounded budget (only hostile indexes do this: every layout saves a grid)."""
 
 
 class MissingTensor(CheckpointError):

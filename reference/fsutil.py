@@ -8,9 +8,9 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import CorruptCheckpoint, UnsafePath
+from .errors import MalformedMetadata, UnsafePath
 
-SMALL_FILE_LIMIT = 256 * 1024 * 1024  # index and manifests; anything larger is hostile
+SMALL_FILE_LIMIT = 16 * 1024 * 1024  # index and manifests; larger is hostile (decoding it would cost ~10x in RAM)
 
 
 _IO_ERRORS = frozenset({errno.EIO, errno.ENOSPC, errno.EDQUOT, errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EINTR})
@@ -37,13 +37,15 @@ def open_regular(path: Path) -> tuple[int, int]:
 
 
 def read_small_file(path: Path, limit: int = SMALL_FILE_LIMIT) -> bytes:
+    """The whole of a small regular file, opened without blocking (a FIFO is refused, never waited on) and read
+    only when fstat says it fits ``limit``."""
     fd, size = open_regular(path)
     try:
         if size > limit:
-            raise CorruptCheckpoint(f"is {size} bytes, more than the {limit}-byte limit for metadata", path)
+            raise MalformedMetadata(f"is {size} bytes, more than the {limit}-byte limit for metadata", path)
         chunks, remaining = [], size
         while remaining > 0:
-            chunk = os.read(fd, remaining)
+            chunk = os.read(fd, remaining)  # never more than fstat said: a file growing meanwhile stays bounded
             if not chunk:
                 break
             chunks.append(chunk)

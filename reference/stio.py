@@ -21,9 +21,12 @@ import numpy as np
 
 from .dtypes import DTYPES, DType
 from .errors import ChecksumMismatch, CorruptCheckpoint, HeaderTooLarge
-from .fsutil import open_regular
+from .fsutil import SMALL_FILE_LIMIT, open_regular
+from .index import checked_shape
+from .strictjson import Record, as_int, loads
 
-HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own cap
+HEADER_LIMIT = SMALL_FILE_LIMIT  # below safetensors' own 100 MiB cap: a header decodes to ~10x its size in RAM
+_ENTRY_KEYS = frozenset({"dtype", "shape", "data_offsets"})
 DEFAULT_BLOCK = 1 << 20  # checksum granularity: partial reads verify whole blocks
 _IO_CHUNK = 64 << 20  # largest single write
 _READ_CHUNK = 4 << 20  # unit of parallel read + verify
@@ -96,13 +99,17 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 class SafetensorsReader:
-    """An open safetensors file whose header has been checked against the file's real size."""
+    """An open safetensors file whose size and header checksum match the index (when given) and whose header has
+    been parsed strictly and checked against the file's real size: entries tile the data section exactly, so no
+    two share a byte."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, size: int | None = None, header_crc32: int | None = None) -> None:
         self.path = path
         self.fd, self.size = open_regular(path)
         try:
-            self.header_bytes, self.entries = self._parse_header()
+            if size is not None and self.size != size:
+                raise CorruptCheckpoint(f"file is {self.size} bytes, the index says {size}", path)
+            self.header_bytes, self.entries = self._parse_header(header_crc32)
         except BaseException:
             os.close(self.fd)
             raise
@@ -110,39 +117,50 @@ class SafetensorsReader:
     def close(self) -> None:
         os.close(self.fd)
 
-    def _parse_header(self) -> tuple[bytes, dict[str, Entry]]:
+    def _parse_header(self, header_crc32: int | None) -> tuple[bytes, dict[str, Entry]]:
         if self.size < 8:
             raise CorruptCheckpoint(f"file is {self.size} bytes, too short for a safetensors header", self.path)
         (length,) = struct.unpack("<Q", os.pread(self.fd, 8, 0))
         if length > HEADER_LIMIT or length > self.size - 8:
             raise HeaderTooLarge(f"header claims {length} bytes but the file has {self.size}", self.path)
         raw = os.pread(self.fd, length, 8)
-        try:
-            header = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise CorruptCheckpoint(f"header is not valid JSON ({exc})", self.path) from None
-        if not isinstance(header, dict):
-            raise CorruptCheckpoint("header is not a JSON object", self.path)
+        if len(raw) != length:
+            raise CorruptCheckpoint(f"short read of the header ({len(raw)} of {length} bytes)", self.path)
+        prefix = struct.pack("<Q", length) + raw
+        if header_crc32 is not None and zlib.crc32(prefix) != header_crc32:
+            raise CorruptCheckpoint("safetensors header checksum mismatch", self.path)  # before parsing a byte
+        top = Record(loads(raw, self.path, "safetensors header"), self.path, "header")
         data_start = 8 + length
-        entries = {}
-        for key, meta in header.items():
-            if key == "__metadata__":
-                continue
-            entries[key] = self._entry(key, meta, data_start)
-        return struct.pack("<Q", length) + raw, entries
+        entries = {key: self._entry(key, meta, data_start) for key, meta in top.data.items() if key != "__metadata__"}
+        if "__metadata__" in top.data:
+            top.mapping("__metadata__")
+        spans = sorted((e.offset, e.offset + e.nbytes, e.key) for e in entries.values())
+        end = data_start
+        for begin, stop, key in spans:
+            if begin != end:
+                raise CorruptCheckpoint(
+                    f"entry {key!r} starts at byte {begin}, not where the previous one ends ({end}): entries "
+                    "must tile the data section",
+                    self.path,
+                )
+            end = stop
+        if end != self.size:
+            raise CorruptCheckpoint(f"entries end at byte {end} of a {self.size}-byte file", self.path)
+        return prefix, entries
 
     def _entry(self, key: str, meta: object, data_start: int) -> Entry:
-        try:
-            dt = DTYPES[meta["dtype"]]  # type: ignore[index]
-            shape = tuple(meta["shape"])  # type: ignore[index]
-            begin, end = meta["data_offsets"]  # type: ignore[index]
-            ok = all(isinstance(s, int) and s >= 0 for s in shape) and isinstance(begin, int) and isinstance(end, int)
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise CorruptCheckpoint(f"malformed header entry for {key!r}", self.path)
+        rec = Record(meta, self.path, f"header[{key!r}]", _ENTRY_KEYS)
+        code = rec.string("dtype")
+        if code not in DTYPES:
+            raise CorruptCheckpoint(f"malformed header entry for {key!r}: unknown dtype {code!r}", self.path)
+        dt = DTYPES[code]
+        shape = checked_shape(rec.array("shape"), dt, self.path, rec.field("shape"))
+        bounds = rec.array("data_offsets")
+        if len(bounds) != 2:
+            raise CorruptCheckpoint(f"malformed header entry for {key!r}: data_offsets is not [begin, end]", self.path)
+        begin, end = (as_int(v, self.path, f"{rec.field('data_offsets')}[{i}]") for i, v in enumerate(bounds))
         nbytes = math.prod(shape) * dt.itemsize
-        if not 0 <= begin <= end or end - begin != nbytes or data_start + end > self.size:
+        if not begin <= end or end - begin != nbytes or data_start + end > self.size:
             raise CorruptCheckpoint(
                 f"entry {key!r} claims bytes [{begin}, {end}) for {nbytes} bytes of data in a {self.size}-byte file",
                 self.path,

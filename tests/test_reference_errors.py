@@ -13,6 +13,7 @@ import pickle
 import shutil
 import struct
 import threading
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ from reference import (
     CorruptCheckpoint,
     FlatRange,
     HeaderTooLarge,
+    MalformedMetadata,
     Mesh,
     MissingSlices,
     MissingTensor,
@@ -45,6 +47,8 @@ from reference import (
     flat_group,
 )
 from reference.commit import pointer_text
+from reference.index import encode_index
+from reference.stio import SafetensorsReader
 
 MESH2 = Mesh((2,))
 LAYOUTS = {"w": Sharded(MESH2, (Shard(0),)), "b": Sharded(MESH2, (Replicate(),))}
@@ -90,11 +94,13 @@ def good(tmp_path: Path) -> tuple[Path, Path, dict[str, Tensor]]:
 
 
 def read_index(ckpt: Path) -> dict:
-    return json.loads((ckpt / "index.json").read_bytes())
+    """The index body (index.json is a checksummed envelope around it)."""
+    return json.loads((ckpt / "index.json").read_bytes())["body"]
 
 
 def write_index(ckpt: Path, data: dict) -> None:
-    (ckpt / "index.json").write_text(json.dumps(data))
+    """Rewrite the index with a valid checksum, so only the edited content is wrong."""
+    (ckpt / "index.json").write_bytes(encode_index(data))
 
 
 def slice_record(index: dict, key: str) -> dict:
@@ -241,13 +247,12 @@ def test_duplicated_slice_is_overlapping(good) -> None:
     raises_exactly(OverlappingSlices, lambda: R.load_global(root), str(ckpt / "index.json"), "'w'", "overlap")
 
 
-def test_enlarged_box_is_overlapping(good) -> None:
+def test_shifted_box_is_overlapping(good) -> None:
     root, ckpt, _ = good
     index = read_index(ckpt)
     rec = slice_record(index, "w#1")
     assert rec["region"] == {"box": {"offsets": [4, 0], "shape": [4, 4]}}
-    rec["region"] = {"box": {"offsets": [3, 0], "shape": [5, 4]}}
-    rec["nbytes"] = 5 * 4 * 4  # keep the record self-consistent so only the cover is wrong
+    rec["region"] = {"box": {"offsets": [3, 0], "shape": [4, 4]}}  # same bytes and volume: only the cover is wrong
     write_index(ckpt, index)
     raises_exactly(OverlappingSlices, lambda: R.load_global(root), str(ckpt / "index.json"), "'w'", "overlap at [3, 0]")
 
@@ -445,13 +450,15 @@ def test_truncated_data_file(good) -> None:
     path = ckpt / RANK1
     size = path.stat().st_size
     os.truncate(path, size - 4)
-    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root), str(path), "'w#1'", f"{size - 4}-byte file")
+    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root), str(path), f"file is {size - 4} bytes", f"{size}")
 
 
 def test_file_shorter_than_a_header(good) -> None:
     root, ckpt, _ = good
     os.truncate(ckpt / RANK1, 5)
-    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root), str(ckpt / RANK1), "too short")
+    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root), str(ckpt / RANK1), "file is 5 bytes")
+    # Read without an index to compare with (its size check comes first), the header itself is too short.
+    raises_exactly(CorruptCheckpoint, lambda: SafetensorsReader(ckpt / RANK1), str(ckpt / RANK1), "too short")
 
 
 def test_appended_garbage(good) -> None:
@@ -472,7 +479,13 @@ def test_header_json_garbage(good) -> None:
     (length,) = struct.unpack("<Q", raw[:8])
     garbage = b"{not json" + b"#" * (length - 9)
     path.write_bytes(raw[:8] + garbage + raw[8 + length :])
-    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root), str(path), "header is not valid JSON")
+    # The index's checksum of the header is verified before a byte of the header is parsed ...
+    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root), str(path), "header checksum mismatch")
+    index = read_index(ckpt)
+    index["files"][RANK0]["header_crc32"] = zlib.crc32(raw[:8] + garbage)
+    write_index(ckpt, index)
+    # ... and a header whose checksum was forged is still parsed strictly.
+    raises_exactly(MalformedMetadata, lambda: R.load_global(root), str(path), "header is not valid JSON")
 
 
 def test_header_rewritten_as_other_valid_json(good) -> None:
@@ -495,7 +508,7 @@ def test_malformed_index_record(good) -> None:
     index = read_index(ckpt)
     slice_record(index, "w#0")["nbytes"] = -1
     write_index(ckpt, index)
-    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root), str(ckpt / "index.json"), "malformed index")
+    raises_exactly(MalformedMetadata, lambda: R.load_global(root), str(ckpt / "index.json"), "nbytes = -1")
 
 
 @pytest.mark.parametrize("by_name", [False, True])
@@ -505,7 +518,9 @@ def test_index_not_json_is_corrupt(good, by_name: bool) -> None:
     root, ckpt, _ = good
     (ckpt / "index.json").write_bytes(b"{this is not json")
     kwargs = {"name": "a"} if by_name else {}
-    raises_exactly(CorruptCheckpoint, lambda: R.load_global(root, **kwargs), str(ckpt / "index.json"), "JSON")
+    raises_exactly(
+        MalformedMetadata, lambda: R.load_global(root, **kwargs), str(ckpt / "index.json"), "checksummed envelope"
+    )
 
 
 # --- TargetMismatch / MissingTensor / CheckpointNotFound / CheckpointExists --------------------------------
@@ -573,6 +588,50 @@ def test_the_marker_protocol_refuses_to_save_a_name_again(tmp_path: Path) -> Non
     )
     assert R.read_latest(root) == "a"
     assert_same(first, R.load_global(root))  # never overwritten in place
+
+
+# --- manifests: the coordinator trusts nothing a rank wrote ------------------------------------------------
+
+
+def _staged(tmp_path: Path) -> tuple[Path, str, Path]:
+    """Two ranks staged, not committed: (root, save id, rank 1's manifest)."""
+    root = tmp_path / "root"
+    sid = R.new_save_id()
+    for rank in range(2):
+        R.save_rank(root, "a", sid, rank, 2, R.local_tensors(make_state(), LAYOUTS, rank))
+    return root, sid, root / f".staging-a-{sid}" / "rank-00001.manifest.json"
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda raw: raw[:40] + bytes([raw[40] ^ 1]) + raw[41:], "fails its checksum"),
+        (lambda raw: encode_index([1, 2]), "manifest is a list"),
+        (lambda raw: encode_index({**json.loads(raw)["body"], "tensors": []}), "manifest.tensors is a list"),
+        (lambda raw: encode_index({**json.loads(raw)["body"], "rank": 0}), "describes rank 0"),
+        (lambda raw: encode_index({**json.loads(raw)["body"], "size": True}), "manifest.size is a boolean"),
+        (lambda raw: b"[" * 100_000, "not a checksummed envelope"),
+    ],
+)
+def test_hostile_manifest_fails_the_commit_typed(tmp_path: Path, edit, needle: str) -> None:
+    root, sid, manifest = _staged(tmp_path)
+    manifest.write_bytes(edit(manifest.read_bytes()))
+    raises_exactly(MalformedMetadata, lambda: R.commit(root, "a", sid, 2), str(manifest), needle)
+    assert R.committed_checkpoints(root) == {}
+
+
+def test_meta_the_reader_would_refuse_is_refused_at_save(tmp_path: Path) -> None:
+    """The commit parses its index back as a load reads it, so nothing unloadable is ever published."""
+    root = tmp_path / "root"
+    deep: dict = {}
+    for _ in range(40):
+        deep = {"x": deep}
+    raises_exactly(MalformedMetadata, lambda: R.save(root, make_state(), LAYOUTS, name="a", meta=deep), "deeper")
+    raises_exactly(MalformedMetadata, lambda: R.save(root, make_state(), LAYOUTS, name="a", meta={"n": 10**30}),
+                   "digits")
+    with pytest.raises(R.LayoutError, match="finite"):
+        R.save(root, make_state(), LAYOUTS, name="a", meta={"loss": float("nan")})
+    assert R.committed_checkpoints(root) == {}
 
 
 # --- never unpickles ---------------------------------------------------------------------------------------
