@@ -27,12 +27,13 @@ from .errors import (
     MalformedMetadata,
     MissingSlices,
     MissingTensor,
+    SliceOutOfRange,
     TargetMismatch,
 )
 from .fsutil import read_small_file, write_durable
 from .index import FORMAT, INDEX_NAME, VERSION, Index, SliceRecord, check_safe_name, encode_index, parse_index
 from .layout import Box, FlatRange, Region, TensorLayout
-from .regions import copy_between, intersect_boxes, needed_runs, strides
+from .regions import check_in_range, copy_between, intersect_boxes, needed_runs, strides
 from .stio import DEFAULT_BLOCK, Entry, SafetensorsReader, write_file
 from .strictjson import Record, loads, seal, unseal
 from .tensor import Tensor
@@ -457,6 +458,10 @@ def _load(ckpt: Path, index: Index, targets: Mapping[str, Target]) -> dict[str, 
                     f"{target.dtype.name}{list(target.global_shape)}",
                     ckpt,
                 )
+            try:  # the caller's region, checked before anything is allocated for it
+                check_in_range(tname, meta.shape, target.region)
+            except SliceOutOfRange as exc:
+                raise TargetMismatch(f"target {exc}", ckpt) from None
             out[tname] = _fill(files, tname, target, index.by_tensor.get(tname, []), index.block)
         return out
     finally:

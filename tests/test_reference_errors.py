@@ -542,6 +542,16 @@ def test_target_with_wrong_shape(good) -> None:
     raises_exactly(TargetMismatch, lambda: R.load_rank(root, spec, LAYOUTS, 0), str(ckpt), "'b'", "I64[7]")
 
 
+@pytest.mark.parametrize("region", [Box((6, 0), (4, 4)), Box((-1, 0), (2, 4)), Box((0,), (8,)), FlatRange(30, 40),
+                                    FlatRange(5, 3), Box((0, 0), (2**40, 4))])
+def test_target_region_out_of_range_is_refused_before_allocating(good, region) -> None:
+    """A caller's region outside the tensor (or of the wrong rank) is its mistake, said before any buffer is made
+    (a 2**40-row region would otherwise allocate a TiB)."""
+    root, ckpt, _ = good
+    target = {"w": Target(R.dtype("F32"), (8, 4), region)}
+    raises_exactly(TargetMismatch, lambda: R.load(root, target), str(ckpt), "'w'", "out of range")
+
+
 def test_missing_tensor(good) -> None:
     root, ckpt, _ = good
     target = {"nope": Target(R.dtype("F32"), (2,), Box((0,), (2,)))}
