@@ -244,7 +244,7 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
     if campaign.fatal is not None and not total:
         raise campaign.fatal
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = write_results(campaign, args.out, extra=_repro_of if args.repro else None)
+    rows = write_results(campaign, args.out, extra=(lambda path: _repro_of(path, args.launch)) if args.repro else None)
     if campaign.corpus is not None:
         for finding, row in zip(campaign.findings, rows):
             campaign.corpus.keep(campaign.sut, finding.bucket, row)
@@ -278,12 +278,14 @@ def _fleet(args: argparse.Namespace) -> int:
     return 1 if any(b["status"].startswith("new") for b in summary["buckets"]) else 0
 
 
-def _repro_of(path: Path) -> dict:
-    """The standalone repro of one new finding, beside the findings (simplified, then verified in fresh processes);
-    its folder and verification go into the finding file and its row."""
+def _repro_of(path: Path, launch: str) -> dict:
+    """The standalone repro of one new finding, beside the findings (simplified, then verified in fresh processes
+    where its world fits real ranks here); its folder and verification go into the finding file and its row."""
+    from .fidelity import REAL_MAX
     from .repro import make_repro
 
-    summary = make_repro(path, path.parent.parent / "repro" / path.stem)
+    summary = make_repro(path, path.parent.parent / "repro" / path.stem,
+                         launch="virtual" if launch == "virtual" else "fresh", verify_max_ranks=REAL_MAX)
     print(f"{path.name}: " + (f"no standalone repro ({summary['unsupported']})" if "unsupported" in summary else
                               f"standalone repro standalone_verified={str(summary['standalone_verified']).lower()}"),
           file=sys.stderr)

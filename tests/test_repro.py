@@ -100,10 +100,10 @@ def test_a_run_shows_the_finding_only_the_way_its_verdict_says(status, output, v
 
 def test_simplification_keeps_only_changes_that_still_fail() -> None:
     case = _case("paddle-dcp-zero-size-safetensors")  # safetensors; pickle loads it
-    stays_safetensors = lambda c, f: c.options.get("format") == "safetensors"  # noqa: E731
-    simpler, kept, tried = simplify(case, {}, stays_safetensors)
+    stays_safetensors = lambda c, f, launch: c.options.get("format") == "safetensors"  # noqa: E731
+    simpler, kept, tried = simplify(case, {}, "fresh", stays_safetensors)
     assert simpler == case and kept == [] and "pickle instead of safetensors" in tried
-    simpler, kept, _ = simplify(case, {}, lambda c, f: True)
+    simpler, kept, _ = simplify(case, {}, "fresh", lambda c, f, launch: True)
     assert simpler.options["format"] == "pickle" and kept == ["pickle instead of safetensors"]
 
 

@@ -127,7 +127,8 @@ def _virtual_campaign(tmp_path, ranks: int, seconds: int) -> dict:
     from harness.cli import main
 
     code = main(["fuzz", "--sut", SUT, "--launch", "virtual", "--ranks", str(ranks), "--time", str(seconds),
-                 "--seed", "1", "--property", "P-ROUNDTRIP", "--property", "P-RESHARD", "--out", str(tmp_path)])
+                 "--seed", "1", "--property", "P-ROUNDTRIP", "--property", "P-RESHARD", "--out", str(tmp_path),
+                 "--no-repro"])  # the campaign is under test here; repros: tests/test_repro.py
     assert code in (0, 1), (tmp_path / "report.md").read_text()
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["launch_mode"] == "virtual" and sum(summary["cases_run"].values()) > 0

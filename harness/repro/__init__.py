@@ -27,10 +27,14 @@ __all__ = ["ReproUnsupported", "check_repro", "make_repro"]
 
 
 def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bool = True,
-               update_finding: bool = True) -> dict:
+               update_finding: bool = True, launch: str | None = None, verify_max_ranks: int | None = None) -> dict:
     """Write ``out``/{repro.py, run.sh, REPORT.md, repro.json} for the finding or case at ``path``; the summary is
-    returned and, for a finding file, ``repro`` and ``standalone_verified`` are written into it."""
+    returned and, for a finding file, ``repro`` and ``standalone_verified`` are written into it. ``launch``: how the
+    harness judges the case while simplifying (default: the finding's own, else fresh ranks; a virtual campaign's
+    findings are judged on virtual ranks); ``verify_max_ranks``: a script needing more processes is written but not
+    run (a campaign on a small machine leaves that to ``ckpt-harness repro``)."""
     case, finding = read_case_file(path)
+    launch = launch or finding.get("launch", "fresh")
     verdict = finding.get("verdict", "")
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"source": str(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
@@ -39,10 +43,10 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
         check_supported(case)
         if simplify_first and verdict:
-            case, kept, tried = simplify(case, finding)
+            case, kept, tried = simplify(case, finding, launch)
             summary["simplifications_tried"] = tried
         summary["simplified"] = kept
-        judgement, outcome = judged(case, finding.get("launch", "fresh"))
+        judgement, outcome = judged(case, launch)
         op = reported_op(judgement.details, _expected_words(finding, judgement.verdict.value))
         failed = frozenset(r.index for r in outcome.records if not r.ok and op is not None and r.index < op)
         summary.update(step=op, harness_verdict=judgement.verdict.value)
@@ -54,7 +58,10 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         (out / "run.sh").write_text(run_sh(plan), encoding="utf-8")
         os.chmod(out / "run.sh", 0o755)
         summary.update(phases=len(plan.phases), ranks=plan.max_world, case=case.to_json())
-        result = check_repro(out, verdict, op) if verify else None
+        too_big = verify_max_ranks is not None and plan.max_world > verify_max_ranks
+        if too_big:
+            summary["how"] = f"not run: {plan.max_world} processes (more than {verify_max_ranks} here)"
+        result = check_repro(out, verdict, op) if verify and not too_big else None
     except ReproUnsupported as exc:
         summary["unsupported"] = str(exc)
         result = None

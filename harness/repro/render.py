@@ -179,6 +179,7 @@ def run_sh(plan: Plan) -> str:
         'cd "$(dirname "$0")"',
         'WORK=$(mktemp -d)',
         "trap 'rm -rf \"$WORK\"' EXIT",
+        'export TMPDIR="$WORK"  # temporary files of the launchers and frameworks go with it',
         "",
         "launch() {  # launch PHASE NPROC",
         '  if [ "$2" -eq 1 ]; then',
@@ -225,7 +226,10 @@ def damage(kinds: set[str]) -> str:
             {EDITS[kind]}
 """ for i, kind in enumerate(sorted(kinds)))
     return f'''def damage(edits):
-    """Change the checkpoint's files as listed (rank 0 does it, the others wait): done between two steps."""
+    """Change the checkpoint's files as listed, between two steps: every rank has finished the step before (a save
+    may return on one rank before another has written its file), rank 0 edits, the others wait."""
+    if dist.is_initialized():
+        dist.barrier()
     for e in edits if RANK == 0 else ():
         path = os.path.join(ROOT, e["path"])
 {branches}    if dist.is_initialized():

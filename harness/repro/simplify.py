@@ -52,17 +52,17 @@ def judged(case: Case, launch: str = "fresh") -> tuple[Judgement, Outcome]:
         judge.close()
 
 
-def fails_alike(case: Case, finding: dict) -> bool:
-    """The case, judged in fresh processes, fails one of the ways the finding lists (verdict and words)."""
-    judgement = judged(case, finding.get("launch", "fresh"))[0]
+def fails_alike(case: Case, finding: dict, launch: str = "fresh") -> bool:
+    """The case, judged on ``launch`` ranks, fails one of the ways the finding lists (verdict and words)."""
+    judgement = judged(case, launch)[0]
     text = "\n".join(judgement.details)
     return any(judgement.verdict.value == way["verdict"] and way.get("expect", "") in text
                for way in (finding, *finding.get("or", [])))
 
 
-def simplify(case: Case, finding: dict, still_fails: Callable[[Case, dict], bool] = fails_alike
-             ) -> tuple[Case, list[str], list[str]]:
-    """(the simplest case that still fails alike, the simplifications kept, every one tried)."""
+def simplify(case: Case, finding: dict, launch: str = "fresh",
+             still_fails: Callable[[Case, dict, str], bool] = fails_alike) -> tuple[Case, list[str], list[str]]:
+    """(the simplest case that still fails alike on ``launch`` ranks, the simplifications kept, every one tried)."""
     kept: list[str] = []
     tried: list[str] = []
     for label, variant in VARIANTS:
@@ -70,7 +70,7 @@ def simplify(case: Case, finding: dict, still_fails: Callable[[Case, dict], bool
         if candidate is None or candidate == case:
             continue
         tried.append(label)
-        if still_fails(candidate, finding):
+        if still_fails(candidate, finding, launch):
             case = candidate
             kept.append(label)
     return case, kept, tried

@@ -99,7 +99,10 @@ def load(name, pieces):
     return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
 
 def damage(edits):
-    """Change the checkpoint's files as listed (rank 0 does it, the others wait): done between two steps."""
+    """Change the checkpoint's files as listed, between two steps: every rank has finished the step before (a save
+    may return on one rank before another has written its file), rank 0 edits, the others wait."""
+    if dist.is_initialized():
+        dist.barrier()
     for e in edits if RANK == 0 else ():
         path = os.path.join(ROOT, e["path"])
         if e["kind"] == 'lose_data':

@@ -8,6 +8,7 @@ set -u
 cd "$(dirname "$0")"
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
+export TMPDIR="$WORK"  # temporary files of the launchers and frameworks go with it
 
 launch() {  # launch PHASE NPROC
   if [ "$2" -eq 1 ]; then
