@@ -12,6 +12,8 @@ import dataclasses
 import json
 import os
 import re
+import sys
+import sysconfig
 from pathlib import Path
 
 from properties.case import Case, Op, read_case_file
@@ -37,7 +39,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     launch = launch or finding.get("launch", "fresh")
     verdict = finding.get("verdict", "")
     out.mkdir(parents=True, exist_ok=True)
-    summary: dict = {"source": str(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
+    summary: dict = {"source": _shown_path(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
     kept: list[str] = []
     try:
         emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
@@ -69,7 +71,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
             (out / name).unlink(missing_ok=True)
     if result is not None:
         summary.update(result.to_json())
-        summary["output"] = _excerpt(result.output)
+        summary["output"] = portable(_excerpt(result.output))
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     (out / "REPORT.md").write_text(report_md(summary, finding, out), encoding="utf-8")
     if update_finding and finding:
@@ -126,6 +128,23 @@ def _title(path: Path, finding: dict, case: Case) -> str:
     note = (finding.get("note") or finding.get("expect") or "").split(". ")[0].strip()
     head = f"{case.sut}: {finding.get('verdict', 'failure')} in {finding.get('property', case.property)}"
     return f"{head} ({path.stem})" + (f"\n\n{note}." if note else "")
+
+
+def _shown_path(path: Path) -> str:
+    """The finding as a reader of the repro finds it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
+def portable(text: str) -> str:
+    """Output with this machine's paths made neutral: the interpreter's packages, its prefix, the home directory,
+    and run.sh's temporary work directory (a report names what happened, not where it ran)."""
+    for where, shown in ((sysconfig.get_paths()["purelib"], "site-packages"), (sys.prefix, "<python>"),
+                         (os.path.expanduser("~"), "~")):
+        text = text.replace(where, shown)
+    return re.sub(r"\S*/tmp\.\w{6,}", "$WORK", text)
 
 
 def _excerpt(output: str, lines: int = 30) -> str:
