@@ -107,6 +107,19 @@ def test_simplification_keeps_only_changes_that_still_fail() -> None:
     assert simpler.options["format"] == "pickle" and kept == ["pickle instead of safetensors"]
 
 
+def test_a_report_names_no_path_of_the_machine_that_wrote_it() -> None:
+    import sys
+    import sysconfig
+
+    from harness.repro import portable
+
+    raw = (f"File \"{sysconfig.get_paths()['purelib']}/paddle/x.py\", line 3\n{sys.prefix}/bin/python\n"
+           "== /tmp/ckh-tests-ab/tmp.Zx81kQ02aa/log0/workerlog.1")
+    shown = portable(raw)
+    assert "site-packages/paddle/x.py" in shown and "$WORK/log0/workerlog.1" in shown
+    assert sys.prefix not in shown and "/tmp/" not in shown
+
+
 def test_the_reported_op_is_read_from_the_judgement() -> None:
     assert reported_op(["acknowledged version 1 (op 2) no longer loads: op 4 (load step-1): x"]) == 4
     assert reported_op(["nothing here"]) is None
