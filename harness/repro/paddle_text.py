@@ -5,6 +5,10 @@ The text is what a Paddle maintainer reads, so it uses only Paddle's public API 
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..sut._paddle_common import carriers as paddle_carriers
+
 IMPORTS = """import os
 import sys
 import traceback
@@ -25,13 +29,9 @@ if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
 RANK = dist.get_rank()
 """
 
-# numpy dtype Paddle reads bit for bit, and the paddle dtype to view it as where numpy has none
-CARRIERS = {
-    "F64": ("float64", None), "F32": ("float32", None), "F16": ("float16", None), "BF16": ("uint16", None),
-    "F8_E4M3": ("uint8", "float8_e4m3fn"), "F8_E5M2": ("uint8", "float8_e5m2"), "I64": ("int64", None),
-    "I32": ("int32", None), "I16": ("int16", None), "I8": ("int8", None), "U8": ("uint8", None),
-    "BOOL": ("uint8", "bool"),
-}
+# The adapter's own table (harness/sut/_paddle_common.py), as the script spells it: the numpy dtype Paddle reads bit
+# for bit, and the paddle dtype to view it as where numpy has none.
+CARRIERS = {code: (np.dtype(carrier).name, view) for code, (_, carrier, view) in paddle_carriers().items()}
 
 TENSORS = '''def tensor(p, zero=False):
     """A paddle tensor holding the piece's exact bits (or zeros of its dtype and shape: a load target)."""
@@ -60,9 +60,7 @@ def carriers(dtypes: set[str]) -> str:
     return f"CARRIERS = {{{rows}}}  # numpy dtype Paddle reads bit for bit, and the paddle dtype to view it as\n"
 
 
-DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
-                "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-                "U8": "uint8", "BOOL": "bool"}
+DTYPE_NAMES = {code: name for code, (name, _, _) in paddle_carriers().items()}  # as Paddle prints them
 
 
 WHY = ("CPU shims: on a CPU-only Paddle wheel repro.py turns Tensor.cuda() into a CPU copy and",

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
+from ..sut.torch_dcp import carriers as torch_carriers
+
 IMPORTS = """import datetime
 import os
 import sys
@@ -21,17 +25,11 @@ else:  # one plain process: a world of one (DTensors need a process group)
 RANK = dist.get_rank()
 """
 
-# numpy dtype torch reads bit for bit, and the torch dtype to view it as where numpy has none
-CARRIERS = {
-    "F64": ("float64", None), "F32": ("float32", None), "F16": ("float16", None), "BF16": ("int16", "bfloat16"),
-    "F8_E4M3": ("uint8", "float8_e4m3fn"), "F8_E5M2": ("uint8", "float8_e5m2"), "I64": ("int64", None),
-    "I32": ("int32", None), "I16": ("int16", None), "I8": ("int8", None), "U8": ("uint8", None),
-    "BOOL": ("uint8", "bool"),
-}
-
-DTYPE_NAMES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn",
-               "F8_E5M2": "float8_e5m2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
-               "U8": "uint8", "BOOL": "bool"}
+# The adapter's own table (harness/sut/torch_dcp.py), as the script spells it: the numpy dtype torch reads bit for
+# bit, and the torch dtype to view it as where numpy has none; and the names torch prints.
+CARRIERS = {code: (np.dtype(carrier).name, None if np.dtype(carrier).name == name else name)
+            for code, (name, carrier) in torch_carriers().items()}
+DTYPE_NAMES = {code: name for code, (name, _) in torch_carriers().items()}
 
 
 def carriers(dtypes: set[str]) -> str:

@@ -48,6 +48,11 @@ _shims: list[str] | None = None
 _shim_lock = threading.Lock()
 
 
+def carriers() -> dict[str, tuple[str, str, str | None]]:
+    """dtype code -> (paddle dtype name, numpy carrier, paddle dtype to view it as): what repro scripts spell out."""
+    return dict(_CARRIERS)
+
+
 def paddle_dtype_name(dt: DType) -> str:
     if dt.name not in _CARRIERS:
         raise NotImplementedError(f"Paddle 3.3.1 has no tensor dtype for {dt.name}")

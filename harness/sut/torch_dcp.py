@@ -58,6 +58,11 @@ EXECUTORS = ("thread", "process")
 COLLECTIVE_TIMEOUT = 30.0
 
 
+def carriers() -> dict[str, tuple[str, str]]:
+    """dtype code -> (torch dtype name, numpy carrier): what repro scripts spell out."""
+    return dict(_CARRIERS)
+
+
 @dataclass
 class TorchHandle:
     """One save: the local tensors handed to DCP (for ``mutate``) and, for async, DCP's future."""
