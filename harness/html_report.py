@@ -88,9 +88,14 @@ def _fleet(s: dict) -> str:
     return (f"<h2>Fleet</h2><p>{f['wall_s']} s wall, {f['inside_shards_s']} s with a shard running: "
             f"<b>fleet overhead {f['overhead_s']} s</b> (Ray start {f['ray_start_s']} s, merge {f.get('merge_s', '-')}"
             f" s); {escape(str(f['ray']))}; plan {escape(str(f.get('plan', '-')))}.</p>"
-            "<table id=shards><thead><tr><th>shard</th><th>SUT</th><th>ranks</th><th>device</th><th>seed</th>"
-            "<th>status</th><th>attempts</th><th data-sort>seconds</th><th data-sort>cases</th><th>new buckets</th>"
-            f"<th>what went wrong</th></tr></thead><tbody>{rows}</tbody></table>")
+            + _table("shards", ["shard", "SUT", "ranks", "device", "seed", "status", "attempts", "#seconds", "#cases",
+                                "new buckets", "what went wrong"], rows))
+
+
+def _table(tid: str, headers: list[str], body: str) -> str:
+    """One table of the page; a header written "#name" is one the page's script sorts numerically (data-sort)."""
+    head = "".join(f"<th data-sort>{h[1:]}</th>" if h.startswith("#") else f"<th>{h}</th>" for h in headers)
+    return f"<table id={tid}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def _attempts(attempts: list[dict]) -> str:
@@ -121,9 +126,9 @@ def _buckets(s: dict, out: Path | None) -> str:
             f"<td>{escape(', '.join(b.get('shards', [])) or '-')}</td>"
             f"<td>{escape(b.get('smallest') or '-')}</td><td>{_verdict(b.get('verdict'))}</td>"
             f"<td>{_link(b.get('replay'), out)}</td><td>{_repro(b, out)}</td></tr>")
-    return ("<h2>Buckets (one root cause each)</h2><table id=buckets><thead><tr><th>bucket</th><th>new/known</th>"
-            "<th>first seen</th><th data-sort>cases hit</th><th>shards</th><th>smallest case</th><th>verdict</th>"
-            f"<th>replay</th><th>standalone repro</th></tr></thead><tbody>{''.join(body)}</tbody></table>")
+    return "<h2>Buckets (one root cause each)</h2>" + _table(
+        "buckets", ["bucket", "new/known", "first seen", "#cases hit", "shards", "smallest case", "verdict", "replay",
+                    "standalone repro"], "".join(body))
 
 
 def _verdict(v: str | None) -> str:
@@ -179,8 +184,8 @@ def _per(s: dict) -> str:
                        f"{cases.get(p, 0)}</td><td class=n>{secs.get(p, '-')}</td></tr>" for p in props)
         skipped = "".join(f"<tr><td>{escape(p)}</td><td colspan=2 class=muted>skipped: {escape(why)}</td></tr>"
                           for p, why in s.get("skipped_properties", {}).items())
-        out += ("<h2>Cases and seconds per property</h2><table id=properties><thead><tr><th>property</th>"
-                f"<th data-sort>cases</th><th data-sort>seconds</th></tr></thead><tbody>{rows}{skipped}</tbody></table>"
+        out += ("<h2>Cases and seconds per property</h2>"
+                + _table("properties", ["property", "#cases", "#seconds"], rows + skipped)
                 + _bars({p: cases.get(p, 0) for p in props}, "cases", "#42a5f5")
                 + _bars({p: secs.get(p, 0) for p in props if p in secs}, "s", "#90a4ae"))
     swarm = s.get("swarm_per_feature", {})
@@ -188,8 +193,8 @@ def _per(s: dict) -> str:
         rows = "".join(f"<tr class=feature><td>{escape(f)}</td><td class=n>{v['cases']}</td><td class=n>"
                        f"{v['seconds']}</td></tr>" for f, v in swarm.items())
         out += ("<h2>Cases and seconds per swarm feature</h2><p class=muted>Cases of the batches that left the "
-                "feature out (properties/swarm.py).</p><table id=swarm><thead><tr><th>left out</th>"
-                f"<th data-sort>cases</th><th data-sort>seconds</th></tr></thead><tbody>{rows}</tbody></table>"
+                "feature out (properties/swarm.py).</p>"
+                + _table("swarm", ["left out", "#cases", "#seconds"], rows)
                 + _bars({f: v["cases"] for f, v in swarm.items()}, "cases", "#66bb6a"))
     return out
 
@@ -259,8 +264,7 @@ def _crash_table(results: list[dict] | None) -> str:
     rows = "".join(f"<tr class=crash data-verdict='{escape(str(r.get('verdict')))}'><td>{escape(r['kind'])}</td>"
                    f"<td>{escape(r['label'])}</td><td>{_verdict(r.get('verdict'))}</td>"
                    f"<td>{escape(r.get('detail') or '')}</td></tr>" for r in results)
-    return ("<h2>Crash points and states</h2><table id=crashes><thead><tr><th>kind</th><th>where</th>"
-            f"<th>verdict</th><th>details</th></tr></thead><tbody>{rows}</tbody></table>")
+    return "<h2>Crash points and states</h2>" + _table("crashes", ["kind", "where", "verdict", "details"], rows)
 
 
 def _trends(s: dict) -> str:
@@ -284,8 +288,7 @@ def _trends(s: dict) -> str:
     return (f"<h2>Trends across nights</h2><svg width={20 + w * len(nights)} height={mid + 80} role=img>"
             f"<line x1=0 x2={20 + w * len(nights)} y1={mid} y2={mid} stroke='#999'/>{''.join(bars)}</svg>"
             "<p class=muted>Red up: buckets opened that night; green down: closed; dot: failing.</p>"
-            "<table id=trends><thead><tr><th>night</th><th>cases</th><th>failing</th><th>opened</th><th>closed</th>"
-            f"</tr></thead><tbody>{rows}</tbody></table>")
+            + _table("trends", ["night", "cases", "failing", "opened", "closed"], rows))
 
 
 def _findings(rows: list[dict], out: Path | None) -> str:
@@ -294,5 +297,4 @@ def _findings(rows: list[dict], out: Path | None) -> str:
     body = "".join(f"<tr class=finding><td>{escape(r['property'])}</td><td>{escape(r['sut'])}</td>"
                    f"<td>{_verdict(r['verdict'])}</td><td>{escape(r['error'][:300])}</td>"
                    f"<td>{_link(r.get('replay'), out)}</td></tr>" for r in rows)
-    return ("<h2>New findings</h2><table id=findings><thead><tr><th>property</th><th>SUT</th><th>verdict</th>"
-            f"<th>error</th><th>replay</th></tr></thead><tbody>{body}</tbody></table>")
+    return "<h2>New findings</h2>" + _table("findings", ["property", "SUT", "verdict", "error", "replay"], body)
