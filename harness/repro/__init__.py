@@ -59,7 +59,8 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         (out / "repro.py").write_text(repro_py(plan, title, source), encoding="utf-8")
         (out / "run.sh").write_text(run_sh(plan), encoding="utf-8")
         os.chmod(out / "run.sh", 0o755)
-        summary.update(phases=len(plan.phases), ranks=plan.max_world, case=case.to_json())
+        summary.update(phases=len(plan.phases), ranks=plan.max_world, case=case.to_json(),
+                       launches=[[phase.world, [step.label for step in phase.steps]] for phase in plan.phases])
         too_big = verify_max_ranks is not None and plan.max_world > verify_max_ranks
         if too_big:
             summary["how"] = f"not run: {plan.max_world} processes (more than {verify_max_ranks} here)"
@@ -73,7 +74,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         summary.update(result.to_json())
         summary["output"] = portable(_excerpt(result.output))
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    (out / "REPORT.md").write_text(report_md(summary, finding, out), encoding="utf-8")
+    (out / "REPORT.md").write_text(report_md(summary, finding), encoding="utf-8")
     if update_finding and finding:
         finding["repro"] = os.path.relpath(out, path.parent)
         finding["standalone_verified"] = summary["standalone_verified"]

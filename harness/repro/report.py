@@ -24,7 +24,7 @@ def versions(sut: str) -> str:
     return ", ".join(found)
 
 
-def report_md(summary: dict, finding: dict, folder: Path) -> str:
+def report_md(summary: dict, finding: dict) -> str:
     stem = Path(summary["source"]).stem
     title = f"[{summary['sut']}] {finding.get('property', '')} {summary.get('verdict', '')}: {stem}"
     cause = finding.get("note") or finding.get("why") or ""
@@ -36,7 +36,7 @@ def report_md(summary: dict, finding: dict, folder: Path) -> str:
         verified = "yes" if summary.get("standalone_verified") else "no"
         lines += [f"**Standalone verified:** {verified} (run in fresh processes: {summary.get('how', 'not run')}, "
                   f"exit status {summary.get('status', '-')})", "",
-                  "## What the user does", "", _steps(folder), "",
+                  "## What the user does", "", _steps(summary.get("launches", [])), "",
                   "## What they expect", "",
                   "Every step succeeds and every load gives back, bit for bit, the tensors that were saved.", "",
                   "## What happens", "", "```", summary.get("output", "(not run)"), "```", "",
@@ -50,14 +50,11 @@ def report_md(summary: dict, finding: dict, folder: Path) -> str:
     return "\n".join(lines)
 
 
-def _steps(folder: Path) -> str:
-    """The script's named steps, in order, as a list."""
-    script = (folder / "repro.py").read_text(encoding="utf-8") if (folder / "repro.py").is_file() else ""
-    steps = re.findall(r"run\('(step \d+: [^']*)'", script)
-    phases = re.findall(r"PHASE == (\d+):  # (\d+) process", script)
-    head = f"{len(phases)} launch(es) of fresh processes" + (
-        " (" + ", ".join(f"{n} process(es)" for _, n in phases) + ")" if phases else "")
-    return head + ":\n\n" + "\n".join(f"1. {s}" for s in steps)
+def _steps(launches: list) -> str:
+    """The script's named steps, in order, as a list under the launches that run them."""
+    head = f"{len(launches)} launch(es) of fresh processes" + (
+        " (" + ", ".join(f"{n} process(es)" for n, _ in launches) + ")" if launches else "")
+    return head + ":\n\n" + "\n".join(f"1. {label}" for _, labels in launches for label in labels)
 
 
 def _with_sources(text: str) -> str:
