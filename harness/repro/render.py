@@ -161,8 +161,8 @@ def _call(step: Step) -> str:
     data = f"DATA[{step.table[0]!r}, {step.table[1]}][RANK]" if step.table else "{}"
     name = repr(step.name)
     if step.kind == "save":
-        flags = "".join(f", {k}=True" for k in ("use_async", "mutate_after", "detach") if getattr(step, k))
-        flags = flags.replace("use_async", "async_save")
+        keywords = (("use_async", "async_save"), ("mutate_after", "mutate_after"), ("detach", "detach"))
+        flags = "".join(f", {kw}=True" for field, kw in keywords if getattr(step, field))
         return f"run({label}, save, {name}, {data}{flags}{err})"
     return f"run({label}, load, {name}, {data}{err})"
 
