@@ -284,8 +284,13 @@ def _repro_of(path: Path, launch: str) -> dict:
     from .fidelity import REAL_MAX
     from .repro import make_repro
 
-    summary = make_repro(path, path.parent.parent / "repro" / path.stem,
-                         launch="virtual" if launch == "virtual" else "fresh", verify_max_ranks=REAL_MAX)
+    try:
+        summary = make_repro(path, path.parent.parent / "repro" / path.stem,
+                             launch="virtual" if launch == "virtual" else "fresh", verify_max_ranks=REAL_MAX)
+    except Exception as exc:  # the harness's failure, never the finding's: the campaign's results are still written
+        why = error_line(exc)
+        print(f"{path.name}: no standalone repro: the harness failed writing it ({why})", file=sys.stderr)
+        return {"standalone_verified": False, "repro_error": why}
     print(f"{path.name}: " + (f"no standalone repro ({summary['unsupported']})" if "unsupported" in summary else
                               f"standalone repro standalone_verified={str(summary['standalone_verified']).lower()}"),
           file=sys.stderr)

@@ -146,6 +146,21 @@ def test_a_sut_without_scripts_gets_a_report_saying_so(tmp_path: Path, capsys) -
     assert updated["standalone_verified"] is False and updated["repro"] == "r"
 
 
+def test_a_repro_the_harness_fails_to_write_never_costs_the_campaigns_results(tmp_path: Path, monkeypatch,
+                                                                           capsys) -> None:
+    import harness.repro as repro
+    from harness.cli import _repro_of
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(repro, "make_repro", broken)
+    row = _repro_of(tmp_path / "000-P-X-sut.json", "pool")
+    assert row == {"standalone_verified": False, "repro_error": "internal error of the harness (not a finding): "
+                   "RuntimeError: disk full (--debug shows the traceback)"}
+    assert "the harness failed writing it" in capsys.readouterr().err
+
+
 def test_every_open_row_says_whether_it_has_a_verified_repro() -> None:
     listed = (REGRESSIONS.parent.parent / "FINDINGS.md").read_text()
     for path in CASES:
