@@ -240,6 +240,19 @@ class Case:
         raw = self.save_layout if which == "save" else self.load_layout
         return {name: layout_from_json(data) for name, data in raw.items()}
 
+    def op_world(self, index: int) -> int | None:
+        """How many ranks op ``index`` runs on (None: the harness does it between rank ops)."""
+        return None if self.ops[index].kind in HARNESS_KINDS else self.world_size(self.op_layouts(index))
+
+    def tensor_kinds(self) -> tuple[str, ...]:
+        """The kinds of tensor the case asks the SUT to save and load (``tensor_kind``, or one per family in
+        ``tensor_kinds``), sorted; empty where it leaves the choice to the SUT."""
+        per_family = self.options.get("tensor_kinds", {})
+        kinds = set(per_family.values()) if isinstance(per_family, dict) else set()
+        if "tensor_kind" in self.options:
+            kinds.add(self.options["tensor_kind"])
+        return tuple(sorted(str(k) for k in kinds))
+
     def world_size(self, which: str) -> int:
         sizes = {lay.mesh.world_size for lay in self.layouts(which).values()}
         return sizes.pop() if len(sizes) == 1 else int(self.options.get(f"{which}_world_size", 1))

@@ -179,7 +179,7 @@ def _read_op(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
         else:
             acknowledged = rec.ok and (not faulted or fault_report.get("acknowledged", True))
             b.saves.append(Save(op.name, op.version, rec.index, rec.index, acknowledged))
-            b.events.append(OpFacts(at(rec), error, faulted, bool(b.corrupted)))
+            b.events.append(OpFacts(at(b.case, rec), error, faulted, bool(b.corrupted)))
         if b.case.options.get("keep_last"):  # the SUT's own rotation inside the save, which counts the save itself
             b.rotations.append((rec.index + 1, b.case.options["keep_last"]))
     elif op.kind in ("wait", "kill", "restart", "rotate"):
@@ -189,14 +189,14 @@ def _read_op(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
             b.settle(rec.index, op.kind == "wait" and rec.ok)
         if op.kind in ("kill", "restart"):
             b.crashes.append(rec.index)
-        b.events.append(OpFacts(at(rec), error, faulted, bool(b.corrupted)))
+        b.events.append(OpFacts(at(b.case, rec), error, faulted, bool(b.corrupted)))
     elif op.kind == "resume":  # held writers go on: the saves they write stay pending until a wait settles them
-        b.events.append(OpFacts(at(rec), error, faulted, bool(b.corrupted)))
+        b.events.append(OpFacts(at(b.case, rec), error, faulted, bool(b.corrupted)))
     elif op.kind == "corrupt":
         b.corrupted.append(rec.index - 1)  # every save issued before it may be damaged
     elif op.kind == "train":
         differences = () if error else tuple(tensor_differences(b.case, op.version, rec))
-        b.events.append(TrainFacts(at(rec), op.version, error, differences))
+        b.events.append(TrainFacts(at(b.case, rec), op.version, error, differences))
     else:
         b.events.append(_load(b, op.name, rec))
 
@@ -214,7 +214,7 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
                  and not (by_version and ack is not None and s.version < ack.version)]
     allowed = ([ack] if ack is not None else []) + undecided
     facts = LoadFacts(
-        at(rec), name, None if rec.ok else sut_error(rec), ack, tuple(allowed),
+        at(b.case, rec), name, None if rec.ok else sut_error(rec), ack, tuple(allowed),
         newest_incomplete=(b.fault_kind is not None or any(not s.acked for s in undecided)) if name is None
         else any(s.settled is None for s in undecided),
         corrupted=ack is not None and any(ack.index <= c for c in b.corrupted),

@@ -13,6 +13,8 @@ A signature is a JSON object naming an anomaly type and fields it must have::
 
 Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say)
 or in the JSON text of any other (``"versions": {"regex": "\\d+, \\d+"}``: two versions or more were in play).
+An anomaly about an op names the job it ran in (``world``, ``tensor_kinds``: properties.anomalies.At), so a bug of
+one world size or tensor kind is recognised whichever property met it, with no signature widened to every property.
 ``anomaly`` may list several types that share the fields (one bug seen by the oracle and by P-DIFF); a list of
 such objects names ways a bug shows that share no fields (a wrong version here, a failed load there): an anomaly
 matches when one of them does. A signature of an anomaly that quotes the SUT's error (a failed op, a hang) and that

@@ -15,8 +15,8 @@ from .outcome import OpRecord, Outcome
 from .verdicts import Judgement, Verdict, worst
 
 
-def at(rec: OpRecord) -> At:
-    return At(rec.index, rec.kind, rec.name)
+def at(case: Case, rec: OpRecord) -> At:
+    return At(rec.index, rec.kind, rec.name, case.op_world(rec.index), case.tensor_kinds())
 
 
 def sut_error(rec: OpRecord) -> SutError:
@@ -41,24 +41,24 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
         if follows_failed_save(outcome.records, rec.index):
             continue
         if not rec.ok:
-            results.append(judged([op_failure(prop, at(rec), sut_error(rec))]))
+            results.append(judged([op_failure(prop, at(case, rec), sut_error(rec))]))
             continue
         if rec.kind == "save" and rec.written:
             cover = cover_violations(prop, rec.written)
             if cover:
-                results.append(judged([dataclasses.replace(c, at=at(rec)) for c in cover]))
+                results.append(judged([dataclasses.replace(c, at=at(case, rec)) for c in cover]))
         if rec.kind == "load" and rec.plans:
             plan = plan_violations(prop, case, rec, _saved_by(outcome.records, rec))
             if plan:
-                results.append(judged([dataclasses.replace(v, at=at(rec)) for v in plan]))
+                results.append(judged([dataclasses.replace(v, at=at(case, rec)) for v in plan]))
         if rec.kind in ("load", "train"):  # a train record holds the live state it reached
             problems = tensor_differences(case, op_case.version, rec)
             wrong = whole_version(case, rec, problems, outcome.records) if problems and rec.kind == "load" else None
             if wrong is not None:
                 version_of_rest, broken = wrong
-                results.append(judged([version_of_rest, *(dataclasses.replace(d, at=at(rec)) for d in broken)]))
+                results.append(judged([version_of_rest, *(dataclasses.replace(d, at=at(case, rec)) for d in broken)]))
             elif problems:
-                results.append(judged([dataclasses.replace(d, at=at(rec)) for d in problems]))
+                results.append(judged([dataclasses.replace(d, at=at(case, rec)) for d in problems]))
     if len(outcome.records) < len(case.ops) and not results:
         results.append(judged([OpsMissing(prop, len(outcome.records), len(case.ops))]))
     return worst(results) or Judgement(prop, Verdict.PASS)
@@ -98,8 +98,8 @@ def whole_version(case: Case, rec: OpRecord, problems: list[TensorDiffers], reco
     job = max((i for i in range(rec.index) if case.ops[i].kind == "restart"), default=-1)
     earlier = {_gave(case, r)[0] for r in records[job + 1:rec.index] if r.kind == "load" and r.ok}
     rest = [d for d in problems if d.difference.tensor not in broken]
-    wrong = WrongVersion(case.property, at(rec), version, got, got == max(saved) and got > version, got in earlier,
-                         tuple(dataclasses.replace(d, at=None) for d in rest[:8]))
+    wrong = WrongVersion(case.property, at(case, rec), version, got, got == max(saved) and got > version,
+                         got in earlier, tuple(dataclasses.replace(d, at=None) for d in rest[:8]))
     return wrong, [d for d in problems if d.difference.tensor in broken]
 
 
@@ -130,12 +130,12 @@ def check_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
         if follows_failed_save(sut.records, rec.index):
             continue
         if rec.ok != ref_rec.ok:
-            results.append(judged([OutcomeDiffers(case.property, at(rec), None if rec.ok else sut_error(rec),
+            results.append(judged([OutcomeDiffers(case.property, at(case, rec), None if rec.ok else sut_error(rec),
                                                   None if ref_rec.ok else sut_error(ref_rec))]))
             continue
         for rank, got in sorted(rec.loaded.items()):
             j = judge_states(case.property, ref_rec.loaded.get(rank, {}), got)
             if not j.ok:
-                results.append(judged([dataclasses.replace(a, at=at(rec), rank=rank, against="reference")
+                results.append(judged([dataclasses.replace(a, at=at(case, rec), rank=rank, against="reference")
                                        for a in j.anomalies]))
     return worst(results) or check_oracle(case, sut)

@@ -240,3 +240,32 @@ def test_a_mangled_tensor_does_not_hide_the_wrong_version_of_the_rest() -> None:
     assert (wrong.version, wrong.got, wrong.loaded_before) == (1, 0, True)
     assert all(d.difference.tensor == "a" for d in wrong.differences)
     assert [a.difference.tensor for a in j.anomalies if a.kind == "tensor-differs"] == ["b", "b"]
+
+
+@pytest.mark.parametrize("prop", ["P-DIFF", "P-COVER", "P-MOE", "P-EDGE"])
+def test_a_bug_of_one_world_size_and_tensor_kind_is_known_under_any_property(prop: str) -> None:
+    """"A dist tensor loaded in a world of one comes back all zeros" is recognised by the job the load ran in
+    (``At.world``, ``At.tensor_kinds``), whichever property met it; the same zeros in a larger world, or in a
+    ShardedWeight, are not that bug and still count."""
+    known = read_known(REGRESSIONS)
+    zeros = BitsDiffer("rng/state", 24, 24, (0, 0), "0x3f80", "0x0000", "1.0", "0.0")
+
+    def failure(world: int, kinds: tuple[str, ...]) -> Judgement:
+        return judged([TensorDiffers(prop, At(1, "load", "step-1", world, kinds), 0, zeros)])
+
+    assert explained_by(known, "paddle-dcp", failure(1, ("dist_from_local",))) == \
+        "paddle-dcp-moe-ep2-to-ep1-dist-tensor-zeros.json"
+    assert explained_by(known, "paddle-dcp", failure(2, ("dist_from_local",))) is None
+    assert explained_by(known, "paddle-dcp", failure(1, ("sharded_weight",))) is None
+
+
+def test_the_job_an_op_ran_in_survives_the_json_round_trip() -> None:
+    from properties.anomalies import from_json
+
+    anomaly = TensorDiffers("P-DIFF", At(3, "load", None, 7, ("dist_from_local", "sharded_weight")), 0,
+                            BitsDiffer("w", 1, 2, (0,), "0x01", "0x00", "1", "0"))
+    data = anomaly.to_json()
+    assert (data["world"], data["tensor_kinds"]) == (7, ["dist_from_local", "sharded_weight"])
+    assert from_json(json.loads(json.dumps(data))) == anomaly
+    older = {k: v for k, v in data.items() if k not in ("world", "tensor_kinds")}  # written before they were kept
+    assert from_json(older).at == At(3, "load", None)

@@ -5,6 +5,7 @@ package has no import cycle."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -15,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from harness.cli import _faults_note, main
 from harness.sut import adapter_class
 from harness.sut.reference import ReferenceSut
-from properties.case import Case, Op
+from properties.case import Case, Op, TensorCase
 from properties.registry import (
     FAULT_PROPERTIES,
     NO_TRAINING_STATE,
@@ -26,6 +27,7 @@ from properties.registry import (
     drawable_properties,
     property_cases,
 )
+from reference.layout import Mesh, Shard, Sharded
 
 ROOT = Path(__file__).resolve().parent.parent
 IDS = ("P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-REPEAT", "P-DIFF", "P-ASYNC-ISOLATION",
@@ -179,3 +181,13 @@ def test_properties_package_has_no_import_cycle() -> None:
     for module in sorted(graph):
         visit(module, ())
     assert "properties.registry" not in set().union(*(graph[m] for m in graph if m != "properties.registry"))
+
+
+def test_a_case_names_the_world_and_tensor_kinds_of_each_op() -> None:
+    two, one = Sharded(Mesh((2,)), (Shard(0),)).to_json(), Sharded(Mesh((1,)), (Shard(0),)).to_json()
+    ops = (Op("save", "a", 0), Op("restart"), Op("load", "a", 0))
+    case = Case("P-ROUNDTRIP", "reference", (TensorCase("w", "F32", (4,), 1),), {"w": two}, {"w": one}, ops,
+                {"tensor_kinds": {"model": "dist_from_local", "optimizer": "sharded_weight"}})
+    assert [case.op_world(i) for i in range(3)] == [2, None, 1]
+    assert case.tensor_kinds() == ("dist_from_local", "sharded_weight")
+    assert dataclasses.replace(case, options={}).tensor_kinds() == ()

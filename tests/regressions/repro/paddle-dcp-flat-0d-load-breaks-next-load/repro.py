@@ -1,0 +1,179 @@
+"""paddle-dcp: loud-failure in P-REPEAT (paddle-dcp-flat-0d-load-breaks-next-load)
+
+Found by the fleet night (examples/nightly-cpu.toml, P-REPEAT, safetensors, same_dir), reduced by hand to 4 ops and 2 tensors.
+
+Standalone reproduction written by ckpt-harness from ckpt-harness finding paddle-dcp-flat-0d-load-breaks-next-load.json. Run ``bash run.sh``: it starts each launch below with fresh processes. The script prints BUG / EXPECTED / ACTUAL and exits 1 while the bug is there; every rank exits 0 once it is fixed.
+"""
+
+import os
+import sys
+import traceback
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from collections import namedtuple
+
+ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank
+
+SAFETENSORS = True  # the format= of the checkpoint
+DIST_TENSORS = False  # pieces as dist tensors (else as ShardedWeight)
+SAME_DIR = False  # every name a version (unique_id) of one directory
+SAVE_REPLICAS = False
+UNIQUE_ID = None
+COMM_METHOD = 'broadcast'
+
+CARRIERS = {'F8_E4M3': ('uint8', 'float8_e4m3fn')}  # numpy dtype Paddle reads bit for bit, and the paddle dtype to view it as
+
+DTYPE_NAMES = {'F8_E4M3': 'float8_e4m3fn'}  # as the framework prints them
+
+# One rank's piece of a tensor: dtype, global shape, offsets and shape of its box (or the [start, stop) of a
+# flattened slice), its bits as hex, and for a dist tensor its mesh shape, placements and owner coordinates.
+Piece = namedtuple("Piece", "dtype global_shape offsets shape flat bits mesh placements owner")
+
+# What each rank saves, and what each load must give back: (layout, version) -> rank -> tensor -> piece
+DATA = {}
+DATA['load', 0] = {
+    0: {'ema/w': Piece('F8_E4M3', (2, 1, 4), None, (6,), (0, 6), '4f1958f21d34', (1, 1, 2), (), ()), 'rng/state': Piece('F8_E4M3', (), None, (0,), (0, 0), '', (1, 1, 2), (), ())},
+    1: {'ema/w': Piece('F8_E4M3', (2, 1, 4), None, (2,), (6, 8), 'dfc1', (1, 1, 2), (), ()), 'rng/state': Piece('F8_E4M3', (), None, (1,), (0, 1), '38', (1, 1, 2), (), ())},
+}
+DATA['load', 3] = {
+    0: {'ema/w': Piece('F8_E4M3', (2, 1, 4), None, (6,), (0, 6), '134360d73347', (1, 1, 2), (), ()), 'rng/state': Piece('F8_E4M3', (), None, (0,), (0, 0), '', (1, 1, 2), (), ())},
+    1: {'ema/w': Piece('F8_E4M3', (2, 1, 4), None, (2,), (6, 8), 'e466', (1, 1, 2), (), ()), 'rng/state': Piece('F8_E4M3', (), None, (1,), (0, 1), 'fe', (1, 1, 2), (), ())},
+}
+DATA['save', 0] = DATA['load', 0]  # the same pieces
+DATA['save', 3] = DATA['load', 3]  # the same pieces
+
+def tensor(p, zero=False):
+    """A paddle tensor holding the piece's exact bits (or zeros of its dtype and shape: a load target)."""
+    carrier, view = CARRIERS[p.dtype]
+    data = np.zeros(p.shape, carrier) if zero else np.frombuffer(bytes.fromhex(p.bits), carrier).reshape(p.shape)
+    t = paddle.to_tensor(data)
+    return t.view(getattr(paddle, view)) if view else t
+
+
+def bits_of(t):
+    """(dtype name, shape, bits as hex) of a dense tensor, or of a dist tensor's local part."""
+    if getattr(t, "is_dist", lambda: False)():
+        t = t._local_value()
+    return str(t.dtype).split(".")[-1], list(t.shape), np.ascontiguousarray(t.numpy()).tobytes().hex()
+
+
+
+def location(name):
+    """(directory, unique_id) of a checkpoint name: its own directory, or a version of the shared one."""
+    if name is None:
+        return os.path.join(ROOT, "dcp"), None  # the newest version
+    if SAME_DIR:
+        return os.path.join(ROOT, "dcp"), int(name.rsplit("-", 1)[-1])
+    return os.path.join(ROOT, name), UNIQUE_ID
+
+
+def entry(name, p, t, dist_tensors):
+    """What goes in the state dict for this rank's piece ``p``, held in ``t``."""
+    if p.flat is not None:  # flattened; an empty slice is left out, as Paddle's sharding optimizer does
+        if p.flat[0] == p.flat[1]:
+            return None
+        return dist.ShardedWeight(name, t, local_shape=p.global_shape, global_shape=p.global_shape,
+                                  global_offset=(0,) * len(p.global_shape), is_flattened=True,
+                                  flattened_range=slice(*p.flat))
+    return dist.ShardedWeight(name, t, p.shape, p.global_shape, p.offsets)
+
+
+def state_dict(pieces, zero=False):
+    """(state dict, the dense tensors behind it) for this rank; ShardedWeight for all if any piece is flattened."""
+    dist_tensors = DIST_TENSORS and not any(p.flat is not None for p in pieces.values())
+    state, dense = {}, {}
+    for name, p in pieces.items():
+        t = tensor(p, zero)
+        value = entry(name, p, t, dist_tensors)
+        if value is not None:
+            state[name], dense[name] = value, t
+    return state, dense
+
+
+def save(name, pieces):
+    state, _ = state_dict(pieces)
+    path, unique_id = location(name)
+    dist.save_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, save_replicas=SAVE_REPLICAS)
+
+
+def load(name, pieces):
+    state, _ = state_dict(pieces, zero=True)
+    path, unique_id = location(name)
+    dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD)
+    return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
+
+
+def check(step, got, pieces):
+    """Every loaded piece must have the dtype and the exact bits that were saved."""
+    for key, p in pieces.items():
+        if key not in got:
+            continue  # an empty flattened slice: nothing was asked for
+        dtype, shape, bits = bits_of(got[key])
+        want = (DTYPE_NAMES[p.dtype], list(p.shape), p.bits)
+        if (dtype, shape, bits) != want:
+            print(f"BUG: {step} on rank {RANK}: {key} does not hold what was saved")
+            print(f"EXPECTED: {want[0]} {want[1]} bits {want[2]}")
+            print(f"ACTUAL:   {dtype} {shape} bits {bits}")
+            sys.exit(1)
+
+
+class Failed(Exception):
+    """A failure this script detects itself (the framework only logged it)."""
+
+
+def run(step, action, *args, expect_error=False, tolerate=False, **kwargs):
+    """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
+    were saved, shows the bug."""
+    try:
+        result = action(*args, **kwargs)
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise
+        if traceback.extract_tb(exc.__traceback__)[-1].filename == __file__ and not isinstance(exc, Failed):
+            raise  # a mistake of this script, not the framework's failure
+        if tolerate:
+            print(f"{step} fails on rank {RANK} too ({type(exc).__name__}: {exc}): another known bug this case "
+                  "passes through on the way to the one reported; going on")
+            return None
+        if expect_error:
+            print(f"{step}: raised as it should ({type(exc).__name__})")
+            return None
+        print(f"BUG: {step} raised on rank {RANK}")
+        print("EXPECTED: it succeeds")
+        lines = str(exc).strip().splitlines() or [""]
+        last = f" ... {lines[-1].strip()}" if len(lines) > 1 else ""
+        print(f"ACTUAL:   {type(exc).__name__}: {lines[0]}{last}")
+        sys.exit(1)
+    if expect_error:
+        print(f"BUG: {step} succeeded on rank {RANK}")
+        print("EXPECTED: an error (the checkpoint it reads is not there or not whole)")
+        print("ACTUAL:   no error")
+        sys.exit(1)
+    if action is load and not tolerate:
+        check(step, result, args[-1])
+
+def main():
+    global ROOT, PHASE, RANK
+    ROOT, PHASE = sys.argv[1], int(sys.argv[2])
+    paddle.set_device("cpu")
+    if not paddle.is_compiled_with_cuda():
+        # CPU-only Paddle: the checkpoint code calls Tensor.cuda() and paddle.device.synchronize() on its reshard and
+        # async paths; on a CPU wheel those raise, so they become a CPU copy and a no-op (nothing else is changed).
+        paddle.Tensor.cuda = lambda self, *args, **kwargs: self.clone()
+        paddle.device.synchronize = lambda *args, **kwargs: None
+    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+        dist.init_parallel_env()
+    RANK = dist.get_rank()
+    if PHASE == 0:  # 2 process(es)
+        run('step 0: save step-0', save, 'step-0', DATA['save', 0][RANK])
+        run('step 1: save step-3', save, 'step-3', DATA['save', 3][RANK])
+        run('step 2: load step-0', load, 'step-0', DATA['load', 0][RANK], tolerate=True)
+        run('step 3: load step-3', load, 'step-3', DATA['load', 3][RANK])
+    print(f"rank {RANK}: every step of launch {PHASE} behaved as it should")
+
+
+if __name__ == "__main__":
+    main()
