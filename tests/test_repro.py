@@ -79,6 +79,36 @@ def test_the_script_is_python_with_every_step_named(stem: str) -> None:
     assert "timeout" in shell
 
 
+def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_save() -> None:
+    """A kill at a syscall Python raises an audit event for (open, rename, ...) in a synchronous save: the step arms
+    the kill, the launch ends with it (run.sh goes on only if the kill happened), and a load of the name after it
+    accepts either the killed re-save or the save before it, whole and the same on every rank."""
+    from faults.spec import KillFault
+
+    case = _case("torch-dcp-resave-crash-mixes-versions")
+    plan = plan_case(case)
+    assert [[s.kind for s in p.steps] for p in plan.phases] == [["save", "save"], ["load", "save", "load"]]
+    killed = plan.phases[0].steps[1]
+    assert (killed.crash.event, killed.crash.path, killed.crash.k) == ("open", "step-0/__1_0.distcp", 1)
+    load = plan.phases[1].steps[0]
+    assert {load.table, *load.also} == {("load", 0), ("load", 1)}
+    assert plan.phases[1].steps[2].also == ()  # step-2 was never killed: only its own save is right
+    text = repro_py(plan, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "crash_step('step 1: save step-0 (killed at call 1 of openat on step-0/__1_0.distcp)'" in text
+    assert "sys.addaudithook" in text and "also=(DATA['load', 0][RANK], )" in text
+    assert "launch 0 2; killed 0 || exit $?" in run_sh(plan)
+    assert "crash_step" not in repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
+
+    write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
+    with pytest.raises(ReproUnsupported, match="a kill at a write call"):
+        plan_case(write)
+    async_save = dataclasses.replace(case, ops=tuple(dataclasses.replace(op, use_async=True) if i == 1 else op
+                                                     for i, op in enumerate(case.ops)))
+    with pytest.raises(ReproUnsupported, match="synchronous save only"):
+        plan_case(async_save)
+
+
 def test_equal_tables_are_written_once() -> None:
     text = repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
     assert "# the same pieces" in text

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from faults.corrupt import Corruption, garbage
-from faults.spec import CorruptFault, StateFault
+from faults.spec import CorruptFault, KillFault, StateFault
 from properties.case import Case
 from reference.engine import local_tensors
 from reference.layout import Box, Flat, FlatRange, Sharded
@@ -39,6 +39,27 @@ class Piece:
     owner: tuple[tuple[int, int], ...] = ()
 
 
+# A syscall the harness kills at, as the Python audit event a script can catch it by (the call is made through
+# Python: open(), os.rename, os.remove, os.mkdir); a call made in native code (a Rust or C++ writer) raises none.
+AUDIT_EVENTS = {"open": "open", "openat": "open", "creat": "open", "rename": "os.rename", "renameat": "os.rename",
+                "renameat2": "os.rename", "unlink": "os.remove", "unlinkat": "os.remove", "mkdir": "os.mkdir",
+                "mkdirat": "os.mkdir"}
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A rank SIGKILLed at its ``k``-th ``syscall`` on ``path`` (relative to the checkpoint root), before the call
+    runs, as the harness's kill fault does; the script catches the call by its audit ``event``."""
+
+    syscall: str
+    event: str
+    path: str
+    k: int
+
+    def describe(self) -> str:
+        return f"killed at call {self.k} of {self.syscall} on {self.path}"
+
+
 @dataclass(frozen=True)
 class Step:
     """One operation of the case on every rank of a launch. ``table`` names the data it saves or must load:
@@ -55,12 +76,15 @@ class Step:
     tolerate: bool = False  # fails on the SUT before the reported step: an earlier bug the case passes through
     edits: tuple[dict, ...] = ()  # damage: concrete file edits (faults.corrupt JSON), and ``why`` says what they are
     why: str = ""
+    crash: Crash | None = None  # the rank making this call is killed in the step, and the launch ends with it
+    also: tuple[tuple[str, int], ...] = ()  # a load: other saves' tables it may rightly give (a re-save was killed)
 
     @property
     def label(self) -> str:
         named = f"{self.kind} {self.name or 'latest'}"
         what = {"wait": "wait for detached saves", "damage": self.why}.get(self.kind, named)
-        return f"step {self.index}: {what}" + (" (async)" if self.use_async else "")
+        crash = f" ({self.crash.describe()})" if self.crash else ""
+        return f"step {self.index}: {what}" + (" (async)" if self.use_async else "") + crash
 
 
 @dataclass
@@ -85,6 +109,10 @@ class Plan:
     def edit_kinds(self) -> set[str]:
         return {e["kind"] for phase in self.phases for step in phase.steps for e in step.edits}
 
+    def crash_phases(self) -> list[int]:
+        """The launches that end with a rank killed (the job restarts after them)."""
+        return [number for number, phase in enumerate(self.phases) if any(s.crash for s in phase.steps)]
+
     def has_flat(self) -> bool:
         return any(p.flat is not None for table in self.tables.values() for ps in table.values() for p in ps.values())
 
@@ -106,6 +134,8 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
     phases: list[Phase] = []
     tables: dict[tuple[str, int], dict[int, dict[str, Piece]]] = {}
     fresh = True
+    saved: dict[str | None, list[tuple[str, int]]] = {}  # name -> the tables of its saves so far, in order
+    killed: dict[str | None, tuple[str, int]] = {}  # name -> the table of the save of it last killed part-way
     for index, op in enumerate(case.ops[: None if upto is None else upto + 1]):
         if op.kind == "restart":
             fresh = True
@@ -128,9 +158,26 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
             table = (which, op.version)
             if table not in tables:
                 tables[table] = _table(case, which, op.version, world)
+        crash = _crash(case) if case.fault is not None and index == case.fault.op else None
+        also: tuple[tuple[str, int], ...] = ()
+        if op.kind == "load" and op.name in killed:  # the killed re-save, or the save before it, whole
+            before = saved[op.name][:-1] or [killed[op.name]]
+            versions = dict.fromkeys((before[-1][1], killed[op.name][1]))
+            also = tuple((which, v) for v in versions if (which, v) != table)
+            for key in also:
+                if key not in tables:
+                    tables[key] = _table(case, which, key[1], world)
         phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after, op.detach,
-                                     index in expect_errors, index in tolerated))
-        if after is not None and index == case.fault.op:
+                                     index in expect_errors, index in tolerated, crash=crash, also=also))
+        if op.kind == "save" and table is not None:
+            saved.setdefault(op.name, []).append(table)
+            if crash is not None:
+                killed[op.name] = table
+            else:
+                killed.pop(op.name, None)
+        if crash is not None:
+            fresh = True  # the job restarts: what follows runs in fresh processes on what the kill left
+        elif after is not None and index == case.fault.op:
             phases[-1].steps.append(Step(index, "damage", None, edits=after[0], why=after[1]))
             fresh = True
     return Plan(case.sut, dict(case.options), phases, tables)
@@ -146,7 +193,26 @@ def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
             raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
         if op.stall:
             raise ReproUnsupported(f"op {index} holds its writer (stall): the script cannot hold a writer yet")
-    return _fault_edits(case)
+    return None if _crash(case) is not None else _fault_edits(case)
+
+
+def _crash(case: Case) -> Crash | None:
+    """The case's kill at a syscall as a script can inflict it: on a path under the root, in the rank's own process
+    (a synchronous save: an async save's writer process would not carry the script's hook), at a call Python makes
+    visible by an audit event. Other kills raise ``ReproUnsupported`` saying why; not a kill: None."""
+    fault = case.fault
+    if not isinstance(fault, KillFault):
+        return None
+    op = case.ops[fault.op]
+    if fault.syscall not in AUDIT_EVENTS:
+        raise ReproUnsupported(f"a kill at a {fault.syscall} call (the script can kill at "
+                               f"{', '.join(sorted(AUDIT_EVENTS))} only: Python raises no audit event for the others)")
+    if not fault.path:
+        raise ReproUnsupported("a kill at a call on no named path (the script matches the call by its path)")
+    if op.kind != "save" or op.use_async:
+        raise ReproUnsupported(f"a kill in op {fault.op} ({op.kind}{', async' if op.use_async else ''}): the script "
+                               "kills in a synchronous save only (an async writer process would not carry its hook)")
+    return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k)
 
 
 def describe(plan: dict) -> str:

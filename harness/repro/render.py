@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from types import ModuleType
 
@@ -12,16 +13,36 @@ EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp
 STEP_TIMEOUT_S = 300  # per launch in run.sh: a hang shows as exit 124
 MARK = "BUG"  # the first word of the lines a script prints when it shows the bug
 
-CHECK = f'''def check(step, got, pieces):
-    """Every loaded piece must have the dtype and the exact bits that were saved."""
-    for key, p in pieces.items():
-        if key not in got:
-            continue  # an empty flattened slice: nothing was asked for
+CHECK = f'''def check(step, got, pieces, also=()):
+    """Every loaded piece must have the dtype and the exact bits that were saved: by one save as a whole (``also``:
+    the other saves it may rightly give, after a kill in the middle of a re-save of the name)."""
+    def held(key, p):
         dtype, shape, bits = bits_of(got[key])
-        want = (DTYPE_NAMES[p.dtype], list(p.shape), p.bits)
-        if (dtype, shape, bits) != want:
-            print(f"{MARK}: {{step}} on rank {{RANK}}: {{key}} does not hold what was saved")
-            print(f"EXPECTED: {{want[0]}} {{want[1]}} bits {{want[2]}}")
+        return (dtype, shape, bits) == (DTYPE_NAMES[p.dtype], list(p.shape), p.bits), (dtype, shape, bits)
+
+    keys = [key for key in pieces if key in got]  # not in got: an empty flattened slice, nothing was asked for
+    gave = {{i for i, saved in enumerate((pieces, *also)) if all(held(key, saved[key])[0] for key in keys)}}
+    if also and dist.is_initialized():  # one save as a whole: every rank must have given the same one
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, sorted(gave))
+        everyone = [g for g in everyone if g is not None]  # torch fills the list in place, Paddle appends to it
+        common = set.intersection(*(set(g) for g in everyone))
+        if gave and not common:
+            print(f"{MARK}: {{step}} on rank {{RANK}}: the ranks gave different saves' data (by rank: {{everyone}}), "
+                  "a state no save wrote")
+            print(f"EXPECTED: one of the {{1 + len(also)}} saves it may give, on every rank")
+            print(f"ACTUAL:   saves by rank (0: the save this step names, 1 on: the others) {{everyone}}")
+            sys.exit(1)
+        gave = common
+    if gave:
+        return
+    for key in keys:
+        p = pieces[key]
+        same, (dtype, shape, bits) = held(key, p)
+        if not same:
+            print(f"{MARK}: {{step}} on rank {{RANK}}: {{key}} does not hold what was saved"
+                  + (f" (by any of the {{1 + len(also)}} saves it may give)" if also else ""))
+            print(f"EXPECTED: {{DTYPE_NAMES[p.dtype]}} {{list(p.shape)}} bits {{p.bits}}")
             print(f"ACTUAL:   {{dtype}} {{shape}} bits {{bits}}")
             sys.exit(1)
 
@@ -30,7 +51,7 @@ class Failed(Exception):
     """A failure this script detects itself (the framework only logged it)."""
 
 
-def run(step, action, *args, expect_error=False, tolerate=False, **kwargs):
+def run(step, action, *args, expect_error=False, tolerate=False, also=(), **kwargs):
     """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
     were saved, shows the bug."""
     try:
@@ -59,7 +80,7 @@ def run(step, action, *args, expect_error=False, tolerate=False, **kwargs):
         print("ACTUAL:   no error")
         sys.exit(1)
     if action is load and not tolerate:
-        check(step, result, args[-1])
+        check(step, result, args[-1], also)
 '''
 
 
@@ -76,6 +97,40 @@ def returned(writer, tensors, mutate_after, detach):
             scribble(t)
     if not detach:
         wait()
+'''
+
+
+CRASH = '''import signal  # noqa: E402
+
+
+def crash_step(step, call, action, *args, **kwargs):
+    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls) is
+    SIGKILLed before that call runs: no clean-up, as a machine failure or the OOM killer ends a job. Every rank's
+    launch ends with the step (the job restarts); the next launch starts fresh on what the kill left on disk."""
+    event, path, k = call
+    target, seen = os.path.abspath(os.path.join(ROOT, path)), [0]
+
+    def hook(name, hook_args):
+        if name != event or not hook_args or not isinstance(hook_args[0], (str, bytes, os.PathLike)):
+            return
+        if os.path.abspath(os.fsdecode(hook_args[0])) != target:
+            return
+        seen[0] += 1
+        if seen[0] == k:
+            with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"killed-{PHASE}"), "w"):
+                pass  # run.sh's sign that the kill happened
+            print(f"{step}: rank {RANK} killed before call {k} of {event} on {path}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    sys.addaudithook(hook)  # for the rest of this process, which the step ends
+    try:
+        action(*args, **kwargs)
+    except BaseException as exc:  # a peer killed in the middle of a collective
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        print(f"{step}: rank {RANK} saw its peer die ({type(exc).__name__}: {str(exc)[:200]}); the launch ends")
+    sys.stdout.flush()
+    os._exit(0)  # the job is over: no framework teardown waits for the dead rank
 '''
 
 
@@ -108,6 +163,7 @@ def repro_py(plan: Plan, title: str, source: str) -> str:
         RETURNED if plan.uses("use_async") else "",
         module.helpers(plan),
         damage(plan.edit_kinds()) if plan.edit_kinds() else "",
+        CRASH if plan.crash_phases() else "",
         CHECK,
         _main(plan, text.SETUP),
     ]
@@ -152,6 +208,10 @@ def _main(plan: Plan, setup: str) -> str:
 
 
 def _call(step: Step) -> str:
+    if step.crash is not None:
+        call = (step.crash.event, step.crash.path, step.crash.k)
+        plain = dataclasses.replace(step, crash=None, expect_error=False, tolerate=False)  # crash_step judges none
+        return f"crash_step({step.label!r}, {call!r}, " + _call(plain).split(", ", 1)[1]
     label = repr(step.label)
     err = (", expect_error=True" if step.expect_error else "") + (", tolerate=True" if step.tolerate else "")
     if step.kind == "wait":
@@ -164,7 +224,8 @@ def _call(step: Step) -> str:
         keywords = (("use_async", "async_save"), ("mutate_after", "mutate_after"), ("detach", "detach"))
         flags = "".join(f", {kw}=True" for field, kw in keywords if getattr(step, field))
         return f"run({label}, save, {name}, {data}{flags}{err})"
-    return f"run({label}, load, {name}, {data}{err})"
+    also = "".join(f"DATA[{t[0]!r}, {t[1]}][RANK], " for t in step.also)
+    return f"run({label}, load, {name}, {data}{err}" + (f", also=({also})" if also else "") + ")"
 
 
 def run_sh(plan: Plan) -> str:
@@ -194,8 +255,15 @@ def run_sh(plan: Plan) -> str:
         "}",
         "",
     ]
+    killed = plan.crash_phases()
+    if killed:
+        lines += ["killed() {  # killed PHASE: the launch had to end with a rank killed at the finding's call",
+                  '  [ -e "$WORK/killed-$1" ] && return 0',
+                  '  echo "launch $1: no rank made the call the finding was killed at; this script cannot show it"',
+                  "  return 2", "}", ""]
     for number, phase in enumerate(plan.phases):
-        lines.append(f"launch {number} {phase.world} || exit $?")
+        ends = f"; killed {number} || exit $?" if number in killed else " || exit $?"
+        lines.append(f"launch {number} {phase.world}{ends}")
     return "\n".join(lines) + "\n"
 
 
