@@ -63,6 +63,7 @@ class Finding:
     # world differs from a real launch there, itself a bug to report), "virtual-only" (its worlds are larger than
     # real ranks are launched for here); None: found on real ranks.
     confirmed_real: str | None = None
+    io_map: dict | None = None  # a fault finding judged at every crash point of its op: the crash-point map
 
 
 @dataclass
@@ -237,7 +238,7 @@ def _batch(
         concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
         bucket = judge_case.bucket(concrete, judgement, outcome)
         finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out,
-                          first_seen.get(bucket.core, time.monotonic() - start))
+                          first_seen.get(bucket.core, time.monotonic() - start), io_map=outcome.io_map)
         if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go
             smallest[:] = [finding]  # Hypothesis re-runs the shrunk example last: the last one kept is the smallest
             raise _Failed("; ".join(judgement.details))

@@ -56,6 +56,8 @@ def render(summary: dict, rows: list[dict], out: Path | None = None) -> str:
     """The page of one summary and its findings (``out``: the folder the page lives in, for relative links)."""
     parts = [_header(summary), _fleet(summary), _buckets(summary, out), _per(summary), _recovery(summary),
              _io_map(summary.get("io_map")), _crash_table(summary.get("crash_results")), _trends(summary),
+             *(_io_map(row["io_map"], f"finding {n} ({row.get('property', '')}, bucket {row.get('bucket')})")
+               for n, row in enumerate(rows) if row.get("io_map")),
              _findings(rows, out)]
     data = json.dumps(summary, sort_keys=True).replace("</", "<\\/")
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
@@ -208,9 +210,10 @@ def _recovery(s: dict) -> str:
             f"{s.get('launches', 0)}</td></tr>{items}</tbody></table>")
 
 
-def _io_map(m: dict | None) -> str:
+def _io_map(m: dict | None, of: str = "") -> str:
     """The crash-point map: the save's recorded IO as a timeline per rank and writer process, each crash point on
-    the call it kills and each power-loss state at the place in the IO it cuts, coloured by verdict."""
+    the call it kills and each power-loss state at the place in the IO it cuts, coloured by verdict (``of``: the
+    fault finding it belongs to, in a fault campaign's page, which has one per such finding)."""
     if not m or not m.get("events"):
         return ""
     lanes, events, marks = m["lanes"], m["events"], m.get("marks", [])
@@ -224,7 +227,7 @@ def _io_map(m: dict | None) -> str:
     left, width, lane_h, top = 190, 900, 34, row + 30
     x = lambda t: left + width * (t + 0.5) / n  # noqa: E731
     height = top + lane_h * len(lanes) + 40
-    svg = [f"<svg id=io-map width={left + width + 20} height={height} role=img>",
+    svg = [f"<svg {'class=io-map' if of else 'id=io-map'} width={left + width + 20} height={height} role=img>",
            f"<text x=0 y={row + 4}>power-loss states</text><line x1={left} x2={left + width} y1={row + 12} "
            f"y2={row + 12} stroke='#ddd'/>"]
     for i, lane in enumerate(lanes):
@@ -252,7 +255,8 @@ def _io_map(m: dict | None) -> str:
         " &nbsp; " + " ".join(f"<span class=pill style='background:{c}'>{k or 'not judged'}</span>"
                               for k, c in VERDICT_COLOURS.items())
     failing = sum(1 for mk in marks if mk.get("verdict") not in ("pass", None))
-    return (f"<h2>Crash-point map</h2><p>Op {m.get('op')} of {escape(str(m.get('sut', '')))}: {len(events)} "
+    title = f"Crash-point map: {escape(of)}" if of else "Crash-point map"
+    return (f"<h2>{title}</h2><p>Op {m.get('op')} of {escape(str(m.get('sut', '')))}: {len(events)} "
             f"recorded IO calls in {len(lanes)} process(es); {len(marks)} crash points and power-loss states, "
             f"<b>{failing} failing</b>. Circles: a SIGKILL at that call (below its lane); triangles (top row): a "
             f"power loss after that much of the IO. Hover for details.</p>{''.join(svg)}<p>{legend}</p>")

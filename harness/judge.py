@@ -24,6 +24,7 @@ from properties.registry import Checker, checker_for
 from properties.verdicts import Excuse, Judgement, Verdict
 
 from .faultrun import judge_points, judge_states, traced
+from .iomap import place, timeline
 from .run import run_case
 from .runners import Runners
 from .sut import REGISTRY
@@ -170,11 +171,15 @@ class Judge:
                 results = judge_states(t, states[first:] + states[:first], self.runners)
             else:
                 results = judge_points(t, faults[first:] + faults[:first], self.runners)
+            failing = any(r.judged and not r.judgement.ok for r in results)  # the map is taken while the run exists
+            drawn = (timeline(t, case.sut), list(t.recording.all_calls), t.root) if failing else None
         unjudged = [r for r in results if not r.judged]
         for r in results:
             if r.judged and not r.judgement.ok:
                 judgement, outcome = self._concrete(dataclasses.replace(case, fault=r.fault))
                 if not judgement.ok or judgement.excuse is Excuse.UNATTRIBUTED:  # the same for every fault here
+                    if not judgement.ok and drawn is not None:  # where in the op the SUT is unsafe, point by point
+                        outcome.io_map = place(drawn[0], results, drawn[1], drawn[2])
                     return judgement, outcome
         what = "crash states" if isinstance(case.fault, PowerFault) else "crash points"
         note = f"; {len(unjudged)} could not be run: {unjudged[0].error}" if unjudged else ""

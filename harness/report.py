@@ -35,6 +35,7 @@ def finding_json(finding: Finding, replay: str) -> dict:
         "swarm_left_out": list(finding.left_out),
         "found_at_s": round(finding.found_at, 1),
         **({"confirmed_real": finding.confirmed_real} if finding.confirmed_real is not None else {}),
+        **({"io_map": finding.io_map} if finding.io_map else {}),
     }
 
 

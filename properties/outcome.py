@@ -49,6 +49,8 @@ class Outcome:
     trace: tuple[str, Any, dict] | None = None  # (root, strace recording of the faulted op, tid -> rank)
     cut_short: bool = False  # stopped where ranks sat stuck behind one that raised (a fuzzing judge's shortcut:
     # harness.judge settles such a judgement by a run that waits them out)
+    io_map: dict | None = None  # a drawn fault judged at every crash point or state: the crash-point map of its op
+    # (harness/iomap.py; plain JSON for the report, never judged)
 
     @property
     def traceback(self) -> str | None:

@@ -14,10 +14,13 @@ from hypothesis import settings
 
 from faults import strace
 from faults.spec import KillFault, PointFault, PowerFault, StateFault
+from harness.campaign import Finding
 from harness.cli import main
 from harness.explore import explore, family, shape_case, shape_ops, shapes
 from harness.faultrun import standard_case
+from harness.html_report import render
 from harness.judge import Judge
+from harness.report import finding_json
 from harness.runners import Runners
 from harness.sut import adapter_class
 from properties.case import Op, read_case_file
@@ -139,6 +142,18 @@ def test_fuzz_judges_every_state_of_a_drawn_fault_below_the_bound() -> None:
     assert alone.ok, alone.details
     assert not judgement.ok, judgement.details
     assert isinstance(outcome.resolved_fault, StateFault) and outcome.resolved_fault.state["prefix"] > 0
+    # The finding carries the crash-point map of its op: every state judged, placed on the recorded IO by verdict.
+    io_map = outcome.io_map
+    assert io_map is not None and {e["kind"] for e in io_map["events"]} >= {"write", "rename"}
+    verdicts = [m["verdict"] for m in io_map["marks"]]
+    assert all(m["kind"] == "state" for m in io_map["marks"]) and "pass" in verdicts
+    assert any(v not in ("pass", None) for v in verdicts), verdicts
+    row = finding_json(Finding(dataclasses.replace(drawn, fault=outcome.resolved_fault), judgement,
+                               io_map=io_map), "ckpt-harness replay f.json")
+    assert row["io_map"] == io_map  # the finding's JSON carries it; the campaign's page draws one per finding
+    page = render({"sut": BROKEN}, [row])
+    assert f"Crash-point map: finding 0 ({case.property}, bucket None)" in page
+    assert page.count("class='mark state'") == len(io_map["marks"])
 
 
 @needs_strace
