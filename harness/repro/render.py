@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 from types import ModuleType
 
@@ -208,24 +207,26 @@ def _main(plan: Plan, setup: str) -> str:
 
 
 def _call(step: Step) -> str:
+    """The step's line: ``run`` judges it; a step with a kill runs through ``crash_step``, which judges none."""
     if step.crash is not None:
         call = (step.crash.event, step.crash.path, step.crash.k)
-        plain = dataclasses.replace(step, crash=None, expect_error=False, tolerate=False)  # crash_step judges none
-        return f"crash_step({step.label!r}, {call!r}, " + _call(plain).split(", ", 1)[1]
-    label = repr(step.label)
+        return f"crash_step({step.label!r}, {call!r}, {_action(step)})"
     err = (", expect_error=True" if step.expect_error else "") + (", tolerate=True" if step.tolerate else "")
-    if step.kind == "wait":
-        return f"run({label}, wait{err})"
-    if step.kind == "damage":
-        return f"run({label}, damage, {list(step.edits)!r}{err})"
-    data = f"DATA[{step.table[0]!r}, {step.table[1]}][RANK]" if step.table else "{}"
-    name = repr(step.name)
-    if step.kind == "save":
-        keywords = (("use_async", "async_save"), ("mutate_after", "mutate_after"), ("detach", "detach"))
-        flags = "".join(f", {kw}=True" for field, kw in keywords if getattr(step, field))
-        return f"run({label}, save, {name}, {data}{flags}{err})"
     also = "".join(f"DATA[{t[0]!r}, {t[1]}][RANK], " for t in step.also)
-    return f"run({label}, load, {name}, {data}{err}" + (f", also=({also})" if also else "") + ")"
+    return f"run({step.label!r}, {_action(step)}{err}" + (f", also=({also})" if also else "") + ")"
+
+
+def _action(step: Step) -> str:
+    """The step's action and its arguments, as ``run`` and ``crash_step`` both take them."""
+    if step.kind == "wait":
+        return "wait"
+    if step.kind == "damage":
+        return f"damage, {list(step.edits)!r}"
+    data = f"DATA[{step.table[0]!r}, {step.table[1]}][RANK]" if step.table else "{}"
+    if step.kind != "save":
+        return f"load, {step.name!r}, {data}"
+    keywords = (("use_async", "async_save"), ("mutate_after", "mutate_after"), ("detach", "detach"))
+    return f"save, {step.name!r}, {data}" + "".join(f", {kw}=True" for field, kw in keywords if getattr(step, field))
 
 
 def run_sh(plan: Plan) -> str:
