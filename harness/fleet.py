@@ -17,7 +17,6 @@ import dataclasses
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,7 +26,7 @@ from typing import Any
 import psutil
 
 from .corpus import record_night, trends
-from .launch import rank_pythonpath
+from .launch import rank_pythonpath, short_tempdir
 from .merge import busy_seconds, merge_buckets, merged_summary, pick_findings, write_fleet, write_shard
 from .plan import Plan, ShardRun
 from .shard import FLEET_VAR, TERM_GRACE, pack_corpus, run_shard, sweep
@@ -95,10 +94,9 @@ def _reap(before: set[int], timeout: float = 15.0) -> None:
 
 
 def _ray_temp() -> str:
-    """A temp folder for the local Ray, short enough for its Unix sockets (107 bytes with Ray's ~65 of session and
-    socket names): under $TMPDIR where that fits, else under /tmp."""
-    base = tempfile.gettempdir()
-    return tempfile.mkdtemp(prefix="ckh-ray-", dir=base if len(base) <= 24 else "/tmp")
+    """A temp folder for the local Ray, short enough for its Unix sockets (Ray's session and socket names take
+    ~65 bytes under it)."""
+    return short_tempdir("ckh-ray-", room=65)
 
 
 @contextlib.contextmanager

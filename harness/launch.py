@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -61,6 +62,17 @@ def paddle_gpus(world: int, device: str = "auto") -> int:
     if device == "gpu" and count < world:
         raise RuntimeError(f"device gpu asked for, but Paddle sees {count} GPU(s) for {world} ranks on a node")
     return world if count >= world else 0
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
+
+
+def short_tempdir(prefix: str, room: int) -> str:
+    """A fresh temp folder whose path leaves ``room`` bytes for the socket names made under it: under $TMPDIR
+    where that fits, else under /tmp (a long $TMPDIR, as a CI runner's may be, would make ``bind`` fail)."""
+    base = tempfile.gettempdir()
+    fits = len(base) + 1 + len(prefix) + 8 + room <= SOCKET_PATH_MAX
+    return tempfile.mkdtemp(prefix=prefix, dir=base if fits else "/tmp")
 
 
 def free_port() -> int:

@@ -26,12 +26,13 @@ import psutil
 from faults.procs import kill_tree, popen
 
 from .corpus import NIGHTS
-from .launch import child_env
+from .launch import child_env, short_tempdir
 from .plan import ShardRun
 
 SHARD_VAR = "CKPT_HARNESS_SHARD"  # every process of one shard attempt carries it (ranks too: child_env copies it)
 FLEET_VAR = "CKPT_HARNESS_FLEET"  # every process of one fleet carries it: the driver's last sweep
 TERM_GRACE = 20.0  # seconds between SIGTERM (fuzz unwinds: ranks killed, results written) and SIGKILL
+SOCKET_ROOM = 40  # bytes the campaign's pools and fork servers take under its temp folder (ckh-pool-XXXXXXXX/ctl)
 CORPUS_LIMIT = 16 << 20  # bytes of corpus a shard carries to and from its node
 
 
@@ -43,6 +44,9 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
     (killed by a signal), "overrun" (still running ``seconds + slack`` after it started: terminated)."""
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix=f"ckh-shard-{run.id}-"))
+    # the campaign's own temp folder (its cases', pools' and ranks'): a shard killed mid-case cannot remove what
+    # it made there, so the attempt removes the folder whole; short, as the pools' Unix sockets live under it
+    scratch = short_tempdir("ckh-st-", room=SOCKET_ROOM)
     try:
         shared = _unpack(work / "shared", corpus)
         # --no-repro: a shard's bound is its campaign's time; repros of the night's new buckets are written
@@ -52,7 +56,7 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
         if shared is not None:
             argv += ["--corpus-readonly", str(shared)]
         token = f"{run.id}#{attempt}:{os.getpid()}:{time.time_ns()}"
-        env = child_env({SHARD_VAR: token, FLEET_VAR: fleet_token, "CKPT_HARNESS_DEBUG": "0"})
+        env = child_env({SHARD_VAR: token, FLEET_VAR: fleet_token, "CKPT_HARNESS_DEBUG": "0", "TMPDIR": scratch})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env["PYTHONPATH"]) if p)  # the driver's first
         log = (work / "fuzz.log").open("wb")
         proc = popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), preexec_fn=_die_with_parent)
@@ -76,6 +80,7 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
                 "files": _files(work / "out"), "out": str(work / "out"), "corpus": _new_corpus(work / "corpus", corpus)}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _die_with_parent() -> None:
