@@ -109,6 +109,88 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
         plan_case(async_save)
 
 
+def test_a_kill_of_async_writers_becomes_kill_then_wait_and_the_job_restarts() -> None:
+    """A kill-when fault on an async save's writers (target "children") becomes the save left running, a kill of
+    the writers by the framework's own handle on them, and a wait: the launch ends there, as the harness's job does;
+    a framework whose script cannot find its writers says so."""
+    case = _case("torch-dcp-killed-process-writer-hangs")
+    plan = plan_case(case)
+    steps = [(s.index, s.kind, s.detach) for s in plan.phases[0].steps]
+    assert steps[-3:] == [(1, "save", True), (1, "kill", False), (1, "wait", False)]
+    assert len(plan.phases) >= 2 and all(s.index > 1 for p in plan.phases[1:] for s in p.steps)
+    text = repro_py(plan, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "run('step 1: SIGKILL the writers of the detached saves (the trainer goes on)', kill_writers, 256)" in text
+    assert "def kill_writers():" in text and "multiprocessing.active_children()" in text
+    assert "timeout -k 10 180 " in run_sh(plan)  # its op bound (60 s) twice over plus start-up, not 300 s
+    paddle = dataclasses.replace(case, sut="paddle-save", options={})
+    with pytest.raises(ReproUnsupported, match="cannot find its writers"):
+        repro_py(plan_case(paddle), "t", "s")
+    sync = dataclasses.replace(case, ops=tuple(dataclasses.replace(op, use_async=False) for op in case.ops))
+    with pytest.raises(ReproUnsupported, match="which starts none"):
+        plan_case(sync)
+
+
+def test_a_unified_checkpoint_script_builds_the_trainer_state_it_saves() -> None:
+    """The UC script holds the case's model/optimizer/master tensors as a Trainer's live state, saves through the
+    Trainer and resumes in a fresh one; its async writers' code is there only where a step needs it."""
+    for stem, async_code in (("paddleformers-uc-bf16-nan-payload-sync-save", False),
+                             ("paddleformers-uc-killed-writer-deadlocks-next-save", True)):
+        plan = plan_case(_case(stem))
+        text = repro_py(plan, "t", "s")
+        compile(text, "repro.py", "exec")
+        assert "trainer._save_checkpoint(" in text and "trainer._load_from_checkpoint(path)" in text
+        assert ("def wait(" in text) is async_code and ("def kill_writers(" in text) is async_code
+        assert "python -m paddle.distributed.launch" in run_sh(plan)
+    pdc = repro_py(plan_case(_case("paddleformers-uc-missing-checkpoint-wedges-group")), "t", "s")
+    assert 'os.environ["FLAG_LLM_PDC"] = "True"' in pdc and "KEEP_LAST = 1" in pdc
+
+
+def test_a_lost_directory_entry_is_undone_where_that_is_exact() -> None:
+    """A power loss that loses the last call's directory entry becomes the edit undoing it (a rename moved back, a
+    created file or made directory removed), only where that is exact: the last call, a new entry of the save's
+    own directory; an unlink, a re-save's entry or one with calls after it are refused with the reason."""
+    from faults.spec import StateFault
+
+    case = _case("torch-dcp-directory-never-fsynced")
+    plan = plan_case(case)
+    (damage,) = [s for p in plan.phases for s in p.steps if s.kind == "damage"]
+    assert damage.edits == ({"kind": "rename_back", "path": "step-0/.metadata", "to": "step-0/.metadata.tmp"},)
+    assert "os.rename(path, os.path.join(ROOT, e[\"to\"]))" in repro_py(plan, "t", "s")
+
+    def lost(what: str, op: int = 14, save_twice: bool = False):
+        state = dict(case.fault.state, detail={"op": op, "skipped": [], "what": what})
+        ops = (case.ops[0], *case.ops) if save_twice else case.ops
+        fault = StateFault(op=1 if save_twice else 0, state=state, schedule=case.fault.schedule)
+        return dataclasses.replace(case, ops=ops, fault=fault)
+
+    created = plan_case(lost("open step-0/__0_0.distcp (O_CREAT|O_TRUNC)"))
+    assert {"kind": "remove", "path": "step-0/__0_0.distcp"} in [e for p in created.phases for s in p.steps
+                                                               for e in s.edits]
+    assert "shutil.rmtree(path)" in repro_py(plan_case(lost("mkdir step-0")), "t", "s")
+    for what, op, twice, why in (("unlink step-0/x", 14, False, "cannot bring back"),
+                                 ("rename step-0/.metadata.tmp -> step-0/.metadata", 9, False, "later calls"),
+                                 ("rename step-0/.metadata.tmp -> step-0/.metadata", 14, True, "re-save"),
+                                 ("rename a -> b", 14, False, "outside the save's own directory")):
+        with pytest.raises(ReproUnsupported, match=why):
+            plan_case(lost(what, op, twice))
+
+
+def test_a_cover_case_checks_what_each_save_recorded() -> None:
+    """P-COVER judges the pieces a save records, which a load may never read: its script reads the metadata after
+    each save and checks the pieces tile each tensor once; a framework whose script cannot read it says so."""
+    case = _case("paddle-dcp-uneven-dist-tensor-4-ranks")
+    plan = plan_case(case)
+    assert [s.kind for s in plan.phases[0].steps][:2] == ["save", "check"]
+    text = repro_py(plan, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "run('step 0: the pieces save step-1 recorded cover each tensor once', check_recorded, 'step-1')" in text
+    assert "check_recorded" not in repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
+    torch = dataclasses.replace(_case("torch-dcp-resave-crash-mixes-versions"), property="P-COVER", fault=None)
+    with pytest.raises(ReproUnsupported, match="cannot read its metadata"):
+        repro_py(plan_case(torch), "t", "s")
+
+
 def test_equal_tables_are_written_once() -> None:
     text = repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
     assert "# the same pieces" in text
@@ -126,6 +208,21 @@ def test_equal_tables_are_written_once() -> None:
 def test_a_run_shows_the_finding_only_the_way_its_verdict_says(status, output, verdict, step, shown, how) -> None:
     result = judge_run(status, output, verdict, step)
     assert (result.shown, result.how) == (shown, how)
+
+
+@pytest.mark.parametrize(("status", "output", "shown", "how"), [
+    (124, "", True, "hang"),
+    (1, "BUG: step 3: save step-2 raised on rank 0", True, "marked"),
+    (1, "BUG: step 4: load step-2 raised on rank 0", True, "marked"),  # the data-loss way, at its own op
+    (1, "BUG: step 2: load step-1 raised on rank 0", False, "another-step"),
+    (0, "", False, "passed"),
+])
+def test_a_racy_finding_is_shown_by_any_of_its_ways(status, output, shown, how) -> None:
+    """A finding whose race decides how it shows (its ``or`` ways: a hang, a loud failure, data loss at a later
+    load) is verified by a run that shows any of them, from its reported step on; an earlier step is another bug."""
+    result = judge_run(status, output, "hang", 3, ways=("data-loss", "loud-failure"))
+    assert (result.shown, result.how) == (shown, how)
+    assert not judge_run(1, "BUG: step 4: load step-2 raised on rank 0", "hang", 3).shown  # one way: no
 
 
 def test_simplification_keeps_only_changes_that_still_fail() -> None:

@@ -38,6 +38,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     case, finding = read_case_file(path)
     launch = launch or finding.get("launch", "fresh")
     verdict = finding.get("verdict", "")
+    ways = sorted({w["verdict"] for w in finding.get("or", []) if w.get("verdict")} - {verdict})  # racy: its others
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"source": _shown_path(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
     kept: list[str] = []
@@ -51,9 +52,11 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         judgement, outcome = judged(case, launch)
         op = reported_op(judgement.details, _expected_words(finding, judgement.verdict.value))
         failed = frozenset(r.index for r in outcome.records if not r.ok and op is not None and r.index < op)
-        summary.update(step=op, harness_verdict=judgement.verdict.value)
+        summary.update(step=op, harness_verdict=judgement.verdict.value, **({"ways": ways} if ways else {}))
         corruptions = {r.index: r.applied for r in outcome.records if r.kind == "corrupt" and r.applied}
-        plan = plan_case(case, reference_failures(case), upto=op, tolerated=failed, corruptions=corruptions)
+        # a racy finding may show another way at a later op: its script runs every op
+        plan = plan_case(case, reference_failures(case), upto=None if ways else op, tolerated=failed,
+                         corruptions=corruptions)
         title = _title(path, finding, case)
         source = f"ckpt-harness finding {path.name}"
         (out / "repro.py").write_text(repro_py(plan, title, source), encoding="utf-8")
@@ -64,7 +67,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         too_big = verify_max_ranks is not None and plan.max_world > verify_max_ranks
         if too_big:
             summary["how"] = f"not run: {plan.max_world} processes (more than {verify_max_ranks} here)"
-        result = check_repro(out, verdict, op) if verify and not too_big else None
+        result = check_repro(out, verdict, op, ways) if verify and not too_big else None
     except ReproUnsupported as exc:
         summary["unsupported"] = str(exc)
         result = None
@@ -82,15 +85,17 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     return summary
 
 
-def check_repro(folder: Path, verdict: str | None = None, step: int | None = None) -> Verification:
-    """Run an existing repro folder in fresh processes and judge it against its verdict and the step where the
-    failure must show (both from repro.json unless given)."""
+def check_repro(folder: Path, verdict: str | None = None, step: int | None = None,
+                ways: list[str] | None = None) -> Verification:
+    """Run an existing repro folder in fresh processes and judge it against its verdict, the step where the
+    failure must show and a racy finding's other ways (all from repro.json unless given)."""
     meta = json.loads((folder / "repro.json").read_text(encoding="utf-8")) if (folder / "repro.json").is_file() else {}
     if not (folder / "run.sh").is_file():
         raise FileNotFoundError(f"{folder}: no run.sh (not a repro folder, or the finding has no standalone repro: "
                                 f"{meta.get('unsupported', 'never written')})")
     status, output = run_repro(folder, int(meta.get("phases", 1)))
-    return judge_run(status, output, verdict or meta.get("verdict", ""), step if step is not None else meta.get("step"))
+    return judge_run(status, output, verdict or meta.get("verdict", ""), step if step is not None else meta.get("step"),
+                     meta.get("ways", ()) if ways is None else ways)
 
 
 def reported_op(details: tuple[str, ...] | list[str], words: str = "") -> int | None:

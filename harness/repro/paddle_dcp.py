@@ -140,3 +140,42 @@ LOAD = '''def load(name, pieces):
     dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD)
     return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
 '''
+
+CHECK_RECORDED = '''import glob  # noqa: E402
+import pickle  # noqa: E402
+
+
+def check_recorded(name):
+    """The metadata the save wrote must tile each tensor exactly once: every recorded piece inside the tensor's
+    shape, every element in one piece (declared extra replicas aside). Rank 0 reads it once every rank has saved."""
+    if dist.is_initialized():
+        dist.barrier()
+    path, unique_id = location(name)
+    numbered = [f for f in glob.glob(os.path.join(path, "*.metadata")) if os.path.basename(f).split(".")[0].isdigit()]
+    if RANK != 0 or not numbered:
+        return
+    newest = max(numbered, key=lambda f: int(os.path.basename(f).split(".")[0]))
+    with open(newest if unique_id is None else os.path.join(path, f"{unique_id}.metadata"), "rb") as f:
+        meta = pickle.load(f)
+    shapes = {key: tuple(metas[0].global_shape) for key, metas in meta.state_dict_metadata.items() if metas}
+    count = {key: np.zeros(shape, np.int64) for key, shape in shapes.items()}
+    for index in meta.storage_metadata:
+        if index.replica_id not in (None, 0):
+            continue
+        key, offset, local = index.tensor_key, tuple(index.global_offset), tuple(index.local_shape or ())
+        if any(o < 0 or o + n > g for o, n, g in zip(offset, local, shapes[key])):
+            raise Failed(f"{key}: a recorded piece at offset {list(offset)} of shape {list(local)} runs past the "
+                         f"tensor's shape {list(shapes[key])}")
+        piece = np.ones(local, np.int64)
+        if index.is_flattened:  # only its [start, stop) of the box's row-major elements
+            piece = np.zeros(int(np.prod(local)), np.int64)
+            piece[index.flattened_range] = 1
+            piece = piece.reshape(local)
+        count[key][tuple(slice(o, o + n) for o, n in zip(offset, local))] += piece
+    for key, times in count.items():
+        if times.size and not (times == 1).all():
+            raise Failed(f"{key}: the recorded pieces cover its elements {sorted(set(times.ravel().tolist()))} "
+                         "times, not once each")
+
+
+'''

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from faults.corrupt import Corruption, garbage
-from faults.spec import CorruptFault, KillFault, StateFault
+from faults.spec import CorruptFault, KillFault, KillWhenFault, StateFault
 from properties.case import Case
 from reference.engine import local_tensors
 from reference.layout import Box, Flat, FlatRange, Sharded
@@ -66,7 +66,8 @@ class Step:
     (layout, version). ``expect_error``: the reference engine refuses this op too, so an error is the right answer."""
 
     index: int
-    kind: str  # save | load | wait | damage (files changed between ops: a corruption, what a power loss leaves)
+    kind: str  # save | load | wait | kill (the writers of detached saves) | check (what a save recorded) | damage
+    # (files changed between ops: a corruption, what a power loss leaves)
     name: str | None
     table: tuple[str, int] | None = None
     use_async: bool = False
@@ -78,11 +79,14 @@ class Step:
     why: str = ""
     crash: Crash | None = None  # the rank making this call is killed in the step, and the launch ends with it
     also: tuple[tuple[str, int], ...] = ()  # a load: other saves' tables it may rightly give (a re-save was killed)
+    after_bytes: int = 0  # a kill of writers: once they have handed this many bytes to write() (the fault's trigger)
 
     @property
     def label(self) -> str:
         named = f"{self.kind} {self.name or 'latest'}"
-        what = {"wait": "wait for detached saves", "damage": self.why}.get(self.kind, named)
+        what = {"wait": "wait for detached saves", "damage": self.why,
+                "kill": "SIGKILL the writers of the detached saves (the trainer goes on)",
+                "check": f"the pieces save {self.name} recorded cover each tensor once"}.get(self.kind, named)
         crash = f" ({self.crash.describe()})" if self.crash else ""
         return f"step {self.index}: {what}" + (" (async)" if self.use_async else "") + crash
 
@@ -101,6 +105,7 @@ class Plan:
     options: dict
     phases: list[Phase]
     tables: dict[tuple[str, int], dict[int, dict[str, Piece]]]  # (layout, version) -> rank -> tensor -> piece
+    case_property: str = ""  # P-COVER: the script checks what each save recorded, not only what loads give
 
     def uses(self, flag: str) -> bool:
         """Whether any step sets ``flag`` (use_async, mutate_after, detach): the script leaves out what none needs."""
@@ -121,7 +126,7 @@ class Plan:
         return max(p.world for p in self.phases)
 
 
-RANK_OPS = ("save", "load", "wait")
+RANK_OPS = ("save", "load", "wait", "kill")
 
 
 def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int | None = None,
@@ -167,8 +172,16 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
             for key in also:
                 if key not in tables:
                     tables[key] = _table(case, which, key[1], world)
-        phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after, op.detach,
-                                     index in expect_errors, index in tolerated, crash=crash, also=also))
+        kills = index == getattr(case.fault, "op", None) and _kills_writers(case)
+        phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after,
+                                     op.detach or kills, index in expect_errors, index in tolerated, crash=crash,
+                                     also=also))
+        if op.kind == "save" and case.property == "P-COVER" and crash is None:
+            phases[-1].steps.append(Step(index, "check", op.name))  # what the save recorded tiles each tensor
+        if kills:  # its writers killed once it returned, then waited for: the job restarts after
+            trigger = case.fault.bytes_written or 0
+            phases[-1].steps += [Step(index, "kill", None, after_bytes=trigger), Step(index, "wait", None)]
+            fresh = True
         if op.kind == "save" and table is not None:
             saved.setdefault(op.name, []).append(table)
             if crash is not None:
@@ -180,7 +193,7 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
         elif after is not None and index == case.fault.op:
             phases[-1].steps.append(Step(index, "damage", None, edits=after[0], why=after[1]))
             fresh = True
-    return Plan(case.sut, dict(case.options), phases, tables)
+    return Plan(case.sut, dict(case.options), phases, tables, case.property)
 
 
 def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
@@ -193,7 +206,20 @@ def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
             raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
         if op.stall:
             raise ReproUnsupported(f"op {index} holds its writer (stall): the script cannot hold a writer yet")
-    return None if _crash(case) is not None else _fault_edits(case)
+    return None if _kills_writers(case) or _crash(case) is not None else _fault_edits(case)
+
+
+def _kills_writers(case: Case) -> bool:
+    """Whether the fault kills the background writers of an async save (kill-when, target "children"). The script
+    kills them once they have written the trigger's bytes (none: as soon as the save returns; a file appearing or a
+    delay is not waited for): verification accepts that only if the script still shows the bug."""
+    fault = case.fault
+    if not isinstance(fault, KillWhenFault) or fault.target != "children":
+        return False
+    op = case.ops[fault.op]
+    if op.kind != "save" or not op.use_async:
+        raise ReproUnsupported(f"a kill of the writers of op {fault.op} ({op.kind}), which starts none")
+    return True
 
 
 def _crash(case: Case) -> Crash | None:
@@ -242,8 +268,35 @@ def _fault_edits(case: Case) -> tuple[tuple[dict, ...], str] | None:
         edits = tuple({"kind": "lose_data", "path": p} for p in paths if p)
         return edits, (f"power loss after the save returned: the data of {', '.join(paths)} was never fsynced, "
                        "so those files come back empty")
+    if isinstance(fault, StateFault) and fault.state.get("kind") == "lost-dirent":
+        return _lost_entry(case, fault)
     which = f" ({fault.state.get('kind')} state)" if isinstance(fault, StateFault) else ""
     raise ReproUnsupported(f"a {fault.kind} fault{which} (the script cannot inject it yet)")
+
+
+def _lost_entry(case: Case, fault: StateFault) -> tuple[tuple[dict, ...], str]:
+    """A power loss that loses one directory entry, as the edit that undoes it: a created file removed, a made
+    directory removed with what is in it, a rename moved back. Exact only where nothing came after the lost op (it
+    is the trace's last) and the entry was new (the save's own directory, saved for the first time): a rename over
+    an old file, or an unlink, cannot be undone by a script, since the old content is gone."""
+    state, detail = fault.state, fault.state.get("detail", {})
+    what, name = str(detail.get("what", "")), case.ops[fault.op].name or ""
+    if detail.get("op") != state.get("n_ops", 0) - 1 or state.get("prefix") != state.get("n_ops"):
+        raise ReproUnsupported(f"a lost directory entry ({what}) with later calls after it")
+    if any(op.kind == "save" and op.name == name for op in case.ops[: fault.op]):
+        raise ReproUnsupported(f"a lost directory entry ({what}) in a re-save: its old content is gone")
+    kind, _, rest = what.partition(" ")
+    paths = [p.split(" (")[0] for p in rest.split(" -> ")]
+    if not all(p == name or p.startswith(name + "/") for p in paths):
+        raise ReproUnsupported(f"a lost directory entry ({what}) outside the save's own directory")
+    if kind == "rename":
+        edit = {"kind": "rename_back", "path": paths[1], "to": paths[0]}
+    elif kind == "mkdir" or (kind == "open" and "O_CREAT" in rest):
+        edit = {"kind": "remove", "path": paths[0]}
+    else:
+        raise ReproUnsupported(f"a lost directory entry ({what}): the script cannot bring back what it removed")
+    return (edit,), (f"power loss after the save returned: the directory entry of its last call ({what}) was "
+                     "never fsynced, so it is lost")
 
 
 def _table(case: Case, which: str, version: int, world: int) -> dict[int, dict[str, Piece]]:

@@ -8,8 +8,10 @@ from types import ModuleType
 
 from .plan import Piece, Plan, ReproUnsupported, Step
 
-EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp": "torch_dcp"}
+EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp": "torch_dcp",
+            "paddleformers-uc": "paddleformers_uc"}
 STEP_TIMEOUT_S = 300  # per launch in run.sh: a hang shows as exit 124
+START_S = 60  # a launch's start-up (imports, the collective) on top of a case's own op bound
 MARK = "BUG"  # the first word of the lines a script prints when it shows the bug
 
 CHECK = f'''def check(step, got, pieces, also=()):
@@ -161,12 +163,27 @@ def repro_py(plan: Plan, title: str, source: str) -> str:
         text.SCRIBBLE if plan.uses("mutate_after") else "",
         RETURNED if plan.uses("use_async") else "",
         module.helpers(plan),
+        _optional(module, plan, "kill", "KILL_WRITERS", "a kill of async writers (the {} script cannot find its "
+                  "writers yet)"),
+        _optional(module, plan, "check", "CHECK_RECORDED", "a check of what a save recorded (the {} script cannot "
+                  "read its metadata yet)"),
         damage(plan.edit_kinds()) if plan.edit_kinds() else "",
         CRASH if plan.crash_phases() else "",
         CHECK,
         _main(plan, text.SETUP),
     ]
     return "\n".join(parts)
+
+
+def _optional(module: ModuleType, plan: Plan, kind: str, attr: str, refusal: str) -> str:
+    """The script text a step ``kind`` needs, from the emitter's ``attr`` (the framework's own way to do it: find
+    its writers, read its metadata); a plan without such a step needs none, an emitter without it refuses."""
+    if not any(step.kind == kind for phase in plan.phases for step in phase.steps):
+        return ""
+    text = getattr(module, attr, None)
+    if text is None:
+        raise ReproUnsupported(refusal.format(plan.sut))
+    return text
 
 
 def _tables(plan: Plan) -> str:
@@ -218,6 +235,10 @@ def _call(step: Step) -> str:
 
 def _action(step: Step) -> str:
     """The step's action and its arguments, as ``run`` and ``crash_step`` both take them."""
+    if step.kind == "kill":
+        return "kill_writers" + (f", {step.after_bytes}" if step.after_bytes else "")
+    if step.kind == "check":
+        return f"check_recorded, {step.name!r}"
     if step.kind == "wait":
         return "wait"
     if step.kind == "damage":
@@ -229,14 +250,22 @@ def _action(step: Step) -> str:
     return f"save, {step.name!r}, {data}" + "".join(f", {kw}=True" for field, kw in keywords if getattr(step, field))
 
 
+def launch_bound(plan: Plan) -> int:
+    """Seconds one launch may take before run.sh calls it a hang: the case's own op bound (``op_timeout``, where
+    it set one: its ops finish well inside it) twice over plus start-up, never more than ``STEP_TIMEOUT_S``."""
+    op_timeout = plan.options.get("op_timeout")
+    return STEP_TIMEOUT_S if op_timeout is None else min(STEP_TIMEOUT_S, START_S + 2 * int(op_timeout))
+
+
 def run_sh(plan: Plan) -> str:
     """Each phase a launch of fresh processes into one checkpoint directory; the first that fails ends the run."""
+    bound = launch_bound(plan)
     lines = [
         "#!/usr/bin/env bash",
         "# Runs repro.py: each launch below starts fresh processes on the same checkpoint directory.",
         *(f"# {line}" for line in emitter(plan.sut).TEXT.WHY),
         "# Exit status: 0 when no step shows the bug; 1 (or the failing launch's status) while it is there;",
-        f"# 124 when a launch hangs (bounded at {STEP_TIMEOUT_S} s).",
+        f"# 124 when a launch hangs (bounded at {bound} s).",
         "set -u",
         'cd "$(dirname "$0")"',
         'WORK=$(mktemp -d)',
@@ -245,10 +274,10 @@ def run_sh(plan: Plan) -> str:
         "",
         "launch() {  # launch PHASE NPROC",
         '  if [ "$2" -eq 1 ]; then',
-        f'    timeout -k 10 {STEP_TIMEOUT_S} python repro.py "$WORK/ckpt" "$1"',
+        f'    timeout -k 10 {bound} python repro.py "$WORK/ckpt" "$1"',
         "    return $?",
         "  fi",
-        f"  timeout -k 10 {STEP_TIMEOUT_S} {emitter(plan.sut).TEXT.LAUNCH}",
+        f"  timeout -k 10 {bound} {emitter(plan.sut).TEXT.LAUNCH}",
         "  local status=$?",
         f"  {emitter(plan.sut).TEXT.SHOW}",
         '  [ $status -eq 124 ] && echo "BUG: launch $1 did not finish within the bound: a hang"',
@@ -281,6 +310,11 @@ EDITS = {
     "append": """with open(path, "ab") as f:
                 f.write(bytes.fromhex(e["content"]))""",
     "delete": """os.remove(path)""",
+    "remove": """if os.path.isdir(path):  # a power loss lost the entry that made it
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)""",
+    "rename_back": """os.rename(path, os.path.join(ROOT, e["to"]))  # a power loss lost the rename's entry""",
     "stale_marker": """with open(path, "x") as f:
                 f.write(e["content"])""",
     "zero_range": """with open(path, "r+b") as f:
@@ -294,7 +328,8 @@ def damage(kinds: set[str]) -> str:
     branches = "".join(f"""        {'if' if i == 0 else 'elif'} e["kind"] == {kind!r}:
             {EDITS[kind]}
 """ for i, kind in enumerate(sorted(kinds)))
-    return f'''def damage(edits):
+    imports = "import shutil  # noqa: E402\n\n\n" if "remove" in kinds else ""
+    return imports + f'''def damage(edits):
     """Change the checkpoint's files as listed, between two steps: every rank has finished the step before (a save
     may return on one rank before another has written its file), rank 0 edits, the others wait."""
     if dist.is_initialized():

@@ -87,3 +87,27 @@ LOAD = '''def load(name, pieces):
     dcp.load(state, checkpoint_id=os.path.join(ROOT, name))
     return state
 '''
+
+KILL_WRITERS = '''import multiprocessing  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+
+
+def written(pid):
+    """Bytes the process has handed to write() calls (Linux: ``wchar`` of /proc/PID/io)."""
+    with open(f"/proc/{pid}/io") as f:
+        return int(next(line for line in f if line.startswith("wchar:")).split()[1])
+
+
+def kill_writers(after_bytes=0, timeout=60):
+    """SIGKILL this rank's child processes — dcp.async_save's "process" executor writes in one — once they have
+    written ``after_bytes`` bytes (mid-save), as the OOM killer would, and reap them; the rank itself goes on."""
+    children, deadline = multiprocessing.active_children(), time.monotonic() + timeout
+    while after_bytes and sum(written(c.pid) for c in children) < after_bytes and time.monotonic() < deadline:
+        time.sleep(0.001)
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(10)
+
+
+'''

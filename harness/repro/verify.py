@@ -4,8 +4,10 @@ the bug the finding reports (syzkaller's rule: a reproducer counts only once it 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,20 +48,24 @@ def run_repro(folder: Path, phases: int, timeout: float | None = None) -> tuple[
     return proc.returncode, out.decode("utf-8", "replace")
 
 
-def judge_run(status: int, output: str, verdict: str, step: int | None = None) -> Verification:
+def judge_run(status: int, output: str, verdict: str, step: int | None = None,
+              ways: Collection[str] = ()) -> Verification:
     """Does the run show the finding? A hang must time out, a crash must end a process abnormally; any other
     verdict needs the script's own words (an error where none is due, or bits that differ) at ``step`` when the
-    finding names the op it shows at (an earlier step failing is another bug, not this one)."""
-    prefix = f"{MARK}: step {step}:" if step is not None else f"{MARK}:"
-    marked = any(line.startswith(prefix) for line in output.splitlines())
+    finding names the op it shows at (an earlier step failing is another bug, not this one). ``ways``: the other
+    verdicts a racy finding shows as (its ``or`` ways), each at its own op: then a hang is one of them if listed,
+    and the script's words at ``step`` or any later step count."""
+    verdicts = {verdict, *ways}
+    bugs = [int(m.group(1)) for m in re.finditer(rf"^{MARK}: step (\d+):", output, re.MULTILINE)]
+    at_step = bugs and (step is None or min(bugs) == step or (bool(ways) and min(bugs) >= step))
     if status == 0:
         return Verification(False, "passed", status, output)
     if status == 124:
-        return Verification(verdict == "hang", "hang", status, output)
-    if marked:
-        return Verification(verdict != "hang", "marked", status, output)
-    if any(line.startswith(f"{MARK}: step ") for line in output.splitlines()):
+        return Verification("hang" in verdicts, "hang", status, output)
+    if at_step:
+        return Verification(verdicts != {"hang"}, "marked", status, output)
+    if bugs:
         return Verification(False, "another-step", status, output)  # it failed before the reported step
     crashed = "Traceback (most recent call last)" not in output or any(
         s in output for s in ("Aborted", "SIGABRT", "SIGSEGV", "SIGFPE", "terminate called", "FatalError"))
-    return Verification(verdict == "crash" and crashed, "crash" if crashed else "script-error", status, output)
+    return Verification("crash" in verdicts and crashed, "crash" if crashed else "script-error", status, output)
