@@ -106,16 +106,76 @@ def load(name, pieces):
     return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
 
 
-def check(step, got, pieces):
-    """Every loaded piece must have the dtype and the exact bits that were saved."""
-    for key, p in pieces.items():
-        if key not in got:
-            continue  # an empty flattened slice: nothing was asked for
+import glob  # noqa: E402
+import pickle  # noqa: E402
+
+
+def check_recorded(name):
+    """The metadata the save wrote must tile each tensor exactly once: every recorded piece inside the tensor's
+    shape, every element in one piece (declared extra replicas aside). Rank 0 reads it once every rank has saved."""
+    if dist.is_initialized():
+        dist.barrier()
+    path, unique_id = location(name)
+    numbered = [f for f in glob.glob(os.path.join(path, "*.metadata")) if os.path.basename(f).split(".")[0].isdigit()]
+    if RANK != 0 or not numbered:
+        return
+    newest = max(numbered, key=lambda f: int(os.path.basename(f).split(".")[0]))
+    with open(newest if unique_id is None else os.path.join(path, f"{unique_id}.metadata"), "rb") as f:
+        meta = pickle.load(f)
+    shapes = {key: tuple(metas[0].global_shape) for key, metas in meta.state_dict_metadata.items() if metas}
+    count = {key: np.zeros(shape, np.int64) for key, shape in shapes.items()}
+    for index in meta.storage_metadata:
+        if index.replica_id not in (None, 0):
+            continue
+        key, offset, local = index.tensor_key, tuple(index.global_offset), tuple(index.local_shape or ())
+        if any(o < 0 or o + n > g for o, n, g in zip(offset, local, shapes[key])):
+            raise Failed(f"{key}: a recorded piece at offset {list(offset)} of shape {list(local)} runs past the "
+                         f"tensor's shape {list(shapes[key])}")
+        piece = np.ones(local, np.int64)
+        if index.is_flattened:  # only its [start, stop) of the box's row-major elements
+            piece = np.zeros(int(np.prod(local)), np.int64)
+            piece[index.flattened_range] = 1
+            piece = piece.reshape(local)
+        count[key][tuple(slice(o, o + n) for o, n in zip(offset, local))] += piece
+    for key, times in count.items():
+        if times.size and not (times == 1).all():
+            raise Failed(f"{key}: the recorded pieces cover its elements {sorted(set(times.ravel().tolist()))} "
+                         "times, not once each")
+
+
+
+
+
+def check(step, got, pieces, also=()):
+    """Every loaded piece must have the dtype and the exact bits that were saved: by one save as a whole (``also``:
+    the other saves it may rightly give, after a kill in the middle of a re-save of the name)."""
+    def held(key, p):
         dtype, shape, bits = bits_of(got[key])
-        want = (DTYPE_NAMES[p.dtype], list(p.shape), p.bits)
-        if (dtype, shape, bits) != want:
-            print(f"BUG: {step} on rank {RANK}: {key} does not hold what was saved")
-            print(f"EXPECTED: {want[0]} {want[1]} bits {want[2]}")
+        return (dtype, shape, bits) == (DTYPE_NAMES[p.dtype], list(p.shape), p.bits), (dtype, shape, bits)
+
+    keys = [key for key in pieces if key in got]  # not in got: an empty flattened slice, nothing was asked for
+    gave = {i for i, saved in enumerate((pieces, *also)) if all(held(key, saved[key])[0] for key in keys)}
+    if also and dist.is_initialized():  # one save as a whole: every rank must have given the same one
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, sorted(gave))
+        everyone = [g for g in everyone if g is not None]  # torch fills the list in place, Paddle appends to it
+        common = set.intersection(*(set(g) for g in everyone))
+        if gave and not common:
+            print(f"BUG: {step} on rank {RANK}: the ranks gave different saves' data (by rank: {everyone}), "
+                  "a state no save wrote")
+            print(f"EXPECTED: one of the {1 + len(also)} saves it may give, on every rank")
+            print(f"ACTUAL:   saves by rank (0: the save this step names, 1 on: the others) {everyone}")
+            sys.exit(1)
+        gave = common
+    if gave:
+        return
+    for key in keys:
+        p = pieces[key]
+        same, (dtype, shape, bits) = held(key, p)
+        if not same:
+            print(f"BUG: {step} on rank {RANK}: {key} does not hold what was saved"
+                  + (f" (by any of the {1 + len(also)} saves it may give)" if also else ""))
+            print(f"EXPECTED: {DTYPE_NAMES[p.dtype]} {list(p.shape)} bits {p.bits}")
             print(f"ACTUAL:   {dtype} {shape} bits {bits}")
             sys.exit(1)
 
@@ -124,7 +184,7 @@ class Failed(Exception):
     """A failure this script detects itself (the framework only logged it)."""
 
 
-def run(step, action, *args, expect_error=False, tolerate=False, **kwargs):
+def run(step, action, *args, expect_error=False, tolerate=False, also=(), **kwargs):
     """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
     were saved, shows the bug."""
     try:
@@ -153,7 +213,7 @@ def run(step, action, *args, expect_error=False, tolerate=False, **kwargs):
         print("ACTUAL:   no error")
         sys.exit(1)
     if action is load and not tolerate:
-        check(step, result, args[-1])
+        check(step, result, args[-1], also)
 
 def main():
     global ROOT, PHASE, RANK
@@ -169,6 +229,7 @@ def main():
     RANK = dist.get_rank()
     if PHASE == 0:  # 4 process(es)
         run('step 0: save step-1', save, 'step-1', DATA['save', 0][RANK])
+        run('step 0: the pieces save step-1 recorded cover each tensor once', check_recorded, 'step-1')
     print(f"rank {RANK}: every step of launch {PHASE} behaved as it should")
 
 
