@@ -97,7 +97,7 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
     compile(text, "repro.py", "exec")
     assert "crash_step('step 1: save step-0 (killed at call 1 of openat on step-0/__1_0.distcp)'" in text
     assert "sys.addaudithook" in text and "also=(DATA['load', 0][RANK], )" in text
-    assert "launch 0 2; killed 0 || exit $?" in run_sh(plan)
+    assert "launch 0 2; faulted 0 || exit $?" in run_sh(plan)
     assert "crash_step" not in repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
 
     write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
@@ -107,6 +107,26 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
                                                      for i, op in enumerate(case.ops)))
     with pytest.raises(ReproUnsupported, match="synchronous save only"):
         plan_case(async_save)
+
+
+def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
+    """An error fault at a call Python audits becomes the same hook raising OSError(errno) at that call instead of a
+    kill, in a synchronous save or load; the launch ends there and a later load accepts either save."""
+    from faults.spec import ErrorFault
+
+    base = _case("torch-dcp-resave-crash-mixes-versions")
+    case = dataclasses.replace(base, fault=ErrorFault(op=1, syscall="rename", k=1, path="step-0/.metadata.tmp",
+                                                      errno="ENOSPC"))
+    plan = plan_case(case)
+    step = plan.phases[0].steps[1]
+    assert step.crash.errno == "ENOSPC" and step.crash.event == "os.rename"
+    assert "ENOSPC at call 1 of rename" in step.label and plan.phases[1].steps[0].also
+    text = repro_py(plan, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC')" in text and "raise OSError(getattr(errno, error)" in text
+    write = dataclasses.replace(case, fault=ErrorFault(op=1, syscall="write", k=1, path="step-0/x", errno="EIO"))
+    with pytest.raises(ReproUnsupported, match="an injected EIO at a write call"):
+        plan_case(write)
 
 
 def test_a_kill_of_async_writers_becomes_kill_then_wait_and_the_job_restarts() -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from faults.corrupt import Corruption, garbage
-from faults.spec import CorruptFault, KillFault, KillWhenFault, StateFault
+from faults.spec import CorruptFault, ErrorFault, KillFault, KillWhenFault, StateFault
 from properties.case import Case
 from reference.engine import local_tensors
 from reference.layout import Box, Flat, FlatRange, Sharded
@@ -49,15 +49,18 @@ AUDIT_EVENTS = {"open": "open", "openat": "open", "creat": "open", "rename": "os
 @dataclass(frozen=True)
 class Crash:
     """A rank SIGKILLed at its ``k``-th ``syscall`` on ``path`` (relative to the checkpoint root), before the call
-    runs, as the harness's kill fault does; the script catches the call by its audit ``event``."""
+    runs, as the harness's kill fault does — or, with ``errno``, that call failing with it, as its error fault
+    does; the script catches the call by its audit ``event``."""
 
     syscall: str
     event: str
     path: str
     k: int
+    errno: str | None = None
 
     def describe(self) -> str:
-        return f"killed at call {self.k} of {self.syscall} on {self.path}"
+        how = "killed at" if self.errno is None else f"{self.errno} at"
+        return f"{how} call {self.k} of {self.syscall} on {self.path}"
 
 
 @dataclass(frozen=True)
@@ -223,22 +226,26 @@ def _kills_writers(case: Case) -> bool:
 
 
 def _crash(case: Case) -> Crash | None:
-    """The case's kill at a syscall as a script can inflict it: on a path under the root, in the rank's own process
-    (a synchronous save: an async save's writer process would not carry the script's hook), at a call Python makes
-    visible by an audit event. Other kills raise ``ReproUnsupported`` saying why; not a kill: None."""
+    """The case's kill at a syscall, or error injected into one, as a script can inflict it: on a path under the
+    root, in the rank's own process (a synchronous op: an async save's writer process would not carry the script's
+    hook), at a call Python makes visible by an audit event. Others raise ``ReproUnsupported`` saying why; not such
+    a fault: None."""
     fault = case.fault
-    if not isinstance(fault, KillFault):
+    if not isinstance(fault, KillFault | ErrorFault):
         return None
-    op = case.ops[fault.op]
+    op, what = case.ops[fault.op], "a kill" if isinstance(fault, KillFault) else f"an injected {fault.errno}"
     if fault.syscall not in AUDIT_EVENTS:
-        raise ReproUnsupported(f"a kill at a {fault.syscall} call (the script can kill at "
+        raise ReproUnsupported(f"{what} at a {fault.syscall} call (the script can hit "
                                f"{', '.join(sorted(AUDIT_EVENTS))} only: Python raises no audit event for the others)")
     if not fault.path:
-        raise ReproUnsupported("a kill at a call on no named path (the script matches the call by its path)")
-    if op.kind != "save" or op.use_async:
-        raise ReproUnsupported(f"a kill in op {fault.op} ({op.kind}{', async' if op.use_async else ''}): the script "
-                               "kills in a synchronous save only (an async writer process would not carry its hook)")
-    return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k)
+        raise ReproUnsupported(f"{what} at a call on no named path (the script matches the call by its path)")
+    allowed = ("save",) if isinstance(fault, KillFault) else ("save", "load")
+    if op.kind not in allowed or op.use_async:
+        raise ReproUnsupported(f"{what} in op {fault.op} ({op.kind}{', async' if op.use_async else ''}): the script "
+                               f"hits a synchronous {' or '.join(allowed)} only (an async writer process would not "
+                               "carry its hook)")
+    return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k,
+                 fault.errno if isinstance(fault, ErrorFault) else None)
 
 
 def describe(plan: dict) -> str:

@@ -101,14 +101,16 @@ def returned(writer, tensors, mutate_after, detach):
 '''
 
 
-CRASH = '''import signal  # noqa: E402
+CRASH = '''import errno  # noqa: E402
+import signal  # noqa: E402
 
 
 def crash_step(step, call, action, *args, **kwargs):
-    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls) is
-    SIGKILLed before that call runs: no clean-up, as a machine failure or the OOM killer ends a job. Every rank's
-    launch ends with the step (the job restarts); the next launch starts fresh on what the kill left on disk."""
-    event, path, k = call
+    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls, and an
+    errno or None) meets the fault before that call runs: SIGKILLed (no errno) — no clean-up, as a machine failure
+    or the OOM killer ends a job — or the call fails with that errno, as a full disk or a failing device makes it.
+    Every rank's launch ends with the step (the job restarts); the next launch starts fresh on what it left."""
+    event, path, k, error = call
     target, seen = os.path.abspath(os.path.join(ROOT, path)), [0]
 
     def hook(name, hook_args):
@@ -117,21 +119,27 @@ def crash_step(step, call, action, *args, **kwargs):
         if os.path.abspath(os.fsdecode(hook_args[0])) != target:
             return
         seen[0] += 1
-        if seen[0] == k:
-            with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"killed-{PHASE}"), "w"):
-                pass  # run.sh's sign that the kill happened
-            print(f"{step}: rank {RANK} killed before call {k} of {event} on {path}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if seen[0] != k:
+            return
+        with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"fault-{PHASE}"), "w"):
+            pass  # run.sh's sign that the fault happened
+        if error is not None:
+            print(f"{step}: call {k} of {event} on {path} fails with {error} on rank {RANK}", flush=True)
+            raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), os.fsdecode(hook_args[0]))
+        print(f"{step}: rank {RANK} killed before call {k} of {event} on {path}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     sys.addaudithook(hook)  # for the rest of this process, which the step ends
     try:
         action(*args, **kwargs)
-    except BaseException as exc:  # a peer killed in the middle of a collective
+        if error is not None:
+            print(f"{step}: rank {RANK} finished the step despite the error (what it left is judged next)")
+    except BaseException as exc:  # the injected error, or a peer killed in the middle of a collective
         if isinstance(exc, KeyboardInterrupt):
             raise
-        print(f"{step}: rank {RANK} saw its peer die ({type(exc).__name__}: {str(exc)[:200]}); the launch ends")
+        print(f"{step}: rank {RANK} stopped ({type(exc).__name__}: {str(exc)[:200]}); the launch ends")
     sys.stdout.flush()
-    os._exit(0)  # the job is over: no framework teardown waits for the dead rank
+    os._exit(0)  # the job is over: no framework teardown waits for a dead or failed rank
 '''
 
 
@@ -224,9 +232,10 @@ def _main(plan: Plan, setup: str) -> str:
 
 
 def _call(step: Step) -> str:
-    """The step's line: ``run`` judges it; a step with a kill runs through ``crash_step``, which judges none."""
+    """The step's line: ``run`` judges it; a step with a kill or an injected error runs through ``crash_step``,
+    which judges none."""
     if step.crash is not None:
-        call = (step.crash.event, step.crash.path, step.crash.k)
+        call = (step.crash.event, step.crash.path, step.crash.k, step.crash.errno)
         return f"crash_step({step.label!r}, {call!r}, {_action(step)})"
     err = (", expect_error=True" if step.expect_error else "") + (", tolerate=True" if step.tolerate else "")
     also = "".join(f"DATA[{t[0]!r}, {t[1]}][RANK], " for t in step.also)
@@ -287,12 +296,12 @@ def run_sh(plan: Plan) -> str:
     ]
     killed = plan.crash_phases()
     if killed:
-        lines += ["killed() {  # killed PHASE: the launch had to end with a rank killed at the finding's call",
-                  '  [ -e "$WORK/killed-$1" ] && return 0',
-                  '  echo "launch $1: no rank made the call the finding was killed at; this script cannot show it"',
+        lines += ["faulted() {  # faulted PHASE: the launch had to end with the fault at the finding's call",
+                  '  [ -e "$WORK/fault-$1" ] && return 0',
+                  '  echo "launch $1: no rank made the call the finding\'s fault hit; this script cannot show it"',
                   "  return 2", "}", ""]
     for number, phase in enumerate(plan.phases):
-        ends = f"; killed {number} || exit $?" if number in killed else " || exit $?"
+        ends = f"; faulted {number} || exit $?" if number in killed else " || exit $?"
         lines.append(f"launch {number} {phase.world}{ends}")
     return "\n".join(lines) + "\n"
 
