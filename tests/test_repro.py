@@ -100,7 +100,11 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
     assert "launch 0 2; faulted 0 || exit $?" in run_sh(plan)
     assert "crash_step" not in repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
 
-    write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
+    first = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
+    crash = plan_case(first).phases[0].steps[1].crash  # nothing between the open and it: killed as the open returns
+    assert (crash.event, crash.k, crash.after) == ("open", 1, True)
+    assert "'open', 'step-0/__1_0.distcp', 1, None, True)" in repro_py(plan_case(first), "t", "s")
+    write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=2, path="step-0/__1_0.distcp"))
     with pytest.raises(ReproUnsupported, match="a kill at a write call"):
         plan_case(write)
     async_save = dataclasses.replace(case, ops=tuple(dataclasses.replace(op, use_async=True) if i == 1 else op
@@ -123,7 +127,7 @@ def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
     assert "ENOSPC at call 1 of rename" in step.label and plan.phases[1].steps[0].also
     text = repro_py(plan, "t", "s")
     compile(text, "repro.py", "exec")
-    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC')" in text and "raise OSError(getattr(errno, error)" in text
+    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False)" in text and "raise OSError(getattr(errno, error)" in text
     write = dataclasses.replace(case, fault=ErrorFault(op=1, syscall="write", k=1, path="step-0/x", errno="EIO"))
     with pytest.raises(ReproUnsupported, match="an injected EIO at a write call"):
         plan_case(write)

@@ -46,6 +46,11 @@ AUDIT_EVENTS = {"open": "open", "openat": "open", "creat": "open", "rename": "os
                 "mkdirat": "os.mkdir"}
 
 
+# A kill at the first of these on a path leaves what a kill right after the path's open leaves (truncated or new,
+# no data): the script kills there, on the open's audit event, after making the open itself.
+FIRST_WRITES = frozenset({"write", "pwrite64", "writev", "pwritev", "pwritev2"})
+
+
 @dataclass(frozen=True)
 class Crash:
     """A rank SIGKILLed at its ``k``-th ``syscall`` on ``path`` (relative to the checkpoint root), before the call
@@ -57,8 +62,11 @@ class Crash:
     path: str
     k: int
     errno: str | None = None
+    after: bool = False  # killed right after the call (its open) returns: the first write on a file it opened
 
     def describe(self) -> str:
+        if self.after:
+            return f"killed at its first {self.syscall} on {self.path}, right after opening it"
         how = "killed at" if self.errno is None else f"{self.errno} at"
         return f"{how} call {self.k} of {self.syscall} on {self.path}"
 
@@ -234,7 +242,8 @@ def _crash(case: Case) -> Crash | None:
     if not isinstance(fault, KillFault | ErrorFault):
         return None
     op, what = case.ops[fault.op], "a kill" if isinstance(fault, KillFault) else f"an injected {fault.errno}"
-    if fault.syscall not in AUDIT_EVENTS:
+    first_write = isinstance(fault, KillFault) and fault.syscall in FIRST_WRITES and fault.k == 1
+    if fault.syscall not in AUDIT_EVENTS and not first_write:
         raise ReproUnsupported(f"{what} at a {fault.syscall} call (the script can hit "
                                f"{', '.join(sorted(AUDIT_EVENTS))} only: Python raises no audit event for the others)")
     if not fault.path:
@@ -244,6 +253,8 @@ def _crash(case: Case) -> Crash | None:
         raise ReproUnsupported(f"{what} in op {fault.op} ({op.kind}{', async' if op.use_async else ''}): the script "
                                f"hits a synchronous {' or '.join(allowed)} only (an async writer process would not "
                                "carry its hook)")
+    if first_write:  # nothing between a file's open and its first write: killed as the open returns, on disk alike
+        return Crash(fault.syscall, "open", fault.path, 1, after=True)
     return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k,
                  fault.errno if isinstance(fault, ErrorFault) else None)
 

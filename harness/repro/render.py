@@ -106,11 +106,12 @@ import signal  # noqa: E402
 
 
 def crash_step(step, call, action, *args, **kwargs):
-    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls, and an
-    errno or None) meets the fault before that call runs: SIGKILLed (no errno) — no clean-up, as a machine failure
-    or the OOM killer ends a job — or the call fails with that errno, as a full disk or a failing device makes it.
+    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls, an errno
+    or None, and whether the call runs first) meets the fault at that call: SIGKILLed (no errno) — no clean-up, as a
+    machine failure or the OOM killer ends a job — before it runs, or right after (an open: the kill lands before
+    the file's first write), or the call fails with that errno, as a full disk or a failing device makes it.
     Every rank's launch ends with the step (the job restarts); the next launch starts fresh on what it left."""
-    event, path, k, error = call
+    event, path, k, error, after = call
     target, seen = os.path.abspath(os.path.join(ROOT, path)), [0]
 
     def hook(name, hook_args):
@@ -126,7 +127,9 @@ def crash_step(step, call, action, *args, **kwargs):
         if error is not None:
             print(f"{step}: call {k} of {event} on {path} fails with {error} on rank {RANK}", flush=True)
             raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), os.fsdecode(hook_args[0]))
-        print(f"{step}: rank {RANK} killed before call {k} of {event} on {path}", flush=True)
+        if after:  # the open itself (creating or truncating the file as the framework asked), then the kill
+            os.close(os.open(hook_args[0], hook_args[2], 0o666))
+        print(f"{step}: rank {RANK} killed {'after' if after else 'before'} call {k} of {event} on {path}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
 
     sys.addaudithook(hook)  # for the rest of this process, which the step ends
@@ -235,7 +238,7 @@ def _call(step: Step) -> str:
     """The step's line: ``run`` judges it; a step with a kill or an injected error runs through ``crash_step``,
     which judges none."""
     if step.crash is not None:
-        call = (step.crash.event, step.crash.path, step.crash.k, step.crash.errno)
+        call = (step.crash.event, step.crash.path, step.crash.k, step.crash.errno, step.crash.after)
         return f"crash_step({step.label!r}, {call!r}, {_action(step)})"
     err = (", expect_error=True" if step.expect_error else "") + (", tolerate=True" if step.tolerate else "")
     also = "".join(f"DATA[{t[0]!r}, {t[1]}][RANK], " for t in step.also)
