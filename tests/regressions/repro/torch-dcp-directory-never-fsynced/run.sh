@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs repro.py: each launch below starts fresh processes on the same checkpoint directory.
+# No shims: torch runs as installed, on the CPU with gloo (torchrun starts the ranks).
+# Exit status: 0 when no step shows the bug; 1 (or the failing launch's status) while it is there;
+# 124 when a launch hangs (bounded at 300 s).
+set -u
+cd "$(dirname "$0")"
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export TMPDIR="$WORK"  # temporary files of the launchers and frameworks go with it
+
+launch() {  # launch PHASE NPROC
+  if [ "$2" -eq 1 ]; then
+    timeout -k 10 300 python repro.py "$WORK/ckpt" "$1"
+    return $?
+  fi
+  timeout -k 10 300 env OMP_NUM_THREADS=1 python -m torch.distributed.run --standalone --nproc_per_node "$2" repro.py "$WORK/ckpt" "$1" > "$WORK/launch$1.out" 2>&1
+  local status=$?
+  cat "$WORK/launch$1.out"
+  [ $status -eq 124 ] && echo "BUG: launch $1 did not finish within the bound: a hang"
+  return $status
+}
+
+launch 0 2 || exit $?
+launch 1 2 || exit $?
