@@ -215,6 +215,21 @@ def test_a_cover_case_checks_what_each_save_recorded() -> None:
         repro_py(plan_case(torch), "t", "s")
 
 
+def test_a_held_writer_is_gated_at_its_start_until_the_resume_step() -> None:
+    """A stalled save (its writers held from the start) and the resume that lets them go: where the framework writes
+    in a thread of the caller (paddle.async_save) the script gates the threads the call starts; a framework whose
+    writers are processes says it cannot hold them."""
+    case = _case("paddle-save-async-save-no-copy")
+    plan = plan_case(case)
+    assert [(s.kind, s.hold) for s in plan.phases[0].steps] == [("save", True), ("resume", False), ("wait", False),
+                                                                ("load", False)]
+    text = repro_py(plan, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "holding, save, 'step-0'" in text and "run('step 1: let the held writers go', resume)" in text
+    with pytest.raises(ReproUnsupported, match="cannot hold its writers"):
+        repro_py(plan_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
+
+
 def test_equal_tables_are_written_once() -> None:
     text = repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
     assert "# the same pieces" in text

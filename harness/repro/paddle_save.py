@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from . import paddle_text
 from .plan import Plan, ReproUnsupported
+from .render import HOLD_THREADS
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
@@ -53,3 +54,6 @@ def load(name, pieces):
     loaded = paddle.load(path_of(name), safetensors=SAFETENSORS)
     return {key: loaded[key] for key in pieces}
 '''
+
+
+HOLD = HOLD_THREADS  # paddle.async_save writes in a thread of the caller's process: the script can gate it

@@ -77,8 +77,8 @@ class Step:
     (layout, version). ``expect_error``: the reference engine refuses this op too, so an error is the right answer."""
 
     index: int
-    kind: str  # save | load | wait | kill (the writers of detached saves) | check (what a save recorded) | damage
-    # (files changed between ops: a corruption, what a power loss leaves)
+    kind: str  # save | load | wait | kill (the writers of detached saves) | resume (held writers) | check (what a
+    # save recorded) | damage (files changed between ops: a corruption, what a power loss leaves)
     name: str | None
     table: tuple[str, int] | None = None
     use_async: bool = False
@@ -91,15 +91,18 @@ class Step:
     crash: Crash | None = None  # the rank making this call is killed in the step, and the launch ends with it
     also: tuple[tuple[str, int], ...] = ()  # a load: other saves' tables it may rightly give (a re-save was killed)
     after_bytes: int = 0  # a kill of writers: once they have handed this many bytes to write() (the fault's trigger)
+    hold: bool = False  # a save whose writers are held from the start until a resume step (the harness's stall)
 
     @property
     def label(self) -> str:
         named = f"{self.kind} {self.name or 'latest'}"
         what = {"wait": "wait for detached saves", "damage": self.why,
                 "kill": "SIGKILL the writers of the detached saves (the trainer goes on)",
-                "check": f"the pieces save {self.name} recorded cover each tensor once"}.get(self.kind, named)
+                "check": f"the pieces save {self.name} recorded cover each tensor once",
+                "resume": "let the held writers go"}.get(self.kind, named)
         crash = f" ({self.crash.describe()})" if self.crash else ""
-        return f"step {self.index}: {what}" + (" (async)" if self.use_async else "") + crash
+        held = " (its writers held)" if self.hold else ""
+        return f"step {self.index}: {what}" + (" (async)" if self.use_async else "") + held + crash
 
 
 @dataclass
@@ -137,7 +140,7 @@ class Plan:
         return max(p.world for p in self.phases)
 
 
-RANK_OPS = ("save", "load", "wait", "kill")
+RANK_OPS = ("save", "load", "wait", "kill", "resume")
 
 
 def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int | None = None,
@@ -186,7 +189,7 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
         kills = index == getattr(case.fault, "op", None) and _kills_writers(case)
         phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after,
                                      op.detach or kills, index in expect_errors, index in tolerated, crash=crash,
-                                     also=also))
+                                     also=also, hold=op.kind == "save" and op.stall))
         if op.kind == "save" and case.property == "P-COVER" and crash is None:
             phases[-1].steps.append(Step(index, "check", op.name))  # what the save recorded tiles each tensor
         if kills:  # its writers killed once it returned, then waited for: the job restarts after
@@ -215,8 +218,6 @@ def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
     for index, op in enumerate(case.ops):
         if op.kind not in (*RANK_OPS, "restart", "corrupt"):
             raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
-        if op.stall:
-            raise ReproUnsupported(f"op {index} holds its writer (stall): the script cannot hold a writer yet")
     return None if _kills_writers(case) or _crash(case) is not None else _fault_edits(case)
 
 

@@ -146,6 +146,43 @@ def crash_step(step, call, action, *args, **kwargs):
 '''
 
 
+HOLD_THREADS = '''import threading  # noqa: E402
+
+HELD = []  # the gates of held writer threads, opened by resume()
+
+
+def holding(action, *args, **kwargs):
+    """Run ``action`` with every thread it starts held at its start until resume(): its writer has not written a
+    byte when the call returns, where otherwise the caller races it (the thread usually wins with small tensors)."""
+    gate, start = threading.Event(), threading.Thread.start
+
+    def held_start(thread):
+        run = thread.run
+
+        def held_run():
+            gate.wait()
+            run()
+
+        thread.run = held_run
+        start(thread)
+
+    threading.Thread.start = held_start
+    try:
+        return action(*args, **kwargs)
+    finally:
+        threading.Thread.start = start
+        HELD.append(gate)
+
+
+def resume():
+    for gate in HELD:
+        gate.set()
+    HELD.clear()
+
+
+'''
+
+
 def emitter(sut: str) -> ModuleType:
     if sut not in EMITTERS:
         raise ReproUnsupported(f"no standalone script for {sut} yet (it needs its framework's set-up spelled out)")
@@ -176,6 +213,7 @@ def repro_py(plan: Plan, title: str, source: str) -> str:
         module.helpers(plan),
         _optional(module, plan, "kill", "KILL_WRITERS", "a kill of async writers (the {} script cannot find its "
                   "writers yet)"),
+        _optional(module, plan, "resume", "HOLD", "held writers (the {} script cannot hold its writers yet)"),
         _optional(module, plan, "check", "CHECK_RECORDED", "a check of what a save recorded (the {} script cannot "
                   "read its metadata yet)"),
         damage(plan.edit_kinds()) if plan.edit_kinds() else "",
@@ -251,6 +289,8 @@ def _action(step: Step) -> str:
         return "kill_writers" + (f", {step.after_bytes}" if step.after_bytes else "")
     if step.kind == "check":
         return f"check_recorded, {step.name!r}"
+    if step.kind == "resume":
+        return "resume"
     if step.kind == "wait":
         return "wait"
     if step.kind == "damage":
@@ -259,7 +299,8 @@ def _action(step: Step) -> str:
     if step.kind != "save":
         return f"load, {step.name!r}, {data}"
     keywords = (("use_async", "async_save"), ("mutate_after", "mutate_after"), ("detach", "detach"))
-    return f"save, {step.name!r}, {data}" + "".join(f", {kw}=True" for field, kw in keywords if getattr(step, field))
+    flags = "".join(f", {kw}=True" for field, kw in keywords if getattr(step, field))
+    return ("holding, " if step.hold else "") + f"save, {step.name!r}, {data}{flags}"
 
 
 def launch_bound(plan: Plan) -> int:

@@ -1,0 +1,230 @@
+"""paddle-save: silent-corruption in P-LIFECYCLE (paddle-save-async-save-no-copy)
+
+paddle.async_save(state, path) hands the caller's tensors to a writer thread without a copy, so writes the caller makes after the call returned land in the file when the thread has not written yet.
+
+Standalone reproduction written by ckpt-harness from ckpt-harness finding paddle-save-async-save-no-copy.json. Run ``bash run.sh``: it starts each launch below with fresh processes. The script prints BUG / EXPECTED / ACTUAL and exits 1 while the bug is there; every rank exits 0 once it is fixed.
+"""
+
+import os
+import sys
+import traceback
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from collections import namedtuple
+
+ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank
+
+SAFETENSORS = False  # the safetensors= of save and load
+
+CARRIERS = {'F32': ('float32', None)}  # numpy dtype Paddle reads bit for bit, and the paddle dtype to view it as
+
+DTYPE_NAMES = {'F32': 'float32'}  # as the framework prints them
+
+# One rank's piece of a tensor: dtype, global shape, offsets and shape of its box (or the [start, stop) of a
+# flattened slice), its bits as hex, and for a dist tensor its mesh shape, placements and owner coordinates.
+Piece = namedtuple("Piece", "dtype global_shape offsets shape flat bits mesh placements owner")
+
+# What each rank saves, and what each load must give back: (layout, version) -> rank -> tensor -> piece
+DATA = {}
+DATA['load', 0] = {
+    0: {'model/w': Piece('F32', (4,), (0,), (2,), None, '4243681fb9747d32', (2,), ('S0',), ())},
+    1: {'model/w': Piece('F32', (4,), (2,), (2,), None, 'decbb26aa504e18d', (2,), ('S0',), ())},
+}
+DATA['save', 0] = DATA['load', 0]  # the same pieces
+
+def tensor(p, zero=False):
+    """A paddle tensor holding the piece's exact bits (or zeros of its dtype and shape: a load target)."""
+    carrier, view = CARRIERS[p.dtype]
+    data = np.zeros(p.shape, carrier) if zero else np.frombuffer(bytes.fromhex(p.bits), carrier).reshape(p.shape)
+    t = paddle.to_tensor(data)
+    return t.view(getattr(paddle, view)) if view else t
+
+
+def bits_of(t):
+    """(dtype name, shape, bits as hex) of a dense tensor, or of a dist tensor's local part."""
+    if getattr(t, "is_dist", lambda: False)():
+        t = t._local_value()
+    return str(t.dtype).split(".")[-1], list(t.shape), np.ascontiguousarray(t.numpy()).tobytes().hex()
+
+def scribble(t):
+    """Overwrite the tensor in place (every bit inverted) — what training does to weights after a save returns."""
+    if t.numel():
+        t.view({1: paddle.uint8, 2: paddle.int16, 4: paddle.int32, 8: paddle.int64}[t.element_size()]).bitwise_not_()
+
+PENDING = []  # the writers (threads, processes or futures) of async saves not waited for yet
+
+
+def returned(writer, tensors, mutate_after, detach):
+    """An async save returned: the caller overwrites its tensors (where the step says so), then waits for the
+    writer unless the step leaves it running."""
+    if writer is not None:
+        PENDING.append(writer)
+    if mutate_after:
+        for t in tensors:
+            scribble(t)
+    if not detach:
+        wait()
+
+from paddle.framework import io as paddle_io  # noqa: E402 (where paddle.async_save keeps its threads)
+
+
+def path_of(name):
+    return os.path.join(ROOT, name, f"rank-{RANK:05d}." + ("safetensors" if SAFETENSORS else "pdparams"))
+
+
+def save(name, pieces, async_save=False, mutate_after=False, detach=False):
+    state = {key: tensor(p) for key, p in pieces.items()}
+    path = path_of(name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if not async_save:
+        paddle.save(state, path, safetensors=SAFETENSORS)
+        return
+    paddle.async_save(state, path, safetensors=SAFETENSORS)
+    returned(paddle_io.async_save_queue[-1], state.values(), mutate_after, detach)
+
+
+def wait():
+    writers, PENDING[:] = list(PENDING), []
+    for writer in writers:
+        writer.join()
+
+
+def load(name, pieces):
+    if not pieces:
+        return {}
+    loaded = paddle.load(path_of(name), safetensors=SAFETENSORS)
+    return {key: loaded[key] for key in pieces}
+
+
+import threading  # noqa: E402
+
+HELD = []  # the gates of held writer threads, opened by resume()
+
+
+def holding(action, *args, **kwargs):
+    """Run ``action`` with every thread it starts held at its start until resume(): its writer has not written a
+    byte when the call returns, where otherwise the caller races it (the thread usually wins with small tensors)."""
+    gate, start = threading.Event(), threading.Thread.start
+
+    def held_start(thread):
+        run = thread.run
+
+        def held_run():
+            gate.wait()
+            run()
+
+        thread.run = held_run
+        start(thread)
+
+    threading.Thread.start = held_start
+    try:
+        return action(*args, **kwargs)
+    finally:
+        threading.Thread.start = start
+        HELD.append(gate)
+
+
+def resume():
+    for gate in HELD:
+        gate.set()
+    HELD.clear()
+
+
+
+
+
+
+def check(step, got, pieces, also=()):
+    """Every loaded piece must have the dtype and the exact bits that were saved: by one save as a whole (``also``:
+    the other saves it may rightly give, after a kill in the middle of a re-save of the name)."""
+    def held(key, p):
+        dtype, shape, bits = bits_of(got[key])
+        return (dtype, shape, bits) == (DTYPE_NAMES[p.dtype], list(p.shape), p.bits), (dtype, shape, bits)
+
+    keys = [key for key in pieces if key in got]  # not in got: an empty flattened slice, nothing was asked for
+    gave = {i for i, saved in enumerate((pieces, *also)) if all(held(key, saved[key])[0] for key in keys)}
+    if also and dist.is_initialized():  # one save as a whole: every rank must have given the same one
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, sorted(gave))
+        everyone = [g for g in everyone if g is not None]  # torch fills the list in place, Paddle appends to it
+        common = set.intersection(*(set(g) for g in everyone))
+        if gave and not common:
+            print(f"BUG: {step} on rank {RANK}: the ranks gave different saves' data (by rank: {everyone}), "
+                  "a state no save wrote")
+            print(f"EXPECTED: one of the {1 + len(also)} saves it may give, on every rank")
+            print(f"ACTUAL:   saves by rank (0: the save this step names, 1 on: the others) {everyone}")
+            sys.exit(1)
+        gave = common
+    if gave:
+        return
+    for key in keys:
+        p = pieces[key]
+        same, (dtype, shape, bits) = held(key, p)
+        if not same:
+            print(f"BUG: {step} on rank {RANK}: {key} does not hold what was saved"
+                  + (f" (by any of the {1 + len(also)} saves it may give)" if also else ""))
+            print(f"EXPECTED: {DTYPE_NAMES[p.dtype]} {list(p.shape)} bits {p.bits}")
+            print(f"ACTUAL:   {dtype} {shape} bits {bits}")
+            sys.exit(1)
+
+
+class Failed(Exception):
+    """A failure this script detects itself (the framework only logged it)."""
+
+
+def run(step, action, *args, expect_error=False, tolerate=False, also=(), **kwargs):
+    """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
+    were saved, shows the bug."""
+    try:
+        result = action(*args, **kwargs)
+    except BaseException as exc:  # torch's CheckpointException is a BaseException
+        if isinstance(exc, (SystemExit, KeyboardInterrupt)):
+            raise
+        if traceback.extract_tb(exc.__traceback__)[-1].filename == __file__ and not isinstance(exc, Failed):
+            raise  # a mistake of this script, not the framework's failure
+        if tolerate:
+            print(f"{step} fails on rank {RANK} too ({type(exc).__name__}: {exc}): another known bug this case "
+                  "passes through on the way to the one reported; going on")
+            return None
+        if expect_error:
+            print(f"{step}: raised as it should ({type(exc).__name__})")
+            return None
+        print(f"BUG: {step} raised on rank {RANK}")
+        print("EXPECTED: it succeeds")
+        lines = str(exc).strip().splitlines() or [""]
+        last = f" ... {lines[-1].strip()}" if len(lines) > 1 else ""
+        print(f"ACTUAL:   {type(exc).__name__}: {lines[0]}{last}")
+        sys.exit(1)
+    if expect_error:
+        print(f"BUG: {step} succeeded on rank {RANK}")
+        print("EXPECTED: an error (the checkpoint it reads is not there or not whole)")
+        print("ACTUAL:   no error")
+        sys.exit(1)
+    if action is load and not tolerate:
+        check(step, result, args[-1], also)
+
+def main():
+    global ROOT, PHASE, RANK
+    ROOT, PHASE = sys.argv[1], int(sys.argv[2])
+    paddle.set_device("cpu")
+    if not paddle.is_compiled_with_cuda():
+        # CPU-only Paddle: the checkpoint code calls Tensor.cuda() and paddle.device.synchronize() on its reshard and
+        # async paths; on a CPU wheel those raise, so they become a CPU copy and a no-op (nothing else is changed).
+        paddle.Tensor.cuda = lambda self, *args, **kwargs: self.clone()
+        paddle.device.synchronize = lambda *args, **kwargs: None
+    if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
+        dist.init_parallel_env()
+    RANK = dist.get_rank()
+    if PHASE == 0:  # 2 process(es)
+        run('step 0: save step-0 (async) (its writers held)', holding, save, 'step-0', DATA['save', 0][RANK], async_save=True, mutate_after=True, detach=True)
+        run('step 1: let the held writers go', resume)
+        run('step 2: wait for detached saves', wait)
+        run('step 3: load step-0', load, 'step-0', DATA['load', 0][RANK])
+    print(f"rank {RANK}: every step of launch {PHASE} behaved as it should")
+
+
+if __name__ == "__main__":
+    main()
