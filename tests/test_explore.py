@@ -127,6 +127,22 @@ def test_a_broken_sut_is_caught_and_the_finding_names_its_exact_state(tmp_path: 
 
 
 @needs_strace
+@pytest.mark.slow
+def test_a_failure_without_any_fault_does_not_excuse_the_faults(tmp_path: Path) -> None:
+    """The broken SUT also fails a plain load of its zero-size tensor: the shape's control fails, which would excuse
+    every state. The exploration drops the tensor that makes the control fail, says so, and still catches the
+    atomicity bug in the rest of the state."""
+    code = main(["crashpoints", "--exhaustive", "--sut", "tests.suts.buggy:ZeroSizeIndexFirstSut", "--shape", "S",
+                 "--only", "states", "--launch", "in-process", "--out", str(tmp_path)])
+    summary = json.loads((tmp_path / "explore.json").read_text())
+    (row,) = summary["shapes"]
+    assert row["control"] == "pass (full state: data-loss; explored without model/emb)", row
+    assert code == 1 and summary["failing"] > 0 and row["excused"] == 0, summary
+    case, _ = read_case_file(Path(summary["findings"][0]))
+    assert "model/emb" not in {t.name for t in case.tensors}  # the finding replays on the state explored
+
+
+@needs_strace
 def test_fuzz_judges_every_state_of_a_drawn_fault_below_the_bound() -> None:
     """State 0 (nothing of the save on disk) passes on its own; judged with every other state of the save, the
     broken SUT fails, and the judgement names the concrete state that did it."""

@@ -298,6 +298,19 @@ class IndexFirstSut(_FinishesAtWaitSut):
         set_latest(root, name, agreed_save_id(name))
 
 
+class ZeroSizeIndexFirstSut(IndexFirstSut):
+    """IndexFirstSut that also cannot load a zero-size tensor (a loud failure with no fault at all): a crash
+    exploration must not let the plain failure excuse the atomicity bug behind it."""
+
+    name = "zero-size-index-first"
+
+    def load(self, root, name, targets, *, options):
+        empty = sorted(n for n, t in targets.items() if 0 in t.local.global_shape)
+        if empty:
+            raise ValueError(f"cannot load zero-size tensor {empty[0]!r}")
+        return super().load(root, name, targets, options=options)
+
+
 class RotationCountsUnfinishedSut(_FinishesAtWaitSut):
     """Rotation counts saves still in flight as checkpoints (and ignores ``latest``): with a save pending it deletes
     the last complete checkpoint, so a crash before that save finishes leaves the job with none."""
