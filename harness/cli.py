@@ -469,6 +469,8 @@ def _explore(args: argparse.Namespace) -> int:
 
 
 def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> int:
+    import dataclasses
+
     from .campaign import Finding
     from .report import finding_json
 
@@ -480,7 +482,7 @@ def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> 
         print(f"| {row['shape']} | {row['ops']} | {row['control']} | {row['points']} | {row['states']} | "
               f"{row['judged']}/{row['total']} | {row['failing']} | {row['unconfirmed']} | {row['flaky']} | "
               f"{row['excused']} |")
-    failing = [(rep.shape, r) for rep in reports for r in rep.failing]
+    failing = [(rep, r) for rep in reports for r in rep.failing]
     judged, total = sum(r["judged"] for r in rows), sum(r["total"] for r in rows)
     for rep in reports:
         for error in rep.errors:
@@ -492,10 +494,9 @@ def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> 
     if args.out is not None:
         (args.out / "findings").mkdir(parents=True, exist_ok=True)
         safe = re.sub(r"[^A-Za-z0-9._-]", "_", args.sut)
-        for n, (shape, r) in enumerate(failing):
-            path = args.out / "findings" / f"{n:03d}-{shape}-{r.fault.kind}-{safe}.json"
-            case = case_of(args, shape, r.fault)
-            finding = Finding(case, r.judgement, fault=r.report)
+        for n, (rep, r) in enumerate(failing):
+            path = args.out / "findings" / f"{n:03d}-{rep.shape}-{r.fault.kind}-{safe}.json"
+            finding = Finding(dataclasses.replace(rep.case, fault=r.fault), r.judgement, fault=r.report)
             path.write_text(json.dumps(finding_json(finding, f"ckpt-harness replay {path}"), indent=1,
                                        sort_keys=True) + "\n", encoding="utf-8")
             written.append(str(path))
@@ -503,8 +504,9 @@ def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> 
                    "judged": judged, "total": total, "failing": len(failing), "shapes": rows, "findings": written}
         (args.out / "explore.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
         _write_explore_report(args, summary, reports)
-    for (shape, r), path in itertools.zip_longest(failing, written):
-        print(f"{shape} op {r.fault.op} {r.description}: {r.judgement.verdict.value}: {'; '.join(r.judgement.details)}")
+    for (rep, r), path in itertools.zip_longest(failing, written):
+        details = "; ".join(r.judgement.details)
+        print(f"{rep.shape} op {r.fault.op} {r.description}: {r.judgement.verdict.value}: {details}")
         print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}" + (f"  (finding: {path})" if path else ""))
     print(f"{args.sut}, {args.ranks} ranks, shapes of up to {args.max_len} ops: {judged}/{total} judged, "
           f"{len(failing)} failing, {wall:.0f} s")
@@ -542,16 +544,6 @@ def _options(args: argparse.Namespace) -> dict:
         except json.JSONDecodeError as exc:
             raise HarnessError(f"--option {item}: the value is not JSON ({exc})") from None
     return options
-
-
-def case_of(args: argparse.Namespace, shape: str, fault):
-    """The replayable case of one explored fault: the shape's case with that fault."""
-    import dataclasses
-
-    from .explore import shape_case
-
-    case = shape_case(args.sut, adapter_class(args.sut).capabilities, args.ranks, shape, _options(args))
-    return dataclasses.replace(case, fault=fault)
 
 
 def _print_points(results: list) -> tuple[int, list[str]]:

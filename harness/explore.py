@@ -121,6 +121,7 @@ class ShapeReport:
     """One shape's exploration: every crash point and state of every op of it, judged."""
 
     shape: str
+    case: Case | None = None  # the shape's case explored (without a fault): its findings are this case with theirs
     control: Judgement | None = None  # the shape without a fault
     points: list[CrashResult] = field(default_factory=list)
     states: list[CrashResult] = field(default_factory=list)
@@ -171,6 +172,7 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
         case, report.dropped, passing = _without_failing_tensor(case, runners)
         if passing is not None:
             report.failed_control, report.control = report.control, passing
+    report.case = case
     confirm_ = confirm if report.control.ok else None  # failures the shape has anyway are not the fault's
     seen = (lambda n, r: on_result(r)) if on_result is not None else None
     for op in range(len(shape)):  # every op of the shape writes (a save or a rotation); the tail is not faulted
