@@ -23,14 +23,16 @@ from .verdicts import Judgement, Verdict
 @dataclass(frozen=True)
 class At:
     """The op an anomaly is about, as its record names it, with the job it ran in: the number of ranks (None: a
-    harness op) and the tensor kinds its case asks of the SUT (empty: the SUT's default). A bug that lives in one
-    world size or one kind of tensor is recognised by them, whichever property met it."""
+    harness op), the tensor kinds its case asks of the SUT (empty: the SUT's default) and the file format (None:
+    the SUT's default). A bug that lives in one world size, one kind of tensor or one format is recognised by
+    them, whichever property met it."""
 
     op: int
     kind: str
     name: str | None
     world: int | None = None
     tensor_kinds: tuple[str, ...] = ()
+    format: str | None = None
 
     def render(self) -> str:
         return f"op {self.op} ({self.kind} {self.name or 'latest'})"
@@ -521,7 +523,7 @@ def _flatten(out: dict[str, Any], name: str, value: Any) -> None:
     if name == "at":
         out.update(op=value.op if value else None, op_kind=value.kind if value else None,
                    name=value.name if value else None, world=value.world if value else None,
-                   tensor_kinds=list(value.tensor_kinds) if value else [])
+                   tensor_kinds=list(value.tensor_kinds) if value else [], format=value.format if value else None)
     elif name in ("error", "sut", "reference"):
         prefix = _error_prefix(name)
         for key in ("error_type", "message", "failure"):
@@ -540,9 +542,10 @@ def from_json(data: dict[str, Any]) -> Anomaly:
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name == "at":
-            # world and tensor_kinds: absent from anomalies written before they were recorded
+            # world, tensor_kinds, format: absent from anomalies written before they were recorded
             kwargs[f.name] = At(data["op"], data["op_kind"], data["name"], data.get("world"),
-                                tuple(data.get("tensor_kinds", ()))) if data["op"] is not None else None
+                                tuple(data.get("tensor_kinds", ())), data.get("format")) \
+                if data["op"] is not None else None
         elif f.name in ("error", "sut", "reference"):
             prefix = _error_prefix(f.name)
             parts = [data[prefix + k] for k in ("error_type", "message", "failure")]
@@ -571,7 +574,7 @@ def field_names(cls: type[Anomaly]) -> frozenset[str]:
     names = {"anomaly", "verdict"}
     for f in dataclasses.fields(cls):
         if f.name == "at":
-            names |= {"op", "op_kind", "name", "world", "tensor_kinds"}
+            names |= {"op", "op_kind", "name", "world", "tensor_kinds", "format"}
         elif f.name in ("error", "sut", "reference"):
             prefix = _error_prefix(f.name)
             names |= {prefix + k for k in ("error_type", "message", "failure")}

@@ -253,6 +253,11 @@ class Case:
             kinds.add(self.options["tensor_kind"])
         return tuple(sorted(str(k) for k in kinds))
 
+    def storage_format(self) -> str | None:
+        """The file format the case asks of the SUT (``format``: "safetensors", "pickle"); None: its default."""
+        value = self.options.get("format")
+        return None if value is None else str(value)
+
     def world_size(self, which: str) -> int:
         sizes = {lay.mesh.world_size for lay in self.layouts(which).values()}
         return sizes.pop() if len(sizes) == 1 else int(self.options.get(f"{which}_world_size", 1))

@@ -16,7 +16,7 @@ from .verdicts import Judgement, Verdict, worst
 
 
 def at(case: Case, rec: OpRecord) -> At:
-    return At(rec.index, rec.kind, rec.name, case.op_world(rec.index), case.tensor_kinds())
+    return At(rec.index, rec.kind, rec.name, case.op_world(rec.index), case.tensor_kinds(), case.storage_format())
 
 
 def sut_error(rec: OpRecord) -> SutError:

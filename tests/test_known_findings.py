@@ -262,10 +262,11 @@ def test_a_bug_of_one_world_size_and_tensor_kind_is_known_under_any_property(pro
 def test_the_job_an_op_ran_in_survives_the_json_round_trip() -> None:
     from properties.anomalies import from_json
 
-    anomaly = TensorDiffers("P-DIFF", At(3, "load", None, 7, ("dist_from_local", "sharded_weight")), 0,
-                            BitsDiffer("w", 1, 2, (0,), "0x01", "0x00", "1", "0"))
+    anomaly = TensorDiffers("P-DIFF", At(3, "load", None, 7, ("dist_from_local", "sharded_weight"), "safetensors"),
+                            0, BitsDiffer("w", 1, 2, (0,), "0x01", "0x00", "1", "0"))
     data = anomaly.to_json()
-    assert (data["world"], data["tensor_kinds"]) == (7, ["dist_from_local", "sharded_weight"])
+    assert (data["world"], data["tensor_kinds"], data["format"]) == (7, ["dist_from_local", "sharded_weight"],
+                                                                     "safetensors")
     assert from_json(json.loads(json.dumps(data))) == anomaly
-    older = {k: v for k, v in data.items() if k not in ("world", "tensor_kinds")}  # written before they were kept
+    older = {k: v for k, v in data.items() if k not in ("world", "tensor_kinds", "format")}  # before they were kept
     assert from_json(older).at == At(3, "load", None)
