@@ -46,16 +46,21 @@ class Fault:
 
 @dataclass(frozen=True, kw_only=True)
 class SyscallFault(Fault):
-    """The ``k``-th ``syscall`` on ``path`` (relative to the root; "." is the root itself) in any rank process."""
+    """The ``k``-th ``syscall`` on ``path`` (relative to the root; "." is the root itself) in any rank process, or
+    with ``rank`` in that rank's only: where every rank makes the call, which one meets the fault is otherwise a
+    race, and the two may be different bugs."""
 
     syscall: str
     k: int
     path: str | None = None
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.syscall, str) or not self.syscall.isidentifier():
             raise FaultSpecError(f"syscall must be a syscall name, got {self.syscall!r}")
         _int(self.k, "k")
+        if self.rank is not None:
+            _int(self.rank, "rank", low=0)
         if self.path not in (None, "."):
             check_relpath(self.path)
 

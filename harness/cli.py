@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from faults.strace import ERRNO_NAMES
 from properties import registry as catalogue
 from properties.case import CaseError, read_case_file
 from properties.fault_strategies import has_latest
@@ -121,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --exhaustive: a case option, e.g. same_dir=true or format='\"safetensors\"'")
     c.add_argument("--only", choices=("points", "states"), default=None,
                    help="with --exhaustive: only crash points (process kills) or only power-loss states")
+    c.add_argument("--errno", choices=ERRNO_NAMES, default=None,
+                   help="with --exhaustive: every crash point fails its call with this errno instead of a kill "
+                        "(ENOSPC: a full disk; EIO: a failing device), the job going on as the SUT lets it")
     c.add_argument("--confirm", type=int, default=None, metavar="N",
                    help="with --exhaustive: replay at most N failures per op and kind in fresh processes (default: "
                    "all); the rest count as failing, unconfirmed")
@@ -460,7 +464,7 @@ def _explore(args: argparse.Namespace) -> int:
     try:
         reports = explore(args.sut, judge_case.runners, args.ranks, args.max_len, judge_case, options=options,
                           only=only, confirm_limit=args.confirm, points=args.only != "states",
-                          states=args.only != "points",
+                          states=args.only != "points" and args.errno is None, errno=args.errno,
                           on_result=progress if args.verbose or sys.stderr.isatty() else None)
     finally:
         judge_case.close()

@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from faults.spec import RecordFault
+from faults.spec import ErrorFault, KillFault, RecordFault
 from properties.atomic import check_history
 from properties.case import Case, Op, TensorCase
 from properties.case_strategies import Caps
@@ -163,9 +163,10 @@ class ShapeReport:
 
 def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge | None, *, points: bool = True,
                   states: bool = True, on_result: Callable[[CrashResult], None] | None = None,
-                  confirm_limit: int | None = None) -> ShapeReport:
+                  confirm_limit: int | None = None, errno: str | None = None) -> ShapeReport:
     """Every crash point and power-loss state of every op of ``shape`` in ``case`` (its shape_case), judged;
-    ``confirm_limit``: replay only that many failures per op and kind (the rest stay unconfirmed failures)."""
+    ``confirm_limit``: replay only that many failures per op and kind (the rest stay unconfirmed failures);
+    ``errno``: each crash point fails its call with that errno instead of killing the rank."""
     report = ShapeReport(shape)
     report.control = check_history(case, run_case(case, runners), runners.cls.clear_errors)
     if not report.control.ok:  # a bug of the plain shape (often a known one) would excuse every fault: shrink it away
@@ -180,7 +181,8 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
         try:
             with traced(fcase, runners) as t:
                 if points:
-                    report.points += judge_points(t, t.points(), runners, at_most(confirm_, confirm_limit), seen)
+                    report.points += judge_points(t, _hit(t.points(), errno), runners,
+                                                  at_most(confirm_, confirm_limit), seen)
                 if states:
                     report.states += judge_states(t, list(t.states()), runners, at_most(confirm_, confirm_limit),
                                                   seen)
@@ -191,6 +193,13 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
             if r.judged and not r.judgement.ok:
                 r.judgement = attributed(dataclasses.replace(case, fault=r.fault), r.judgement, report.control)
     return report
+
+
+def _hit(kills: list[KillFault], errno: str | None) -> list[KillFault | ErrorFault]:
+    """The crash points as faults: kills, or with ``errno`` the same calls failing with it."""
+    if errno is None:
+        return list(kills)
+    return [ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=errno) for f in kills]
 
 
 def _without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Judgement | None]:
@@ -212,7 +221,7 @@ def _without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Ju
 
 def explore(sut: str, runners: Runners, world: int, max_len: int, confirm: CaseJudge | None = None, *,
             options: dict | None = None, points: bool = True, states: bool = True,
-            only: Iterable[str] | None = None, confirm_limit: int | None = None,
+            only: Iterable[str] | None = None, confirm_limit: int | None = None, errno: str | None = None,
             on_result: Callable[[str, CrashResult], None] | None = None) -> list[ShapeReport]:
     """Explore every shape of at most ``max_len`` ops (or just ``only``) for ``sut`` on ``world`` ranks."""
     caps = runners.cls.capabilities
@@ -221,5 +230,5 @@ def explore(sut: str, runners: Runners, world: int, max_len: int, confirm: CaseJ
         case = shape_case(sut, caps, world, shape, options)
         seen = (lambda r, s=shape: on_result(s, r)) if on_result is not None else None
         reports.append(explore_shape(shape, case, runners, confirm, points=points, states=states, on_result=seen,
-                                     confirm_limit=confirm_limit))
+                                     confirm_limit=confirm_limit, errno=errno))
     return reports

@@ -109,7 +109,8 @@ class ArmedFault:
 def _strace_injection(armed: ArmedFault, fault: SyscallFault) -> Attached:
     path = None if fault.path is None else str(armed.root if fault.path == "." else armed.root / fault.path)
     action = f"error={fault.errno}" if isinstance(fault, ErrorFault) else "signal=KILL"
-    injector = Attached(armed.targets(), syscalls=(fault.syscall,), inject=(fault.syscall, fault.k, action, path))
+    injector = Attached(armed.targets(fault.rank), syscalls=(fault.syscall,),
+                        inject=(fault.syscall, fault.k, action, path))
     armed.report.update(mechanism="strace", syscall=fault.syscall, k=fault.k, path=fault.path)
     return injector
 

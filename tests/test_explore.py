@@ -143,6 +143,24 @@ def test_a_failure_without_any_fault_does_not_excuse_the_faults(tmp_path: Path) 
 
 
 @needs_strace
+@pytest.mark.slow
+def test_every_crash_point_can_fail_with_an_errno_instead() -> None:
+    """``--errno``: each call a save makes under the root fails with that errno instead of the kill, and the job
+    goes on as the SUT lets it. The reference survives every one: a failed save raises (its peers give up at the
+    commit timeout, short here) and leaves the older checkpoints whole."""
+    judge = Judge(Runners("reference", "in-process"))
+    try:
+        (report,) = explore("reference", judge.runners, 2, 1, judge, options={"commit_timeout": 2}, states=False,
+                            errno="ENOSPC")
+    finally:
+        judge.close()
+    assert report.points and not report.states and report.judged == report.total, report.row()
+    assert {r.fault.kind for r in report.points} == {"error"} and {r.fault.errno for r in report.points} == {"ENOSPC"}
+    assert {r.fault.syscall for r in report.points} >= {"openat", "write", "rename"}
+    assert not report.failing, [(f.description, f.judgement.details) for f in report.failing]
+
+
+@needs_strace
 def test_fuzz_judges_every_state_of_a_drawn_fault_below_the_bound() -> None:
     """State 0 (nothing of the save on disk) passes on its own; judged with every other state of the save, the
     broken SUT fails, and the judgement names the concrete state that did it."""

@@ -103,7 +103,7 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
     first = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
     crash = plan_case(first).phases[0].steps[1].crash  # nothing between the open and it: killed as the open returns
     assert (crash.event, crash.k, crash.after) == ("open", 1, True)
-    assert "'open', 'step-0/__1_0.distcp', 1, None, True)" in repro_py(plan_case(first), "t", "s")
+    assert "'open', 'step-0/__1_0.distcp', 1, None, True, None)" in repro_py(plan_case(first), "t", "s")
     write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=2, path="step-0/__1_0.distcp"))
     with pytest.raises(ReproUnsupported, match="a kill at a write call"):
         plan_case(write)
@@ -111,6 +111,23 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
                                                      for i, op in enumerate(case.ops)))
     with pytest.raises(ReproUnsupported, match="synchronous save only"):
         plan_case(async_save)
+
+
+def test_a_kill_of_one_rank_and_a_load_of_a_never_finished_save() -> None:
+    """A kill pinned to one rank's call arms the hook on that rank only; a load of a name whose only save was
+    killed part-way may fail (it was never acknowledged) but must not give other bits."""
+    from faults.spec import KillFault
+
+    case = _case("torch-dcp-resave-crash-mixes-versions")
+    first = dataclasses.replace(case, ops=case.ops[1:], fault=KillFault(op=0, syscall="openat", k=1, rank=1,
+                                                                        path="step-0/__1_0.distcp"))
+    plan = plan_case(first)
+    assert plan.phases[0].steps[0].crash.rank == 1 and "rank 1 killed at call 1" in plan.phases[0].steps[0].label
+    text = repro_py(plan, "t", "s")
+    assert "'open', 'step-0/__1_0.distcp', 1, None, False, 1)" in text
+    load = plan.phases[1].steps[0]
+    assert load.kind == "load" and load.may_fail and "may_fail=True" in text
+    assert not plan_case(case).phases[1].steps[0].may_fail  # a re-save: the save before it was acknowledged
 
 
 def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
@@ -127,7 +144,7 @@ def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
     assert "ENOSPC at call 1 of rename" in step.label and plan.phases[1].steps[0].also
     text = repro_py(plan, "t", "s")
     compile(text, "repro.py", "exec")
-    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False)" in text
+    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False, None)" in text
     assert "raise OSError(getattr(errno, error)" in text
     write = dataclasses.replace(case, fault=ErrorFault(op=1, syscall="write", k=1, path="step-0/x", errno="EIO"))
     with pytest.raises(ReproUnsupported, match="an injected EIO at a write call"):

@@ -63,12 +63,14 @@ class Crash:
     k: int
     errno: str | None = None
     after: bool = False  # killed right after the call (its open) returns: the first write on a file it opened
+    rank: int | None = None  # only this rank's call (else whichever rank makes it)
 
     def describe(self) -> str:
+        who = "" if self.rank is None else f"rank {self.rank} "
         if self.after:
-            return f"killed at its first {self.syscall} on {self.path}, right after opening it"
+            return f"{who}killed at its first {self.syscall} on {self.path}, right after opening it"
         how = "killed at" if self.errno is None else f"{self.errno} at"
-        return f"{how} call {self.k} of {self.syscall} on {self.path}"
+        return f"{who}{how} call {self.k} of {self.syscall} on {self.path}"
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ class Step:
     also: tuple[tuple[str, int], ...] = ()  # a load: other saves' tables it may rightly give (a re-save was killed)
     after_bytes: int = 0  # a kill of writers: once they have handed this many bytes to write() (the fault's trigger)
     hold: bool = False  # a save whose writers are held from the start until a resume step (the harness's stall)
+    may_fail: bool = False  # a load of a name whose only save was killed part-way: an error is right, wrong bits not
 
     @property
     def label(self) -> str:
@@ -187,9 +190,10 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
                 if key not in tables:
                     tables[key] = _table(case, which, key[1], world)
         kills = index == getattr(case.fault, "op", None) and _kills_writers(case)
+        unacknowledged = op.kind == "load" and op.name in killed and not saved[op.name][:-1]
         phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after,
                                      op.detach or kills, index in expect_errors, index in tolerated, crash=crash,
-                                     also=also, hold=op.kind == "save" and op.stall))
+                                     also=also, hold=op.kind == "save" and op.stall, may_fail=unacknowledged))
         if op.kind == "save" and case.property == "P-COVER" and crash is None:
             phases[-1].steps.append(Step(index, "check", op.name))  # what the save recorded tiles each tensor
         if kills:  # its writers killed once it returned, then waited for: the job restarts after
@@ -255,9 +259,9 @@ def _crash(case: Case) -> Crash | None:
                                f"hits a synchronous {' or '.join(allowed)} only (an async writer process would not "
                                "carry its hook)")
     if first_write:  # nothing between a file's open and its first write: killed as the open returns, on disk alike
-        return Crash(fault.syscall, "open", fault.path, 1, after=True)
+        return Crash(fault.syscall, "open", fault.path, 1, after=True, rank=fault.rank)
     return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k,
-                 fault.errno if isinstance(fault, ErrorFault) else None)
+                 fault.errno if isinstance(fault, ErrorFault) else None, rank=fault.rank)
 
 
 def describe(plan: dict) -> str:
