@@ -25,7 +25,7 @@ import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from faults.spec import ErrorFault, KillFault, RecordFault
+from faults.spec import RecordFault
 from properties.atomic import check_history
 from properties.case import Case, Op, TensorCase
 from properties.case_strategies import Caps
@@ -181,8 +181,8 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
         try:
             with traced(fcase, runners) as t:
                 if points:
-                    report.points += judge_points(t, _hit(t.points(), errno), runners,
-                                                  at_most(confirm_, confirm_limit), seen)
+                    report.points += judge_points(t, t.points(errno), runners, at_most(confirm_, confirm_limit),
+                                                  seen)
                 if states:
                     report.states += judge_states(t, list(t.states()), runners, at_most(confirm_, confirm_limit),
                                                   seen)
@@ -193,13 +193,6 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
             if r.judged and not r.judgement.ok:
                 r.judgement = attributed(dataclasses.replace(case, fault=r.fault), r.judgement, report.control)
     return report
-
-
-def _hit(kills: list[KillFault], errno: str | None) -> list[KillFault | ErrorFault]:
-    """The crash points as faults: kills, or with ``errno`` the same calls failing with it."""
-    if errno is None:
-        return list(kills)
-    return [ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=errno) for f in kills]
 
 
 def _without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Judgement | None]:

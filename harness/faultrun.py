@@ -182,8 +182,12 @@ class Traced:
     def schedule(self) -> dict:
         return schedule_of(self.fs_ops, self.recording, self.outcome.trace[2])
 
-    def points(self) -> list[KillFault]:
-        return kill_faults(self.root, self.recording, self.op)
+    def points(self, action: str | None = None) -> list[KillFault | ErrorFault]:
+        """Every crash point of the op: a kill at each call, or (``action`` an errno name) that call failing."""
+        kills = kill_faults(self.root, self.recording, self.op)
+        if action in (None, "kill"):
+            return kills
+        return [ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=action) for f in kills]
 
     def states(self, limit: int | None = None):
         from faults.crashstates import enumerate_states
@@ -197,10 +201,7 @@ class Traced:
         if not isinstance(drawn, PointFault):
             raise ValueError(f"fault kind {None if drawn is None else drawn.kind!r} needs no resolving")
         wanted = set(drawn.syscalls or ())
-        kills = [f for f in self.points() if not wanted or f.syscall in wanted]
-        if drawn.action in (None, "kill"):
-            return list(kills)
-        return [ErrorFault(op=f.op, syscall=f.syscall, k=f.k, path=f.path, errno=drawn.action) for f in kills]
+        return [f for f in self.points(drawn.action) if not wanted or f.syscall in wanted]
 
     def state_fault(self, state) -> StateFault:
         return StateFault(op=self.op, state=json.loads(state.to_json()), schedule=self.schedule)
