@@ -83,15 +83,16 @@ def _fleet(s: dict) -> str:
         return ""
     rows = "".join(
         f"<tr class=shard data-shard='{escape(x['id'])}' data-status='{escape(x['status'])}'><td>{escape(x['id'])}</td>"
-        f"<td>{escape(x['sut'])}</td><td class=n>{x['ranks']}</td><td>{escape(x['device'])}</td><td class=n>{x['seed']}"
+        f"<td>{escape(x['sut'])}</td><td class=n>{x['ranks']}</td><td>{escape(x['device'])}</td>"
+        f"<td class=where>{escape(x.get('where', '-'))}</td><td class=n>{x['seed']}"
         f"</td><td class={'ok' if x['status'] == 'ok' else 'bad'}>{escape(x['status'])}</td>"
         f"<td class=n>{len(x['attempts'])}</td><td class=n>{x['seconds']}</td><td class=n>{x['cases']}</td>"
         f"<td class=n>{x['new_buckets']}</td><td>{_attempts(x['attempts'])}</td></tr>" for x in s.get("shards", []))
     return (f"<h2>Fleet</h2><p>{f['wall_s']} s wall, {f['inside_shards_s']} s with a shard running: "
             f"<b>fleet overhead {f['overhead_s']} s</b> (Ray start {f['ray_start_s']} s, merge {f.get('merge_s', '-')}"
             f" s); {escape(str(f['ray']))}; plan {escape(str(f.get('plan', '-')))}.</p>"
-            + _table("shards", ["shard", "SUT", "ranks", "device", "seed", "status", "attempts", "#seconds", "#cases",
-                                "new buckets", "what went wrong"], rows))
+            + _table("shards", ["shard", "SUT", "ranks", "device", "where", "seed", "status", "attempts", "#seconds",
+                                "#cases", "new buckets", "what went wrong"], rows))
 
 
 def _table(tid: str, headers: list[str], body: str) -> str:

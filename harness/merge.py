@@ -156,10 +156,16 @@ def _outcome(run: dict, summary: dict | None) -> dict:
     attempts = run.get("attempts", [])
     last = attempts[-1] if attempts else {}
     return {"status": last.get("status", "not run"), "attempts": [
-        {k: a.get(k) for k in ("attempt", "status", "exit", "seconds", "node", "error")} for a in attempts],
-        "seconds": round(sum(a.get("seconds") or 0.0 for a in attempts), 1),
+        {k: a.get(k) for k in ("attempt", "status", "exit", "seconds", "node", "gpus", "error")} for a in attempts],
+        "seconds": round(sum(a.get("seconds") or 0.0 for a in attempts), 1), "where": _where(last),
         "cases": sum((summary or {}).get("cases_run", {}).values()),
         "new_buckets": sum(1 for b in (summary or {}).get("buckets", []) if b["status"].startswith("new"))}
+
+
+def _where(attempt: dict) -> str:
+    """The node a shard attempt ran on, and the GPUs Ray gave it (CUDA_VISIBLE_DEVICES) where it held some."""
+    node = attempt.get("node") or "-"
+    return f"{node} (GPUs {attempt['gpus']})" if attempt.get("gpus") else node
 
 
 def fleet_report(summary: dict, findings: list[dict]) -> str:
@@ -169,10 +175,11 @@ def fleet_report(summary: dict, findings: list[dict]) -> str:
              f"{len(summary['shards'])} shard runs, {sum(summary['cases_run'].values())} cases, "
              f"{f['wall_s']} s wall; {f['inside_shards_s']} s with a shard running, fleet overhead "
              f"{f['overhead_s']} s (Ray start {f['ray_start_s']} s, merge {f['merge_s']} s); Ray: {f['ray']}.", "",
-             "| shard | SUT | ranks | device | seed | status | attempts | seconds | cases | new buckets |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| shard | SUT | ranks | device | where | seed | status | attempts | seconds | cases | new buckets |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in summary["shards"]:
-        lines.append(f"| {s['id']} | {s['sut']} | {s['ranks']} | {s['device']} | {s['seed']} | {s['status']} | "
+        lines.append(f"| {s['id']} | {s['sut']} | {s['ranks']} | {s['device']} | {s.get('where', '-')} | {s['seed']} | "
+                     f"{s['status']} | "
                      f"{len(s['attempts'])} | {s['seconds']} | {s['cases']} | {s['new_buckets']} |")
     for s in summary["shards"]:
         for a in s["attempts"]:

@@ -76,6 +76,7 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
         ended = time.time()
         return {"id": run.id, "attempt": attempt, "status": status, "exit": rc, "started": started, "ended": ended,
                 "seconds": round(ended - started, 3), "node": os.uname().nodename,
+                "gpus": os.environ.get("CUDA_VISIBLE_DEVICES") if run.gpus() else None,
                 "error": _error_line(work / "fuzz.log", rc, status, bound),
                 "files": _files(work / "out"), "out": str(work / "out"), "corpus": _new_corpus(work / "corpus", corpus)}
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -50,6 +51,8 @@ def test_reference_shards_find_nothing_and_write_one_merged_report(night: tuple[
     shards = {s["id"]: s for s in summary["shards"]}
     assert set(shards) == {"ref-1", "ref-2", "flips-3", "flips-4"}
     assert all(s["status"] == "ok" and len(s["attempts"]) == 1 for s in shards.values())
+    # where each ran: this node, and no GPUs for a CPU shard (a GPU shard names the ones Ray gave it)
+    assert all(s["where"] == os.uname().nodename and s["attempts"][0]["gpus"] is None for s in shards.values())
     assert shards["ref-1"]["new_buckets"] == shards["ref-2"]["new_buckets"] == 0
     assert shards["ref-1"]["cases"] > 0 and shards["ref-2"]["cases"] > 0
     assert not any({"ref-1", "ref-2"} & set(b["shards"]) for b in summary["buckets"])
