@@ -69,12 +69,8 @@ class RankExecutor:
         layouts = self.case.layouts(which)
         # Zeros only need dtypes and shapes, which no version changes: step 0 spares a training case the loop.
         state = self.case.expected(0 if zeros else version, which)
-        out = {}
-        for name, lt in local_tensors(state, layouts, self.rank).items():
-            if zeros:
-                lt = LocalTensor(lt.global_shape, lt.region, Tensor.empty(lt.tensor.dtype, lt.tensor.shape), lt.saves)
-            out[name] = RankTensor(name, layouts.get(name), lt)
-        return out
+        return {name: RankTensor(name, layouts.get(name), lt)
+                for name, lt in local_tensors(state, layouts, self.rank, empty=zeros).items()}
 
     def op(self, index: int) -> dict:
         """Run op ``index`` on this rank; the record is plain data (it crosses a socket)."""
@@ -132,7 +128,7 @@ class RankExecutor:
             raise
         except BaseException as exc:  # an outcome to judge, not a harness failure
             record.update(
-                ok=False, error_type=type(exc).__name__, error=_one_line(exc), traceback=traceback.format_exc(limit=8)
+                ok=False, error_type=type(exc).__name__, error=_one_line(exc), traceback=traceback_text(exc)
             )
         record["seconds"] = time.perf_counter() - start
         return record
@@ -198,6 +194,38 @@ def unpack(packed: tuple[str, tuple[int, ...], bytes]) -> Tensor:
     name, shape, raw = packed
     dt = dtype(name)
     return Tensor(dt, np.frombuffer(raw, dt.bits_dtype).reshape(shape).copy())
+
+
+def traceback_text(exc: BaseException, limit: int = 8) -> str:
+    """What ``traceback.format_exc(limit)`` prints for ``exc`` (its chain included), without the column carets.
+    Python 3.11 places those by scanning each frame's position table and parsing its source line, which made
+    formatting a fifth of a 16-rank virtual op that failed on every rank; the frames and messages, all a reader
+    or a bucket (properties.buckets.innermost_frame) uses, are the same."""
+    chain: list[tuple[BaseException, str]] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    joint = ""
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        chain.append((current, joint))
+        if current.__cause__ is not None:
+            current, joint = current.__cause__, _CAUSE_JOINT
+        elif current.__context__ is not None and not current.__suppress_context__:
+            current, joint = current.__context__, _CONTEXT_JOINT
+        else:
+            current = None
+    parts: list[str] = []
+    for error, joint in reversed(chain):
+        if error.__traceback__ is not None:
+            frames = traceback.StackSummary.extract(traceback.walk_tb(error.__traceback__), limit=limit)
+            parts += ["Traceback (most recent call last):\n", *frames.format()]
+        parts += traceback.format_exception_only(type(error), error)
+        parts.append(joint)
+    return "".join(parts)
+
+
+_CAUSE_JOINT = "\nThe above exception was the direct cause of the following exception:\n\n"
+_CONTEXT_JOINT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
 def _one_line(exc: BaseException, limit: int = 500) -> str:

@@ -9,7 +9,6 @@ answers "Stuck" when the controller is fuzzing, as a real pool answers for a ran
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -20,6 +19,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.heap import Heap
 from harness.rankops import RankExecutor
 from harness.sut import adapter_class
 from harness.sut.base import SutAdapter
@@ -49,14 +49,14 @@ def main(argv: list[str] | None = None) -> int:
         for rank, conn in enumerate(conns):
             conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    gc.collect()
-    gc.freeze()
+    heap = Heap()
+    heap.settle()
     for rank, conn in enumerate(conns):
         conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": setups[rank][1],
                    "info": {**adapters[rank].describe(), "virtual": "yes"}, "env": {**os.environ, **world.envs[rank]}})
     executors = [RankExecutor(adapters[r], r, size) for r in range(size)]
     try:
-        _serve(world, conns, executors)
+        _serve(world, conns, executors, heap)
     finally:
         world.run([lambda ex=ex: _close(ex) for ex in executors])
         world.close()
@@ -91,7 +91,7 @@ class _Ranks:
             conn.send(replies[rank])
 
 
-def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> None:
+def _serve(world, conns: list[Connection], executors: list[RankExecutor], heap: Heap) -> None:
     ranks = _Ranks(conns)
     while True:
         msg = ranks.receive()
@@ -112,6 +112,7 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor]) -> Non
                                  for ex in executors])
         elif kind == "end":
             results = world.run([lambda ex=ex: (ex.end(), {"type": "ok"})[1] for ex in executors])
+            heap.settle()
         else:
             raise ValueError(f"unknown message {kind!r}")
         _raise_harness_errors(results)

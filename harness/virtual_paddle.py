@@ -70,11 +70,16 @@ class RankGlobals:
                         self.slots.append((module, attr))
         pristine = [getattr(owner, attr) for owner, attr in self.slots]
         self.pristine = pristine
-        self.values: list[list[Any]] = []
+        self._runs = _runs(self.slots)
+        # Per rank, per run (one owner's consecutive slots), a tuple of that rank's values. Where every value is
+        # the same object on every rank (immutables nobody rebound yet), the ranks hold one tuple, and a switch
+        # between them writes nothing.
+        self.values: list[list[tuple[Any, ...]]] = []
         for _ in range(world):
-            self.values.append([self._copy(v, owner, attr) for v, (owner, attr) in zip(pristine, self.slots)])
+            flat = [self._copy(v, owner, attr) for v, (owner, attr) in zip(pristine, self.slots)]
+            self.values.append([_same_or(self.values[0][i] if self.values else None, tuple(flat[run.lo:run.hi]))
+                                for i, run in enumerate(self._runs)])
         self.current: int | None = None
-        self._runs: list[_Run] | None = None
 
     def _copy(self, value: Any, owner: Any, attr: str) -> Any:
         if isinstance(value, _IMMUTABLE):
@@ -88,17 +93,22 @@ class RankGlobals:
             return value
 
     def install(self, rank: int) -> None:
-        """Runs at every switch (W per collective): one C-level read and one update per namespace, since a loop of
-        getattr/setattr over every slot was a third of a 16-rank case."""
-        if self._runs is None:
-            self._runs = _runs(self.slots)
-        if self.current is not None:
+        """Runs at every switch (W per collective): per namespace one C-level read of the running rank's values,
+        kept only where the rank rebound one (compared by identity: an equal new object is still a new object), and
+        one update where ``rank``'s values are other objects than those in place."""
+        wanted = self.values[rank]
+        if self.current is None:
+            for run, values in zip(self._runs, wanted):
+                run.write(values)
+        else:
             mine = self.values[self.current]
-            for run in self._runs:
-                mine[run.lo:run.hi] = run.read(run.space)
-        values = self.values[rank]
-        for run in self._runs:
-            run.write(values[run.lo:run.hi])
+            for i, run in enumerate(self._runs):
+                now, kept = run.read(run.space), mine[i]
+                if now is not kept and not all(map(operator.is_, now, kept)):
+                    mine[i] = kept = now
+                values = wanted[i]
+                if values is not kept and not all(map(operator.is_, values, kept)):
+                    run.write(values)
         self.current = rank
 
     def restore(self) -> None:
@@ -127,6 +137,11 @@ class _Run:
         else:  # a class's namespace is read-only: through setattr
             for attr, value in zip(self.attrs, values):
                 setattr(self.owner, attr, value)
+
+
+def _same_or(first: tuple[Any, ...] | None, values: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``first`` where it holds the very same objects as ``values`` (so ranks share one tuple), else ``values``."""
+    return first if first is not None and all(map(operator.is_, first, values)) else values
 
 
 def _runs(slots: Sequence[tuple[Any, str]]) -> list[_Run]:

@@ -7,7 +7,6 @@ PADDLE_TRAINER_ID / PADDLE_TRAINERS_NUM). Talks to the controller over a Unix so
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # started as a script by a framework launcher
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from harness.heap import Heap
 from harness.rankops import RankExecutor
 from harness.sut import adapter_class
 
@@ -58,9 +58,8 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()  # the rank's log keeps where; the controller quotes its tail
         conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    gc.collect()
-    gc.freeze()  # the framework and the SUT's set-up stay: collections a SUT asks for (UC's gc.collect() per load)
-    # walk only what its cases made
+    heap = Heap()
+    heap.settle()  # the framework and the SUT's set-up stay: collections a SUT asks for walk only what a case made
     conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims, "info": adapter.describe(),
                "env": dict(os.environ)})
     executor = RankExecutor(adapter, rank, world)
@@ -85,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.send({"type": "health", "rank": rank, "ok": ok})
         elif kind == "end":
             executor.end()
+            heap.settle()
             conn.send({"type": "ok", "rank": rank})
     executor.release()  # a held writer would keep the adapter's close waiting for ever
     adapter.close()

@@ -237,8 +237,13 @@ class Case:
         return {t.name: (t.dtype, t.shape) for t in self.tensors}
 
     def layouts(self, which: str) -> dict[str, TensorLayout]:
-        raw = self.save_layout if which == "save" else self.load_layout
-        return {name: layout_from_json(data) for name, data in raw.items()}
+        """Parsed once per case object (layouts are frozen; every rank and op of a host asks again); a new dict
+        each call, so a caller may change its own."""
+        memo: dict[str, dict[str, TensorLayout]] = self.__dict__.setdefault("_layouts", {})
+        if which not in memo:
+            raw = self.save_layout if which == "save" else self.load_layout
+            memo[which] = {name: layout_from_json(data) for name, data in raw.items()}
+        return dict(memo[which])
 
     def op_world(self, index: int) -> int | None:
         """How many ranks op ``index`` runs on (None: the harness does it between rank ops)."""

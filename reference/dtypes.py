@@ -13,6 +13,8 @@ import numpy as np
 
 from .errors import LayoutError
 
+_BITS = {n: np.dtype(f"<u{n}") for n in (1, 2, 4, 8)}  # bit-pattern dtypes by width, made once
+
 
 @dataclass(frozen=True)
 class DType:
@@ -23,7 +25,7 @@ class DType:
 
     @property
     def bits_dtype(self) -> np.dtype:
-        return np.dtype(f"<u{self.itemsize}")
+        return _BITS[self.itemsize]
 
     def decode(self, bits: int) -> str:
         """Human-readable value of one element's bit pattern (for diffs)."""

@@ -260,20 +260,28 @@ def extract(tensor: Tensor, region: Region) -> Tensor:
 
 
 def local_tensors(
-    state: Mapping[str, Tensor], layouts: Mapping[str, TensorLayout], rank: int
+    state: Mapping[str, Tensor], layouts: Mapping[str, TensorLayout], rank: int, empty: bool = False
 ) -> dict[str, LocalTensor]:
-    """What ``rank`` holds of a global state under ``layouts`` (tensors without a layout live whole on rank 0)."""
+    """What ``rank`` holds of a global state under ``layouts`` (tensors without a layout live whole on rank 0);
+    ``empty``: the same pieces zero-filled (a load's targets), without copying bits that would be thrown away."""
     out = {}
     for tname, tensor in state.items():
         layout = layouts.get(tname)
         if layout is None:
             if rank == 0:
-                out[tname] = LocalTensor(tensor.shape, Box((0,) * len(tensor.shape), tensor.shape), tensor)
+                whole = Tensor.empty(tensor.dtype, tensor.shape) if empty else tensor
+                out[tname] = LocalTensor(tensor.shape, Box((0,) * len(tensor.shape), tensor.shape), whole)
             continue
         local = layout.local(tensor.shape, rank)
         if local is not None:
-            out[tname] = LocalTensor(tensor.shape, local.region, extract(tensor, local.region), local.saves)
+            piece = Tensor.empty(tensor.dtype, _region_shape(local.region)) if empty else extract(tensor, local.region)
+            out[tname] = LocalTensor(tensor.shape, local.region, piece, local.saves)
     return out
+
+
+def _region_shape(region: Region) -> tuple[int, ...]:
+    """The shape ``extract`` gives a region: a flat range is 1-d."""
+    return (region.stop - region.start,) if isinstance(region, FlatRange) else tuple(region.shape)
 
 
 def save(
