@@ -35,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -71,23 +73,51 @@ def draw_cases(world: int, count: int, seed: int) -> list[Case]:
     return drawn[:count]
 
 
-def judge_all(mode: str, cases: list[Case]) -> dict:
-    """Judge ``cases`` on one runner set, warm: the rate and the slowest case."""
+def judge_all(mode: str, cases: list[Case], start: Any = None) -> dict:
+    """Judge ``cases`` on one runner set, warm: the rate and the slowest case. ``start``: a barrier the timed loop
+    waits at (streams judged side by side start together)."""
     runners = Runners(SUT, mode)
     judge = Judge(runners, exploring=True)
     try:
         judge(cases[0])  # the first host or pool starts, and the fork server behind later ones
         warm(runners, cases)
+        if start is not None:
+            start.wait()
         times = []
+        began_all = time.perf_counter()
         for case in cases:
             began = time.perf_counter()
             judge(case)
             times.append(time.perf_counter() - began)
+        wall = time.perf_counter() - began_all
     finally:
         judge.close()
     total = sum(times)
     return {"cases": len(times), "seconds": round(total, 2), "cases_per_s": round(len(times) / total, 2),
-            "worst_case_s": round(max(times), 2)}
+            "worst_case_s": round(max(times), 2), "wall_s": round(wall, 2)}
+
+
+def _stream(world: int, count: int, seed: int, index: int, streams: int, start: Any, results: Any) -> None:
+    cases = draw_cases(world, count, seed)[index::streams]
+    results.put(judge_all("virtual", cases, start))
+
+
+def judge_streams(world: int, count: int, seed: int, streams: int) -> dict:
+    """The same cases split over ``streams`` processes judging side by side (a fleet of that many CPU shards on
+    this machine): cases per second of the whole machine."""
+    ctx = multiprocessing.get_context("spawn")
+    start, results = ctx.Barrier(streams), ctx.Queue()
+    procs = [ctx.Process(target=_stream, args=(world, count, seed, i, streams, start, results))
+             for i in range(streams)]
+    for p in procs:
+        p.start()
+    parts = [results.get(timeout=1800) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    cases = sum(p["cases"] for p in parts)
+    wall = max(p["wall_s"] for p in parts)
+    return {"streams": streams, "cases": cases, "wall_s": wall, "cases_per_s": round(cases / wall, 2),
+            "worst_case_s": max(p["worst_case_s"] for p in parts)}
 
 
 def warm(runners: Runners, cases: list[Case]) -> None:
@@ -114,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", default="2,16,64,256")
     parser.add_argument("--cases", type=int, default=40, help="cases per world size (256 ranks: a quarter)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--streams", type=int, default=2,
+                        help="also judge the cases of worlds <= 16 in this many processes side by side")
     args = parser.parse_args(argv)
     out: dict = {"sut": SUT, "properties": list(PROPERTIES), "seed": args.seed}
     for world in (int(w) for w in args.worlds.split(",")):
@@ -124,6 +156,10 @@ def main(argv: list[str] | None = None) -> int:
             out["pool_2"] = judge_all("pool", cases)
             out["virtual_vs_pool"] = round(out["virtual_2"]["cases_per_s"] / out["pool_2"]["cases_per_s"], 2)
         print(json.dumps({f"virtual_{world}": out[f"virtual_{world}"]}), file=sys.stderr, flush=True)
+        if args.streams > 1 and world <= 16:
+            key = f"virtual_{world}_x{args.streams}"
+            out[key] = judge_streams(world, count, args.seed, args.streams)
+            print(json.dumps({key: out[key]}), file=sys.stderr, flush=True)
     print(json.dumps(out, indent=1))
     return 0
 
