@@ -246,12 +246,14 @@ class CorruptionRedirected(OlderCameBack):
 @dataclass(frozen=True)
 class TensorDiffers(Anomaly):
     """One tensor of one rank differs from what it must be (``against`` the oracle's "expected" state, or what the
-    "reference" engine's run gave)."""
+    "reference" engine's run gave). ``layout``: the kind of the tensor's layout in the op ("flat", "sharded"; None:
+    none, or not known), so a bug of flattened slices is recognised whichever property met it."""
 
     at: At | None
     rank: int | None
     difference: Difference
     against: str = "expected"
+    layout: str | None = None
     kind = "tensor-differs"
 
     def render(self) -> str:
@@ -554,6 +556,8 @@ def from_json(data: dict[str, Any]) -> Anomaly:
             kwargs[f.name] = _difference(data)
         elif f.name == "differences":
             kwargs[f.name] = tuple(from_json(d) for d in data[f.name])
+        elif f.name not in data and f.default is not dataclasses.MISSING:
+            continue  # a field recorded since (TensorDiffers.layout): its default
         else:
             kwargs[f.name] = tuple(data[f.name]) if isinstance(data[f.name], list) else data[f.name]
     return cls(**kwargs)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from reference.engine import local_tensors
+from reference.layout import layout_kind
 from reference.tensor import differences
 
 from .anomalies import At, OpsMissing, OutcomeDiffers, SutError, TensorDiffers, WrongVersion, judged, op_failure
@@ -79,7 +80,8 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     out: list[TensorDiffers] = []
     for rank, got in sorted(rec.loaded.items()):
         expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
-        out += [TensorDiffers(case.property, None, rank, d) for d in differences(expected, dict(got))]
+        out += [TensorDiffers(case.property, None, rank, d, layout=layout_kind(layouts.get(d.tensor)))
+                for d in differences(expected, dict(got))]
     return out
 
 

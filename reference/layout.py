@@ -251,6 +251,11 @@ class Flat:
 TensorLayout = Sharded | Flat
 
 
+def layout_kind(layout: TensorLayout | None) -> str | None:
+    """The ``kind`` a layout's JSON names ("sharded", "flat"); None for no layout (the tensor whole on rank 0)."""
+    return "flat" if isinstance(layout, Flat) else "sharded" if isinstance(layout, Sharded) else None
+
+
 def layout_from_json(data: dict) -> TensorLayout:
     mesh = Mesh.from_json(data["mesh"])
     if data["kind"] == "sharded":

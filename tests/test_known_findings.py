@@ -259,6 +259,23 @@ def test_a_bug_of_one_world_size_and_tensor_kind_is_known_under_any_property(pro
     assert explained_by(known, "paddle-dcp", failure(1, ("sharded_weight",))) is None
 
 
+@pytest.mark.parametrize("prop", ["P-FLAT", "P-ROUNDTRIP", "P-RESHARD", "P-REPEAT"])
+def test_zeros_in_a_flattened_tensor_are_known_under_any_property_but_corruption(prop: str) -> None:
+    """A flattened (stage-1 v2) slice read back as zeros is the cross-rank flat load bug whichever property met it
+    (the tensor's layout kind is on its difference); zeros in a sharded tensor, or after a corruption, still
+    count."""
+    known = read_known(REGRESSIONS)
+    zeros = BitsDiffer("model/w", 3, 4, (1,), "0x7f", "0x00", "127", "0")
+
+    def failure(prop: str, layout: str) -> Judgement:
+        return judged([TensorDiffers(prop, At(1, "load", "step-1", 2, ("sharded_weight",)), 0, zeros,
+                                     layout=layout)])
+
+    assert explained_by(known, "paddle-dcp", failure(prop, "flat")) == "paddle-dcp-flat-cross-rank-load.json"
+    assert explained_by(known, "paddle-dcp", failure(prop, "sharded")) is None
+    assert explained_by(known, "paddle-dcp", failure("P-CORRUPT", "flat")) is None
+
+
 def test_the_job_an_op_ran_in_survives_the_json_round_trip() -> None:
     from properties.anomalies import from_json
 
@@ -270,3 +287,6 @@ def test_the_job_an_op_ran_in_survives_the_json_round_trip() -> None:
     assert from_json(json.loads(json.dumps(data))) == anomaly
     older = {k: v for k, v in data.items() if k not in ("world", "tensor_kinds", "format")}  # before they were kept
     assert from_json(older).at == At(3, "load", None)
+    flat = dataclasses.replace(anomaly, layout="flat")
+    assert flat.to_json()["layout"] == "flat" and from_json(json.loads(json.dumps(flat.to_json()))) == flat
+    assert from_json({k: v for k, v in data.items() if k != "layout"}).layout is None  # written before it was kept
