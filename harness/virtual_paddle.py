@@ -13,14 +13,12 @@ import collections
 import copy
 import gc
 import importlib
-import operator
 import os
 import pickle
 import pkgutil
 import sys
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -70,16 +68,11 @@ class RankGlobals:
                         self.slots.append((module, attr))
         pristine = [getattr(owner, attr) for owner, attr in self.slots]
         self.pristine = pristine
-        self._runs = _runs(self.slots)
-        # Per rank, per run (one owner's consecutive slots), a tuple of that rank's values. Where every value is
-        # the same object on every rank (immutables nobody rebound yet), the ranks hold one tuple, and a switch
-        # between them writes nothing.
-        self.values: list[list[tuple[Any, ...]]] = []
+        self.values: list[list[Any]] = []
         for _ in range(world):
-            flat = [self._copy(v, owner, attr) for v, (owner, attr) in zip(pristine, self.slots)]
-            self.values.append([_same_or(self.values[0][i] if self.values else None, tuple(flat[run.lo:run.hi]))
-                                for i, run in enumerate(self._runs)])
+            self.values.append([self._copy(v, owner, attr) for v, (owner, attr) in zip(pristine, self.slots)])
         self.current: int | None = None
+        self._swap = _swapper(self.slots)
 
     def _copy(self, value: Any, owner: Any, attr: str) -> Any:
         if isinstance(value, _IMMUTABLE):
@@ -93,22 +86,10 @@ class RankGlobals:
             return value
 
     def install(self, rank: int) -> None:
-        """Runs at every switch (W per collective): per namespace one C-level read of the running rank's values,
-        kept only where the rank rebound one (compared by identity: an equal new object is still a new object), and
-        one update where ``rank``'s values are other objects than those in place."""
-        wanted = self.values[rank]
-        if self.current is None:
-            for run, values in zip(self._runs, wanted):
-                run.write(values)
-        else:
-            mine = self.values[self.current]
-            for i, run in enumerate(self._runs):
-                now, kept = run.read(run.space), mine[i]
-                if now is not kept and not all(map(operator.is_, now, kept)):
-                    mine[i] = kept = now
-                values = wanted[i]
-                if values is not kept and not all(map(operator.is_, values, kept)):
-                    run.write(values)
+        """Runs at every switch (W per collective): keeps what the running rank's slots hold now (a module may have
+        rebound one), and puts ``rank``'s in place where they are other objects."""
+        outgoing = self.values[self.current] if self.current is not None else [None] * len(self.slots)
+        self._swap(outgoing, self.values[rank])
         self.current = rank
 
     def restore(self) -> None:
@@ -118,41 +99,34 @@ class RankGlobals:
         self.current = None
 
 
-@dataclass
-class _Run:
-    """Consecutive slots of one owner: read and written as a block of its namespace."""
-
-    owner: Any
-    attrs: tuple[str, ...]
-    lo: int
-    hi: int
-
-    def __post_init__(self) -> None:
-        self.space = vars(self.owner)
-        self.read = operator.itemgetter(*self.attrs) if len(self.attrs) > 1 else (lambda d, a=self.attrs[0]: (d[a],))
-
-    def write(self, values: Sequence[Any]) -> None:
-        if isinstance(self.space, dict):  # a module's namespace
-            self.space.update(zip(self.attrs, values))
-        else:  # a class's namespace is read-only: through setattr
-            for attr, value in zip(self.attrs, values):
-                setattr(self.owner, attr, value)
-
-
-def _same_or(first: tuple[Any, ...] | None, values: tuple[Any, ...]) -> tuple[Any, ...]:
-    """``first`` where it holds the very same objects as ``values`` (so ranks share one tuple), else ``values``."""
-    return first if first is not None and all(map(operator.is_, first, values)) else values
-
-
-def _runs(slots: Sequence[tuple[Any, str]]) -> list[_Run]:
-    """The slots as runs of one owner each (a module's slots are consecutive: modules are enumerated in turn)."""
-    runs: list[_Run] = []
-    start = 0
-    for i in range(1, len(slots) + 1):
-        if i == len(slots) or slots[i][0] is not slots[start][0]:
-            runs.append(_Run(slots[start][0], tuple(attr for _, attr in slots[start:i]), start, i))
-            start = i
-    return runs
+def _swapper(slots: Sequence[tuple[Any, str]]) -> Callable[[list[Any], list[Any]], None]:
+    """One function, generated for these slots, that does a switch: for each slot, read what is in place, keep it
+    as the outgoing rank's where it is another object than recorded (compared by identity: an equal new object is
+    still a new object), and put the incoming rank's value in place where it is another object. Straight-line
+    code with each namespace a local: a loop over the slots, or over namespaces with C-level reads and updates,
+    was a seventh of a 16-rank case in a switch W times per collective."""
+    owners: list[Any] = []
+    lines = ["def swap(outgoing, incoming):"]
+    for i, (owner, attr) in enumerate(slots):
+        if not any(o is owner for o in owners):
+            owners.append(owner)
+        k = next(j for j, o in enumerate(owners) if o is owner)
+        space = vars(owner)
+        lines += [f"    now = space{k}[{attr!r}]",
+                  f"    if now is not outgoing[{i}]:",
+                  f"        outgoing[{i}] = now",
+                  f"    value = incoming[{i}]",
+                  "    if value is not now:",
+                  # a module's namespace is its dict; a class's is read-only: through setattr
+                  f"        space{k}[{attr!r}] = value" if isinstance(space, dict)
+                  else f"        setattr(owner{k}, {attr!r}, value)"]
+    if not slots:
+        lines.append("    pass")
+    scope: dict[str, Any] = {}
+    for k, owner in enumerate(owners):
+        scope[f"space{k}"], scope[f"owner{k}"] = vars(owner), owner
+    exec(compile("\n".join(lines), "<virtual rank switch>", "exec"), scope)
+    return scope["swap"]
 
 
 def _is_state(value: Any, module: types.ModuleType) -> bool:
