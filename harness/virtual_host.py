@@ -20,6 +20,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.heap import Heap
+from harness.rank_logs import route
 from harness.rankops import RankExecutor
 from harness.sut import adapter_class
 from harness.sut.base import SutAdapter
@@ -32,12 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sut", required=True)
     parser.add_argument("--options", default="{}")
     parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--logs", type=Path, help="write each rank's output to workerlog.<rank> in this folder")
     args = parser.parse_args(argv)
     size = args.world
     conns = [Client(args.control, family="AF_UNIX") for _ in range(size)]
     cls = adapter_class(args.sut)
     try:
         world = cls.virtual_world(size)
+        if args.logs is not None:
+            route(args.logs, lambda: world.baton.current)
         adapters: list[SutAdapter] = [cls() for _ in range(size)]
         options = json.loads(args.options)
         setups = world.run([lambda r=r: adapters[r].setup(r, size, options) for r in range(size)])

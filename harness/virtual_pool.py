@@ -36,7 +36,8 @@ class VirtualPool(RankPool):
         assert self._dir is not None
         base = self._base_env()
         log = self._dir / "logs" / "virtual-host.log"
-        argv = [*worker_argv(control, self.sut, json.dumps(self.options)), "--world", str(self.world)]
+        argv = [*worker_argv(control, self.sut, json.dumps(self.options)), "--world", str(self.world),
+                "--logs", str(log.parent)]
         self.forked = False
         if self.host_forks is not None:
             self.host_forks.start()  # in the background: this launch does not wait for it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -15,6 +16,7 @@ from harness.judge import Judge
 from harness.runners import Runners
 from harness.sut import adapter_class
 from properties.case import Case, Op, TensorCase
+from properties.known import explanations, read_known
 from properties.registry import REGISTRY, property_cases
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
@@ -74,6 +76,24 @@ def test_a_dtype_gloo_cannot_carry_ends_the_rank_as_on_real_ranks(virtual_sides)
     case = _case("P-RESHARD", (TensorCase("w", "I16", (4, 2), 3),), save, load)
     _same(virtual_sides, case)
     assert run_side(case, virtual_sides[1]).records[1].failure == "crash"
+
+
+def test_a_rank_gloo_kills_reads_as_the_same_known_bug_on_both_sides(virtual_sides) -> None:
+    """Each virtual rank writes its own workerlog, so the log tails a crash quotes end where a real rank's do: the
+    known finding whose signature reads them (a rank died right after reshard_comm's last line) explains both
+    sides, and the virtual host's own note on the exit stays in its log."""
+    mesh = Mesh((2,))
+    save = {"w": Sharded(mesh, (Shard(0),)).to_json()}
+    load = {"w": Sharded(mesh, (Replicate(),)).to_json()}
+    case = _case("P-RESHARD", (TensorCase("w", "I16", (4, 2), 3),), save, load)
+    known = read_known(Path(__file__).parent / "regressions")
+    found = []
+    for runners in virtual_sides:
+        judgement, _ = Judge(runners, exploring=True)(case)
+        found.append(explanations(known, SUT, judgement))
+    assert found == [["paddle-dcp-int16-reshard-kills-rank.json"]] * 2
+    message = judgement.anomalies[0].to_json()["message"]
+    assert "workerlog.0: " in message and "virtual-host.log: virtual rank 0 exits with status 255" in message
 
 
 def test_a_rank_that_raises_leaves_its_peers_stuck_on_both_sides(virtual_sides) -> None:
