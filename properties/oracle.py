@@ -78,11 +78,21 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     layouts = case.layouts(which)
     state = case.expected(version, which)
     out: list[TensorDiffers] = []
+    saved = case.layouts("save")
     for rank, got in sorted(rec.loaded.items()):
         expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
-        out += [TensorDiffers(case.property, None, rank, d, layout=layout_kind(layouts.get(d.tensor)))
+        out += [TensorDiffers(case.property, None, rank, d, layout=_layout(layouts, saved, state, d.tensor))
                 for d in differences(expected, dict(got))]
     return out
+
+
+def _layout(layouts: dict, saved: dict, state: dict, name: str) -> str | None:
+    """The tensor's layout kind in the op; "flat-unaligned" where it was saved flat in pieces not all boxes, the
+    shape of piece a loader must rebuild through a box (whatever layout the load asks for)."""
+    shape = state[name].shape if name in state else ()
+    if layout_kind(saved.get(name), shape) == "flat-unaligned":
+        return "flat-unaligned"
+    return layout_kind(layouts.get(name), shape)
 
 
 def whole_version(case: Case, rec: OpRecord, problems: list[TensorDiffers], records: list[OpRecord]

@@ -251,9 +251,28 @@ class Flat:
 TensorLayout = Sharded | Flat
 
 
-def layout_kind(layout: TensorLayout | None) -> str | None:
-    """The ``kind`` a layout's JSON names ("sharded", "flat"); None for no layout (the tensor whole on rank 0)."""
-    return "flat" if isinstance(layout, Flat) else "sharded" if isinstance(layout, Sharded) else None
+def layout_kind(layout: TensorLayout | None, shape: tuple[int, ...] = ()) -> str | None:
+    """The ``kind`` a layout's JSON names ("sharded", "flat"), and "flat-unaligned" for a flat layout one of whose
+    ranks holds a range of the tensor (of ``shape``) that is not an n-d box: a loader must rebuild such a piece
+    through a box around it, a code path of its own. None for no layout (the tensor whole on rank 0)."""
+    if isinstance(layout, Flat):
+        ranges = (layout.local(shape, r).region for r in range(layout.mesh.world_size))
+        return "flat" if all(flat_range_is_box(shape, r.start, r.stop) for r in ranges) else "flat-unaligned"
+    return "sharded" if isinstance(layout, Sharded) else None
+
+
+def flat_range_is_box(shape: tuple[int, ...], start: int, stop: int) -> bool:
+    """Whether elements [start, stop) of a row-major tensor of ``shape`` are exactly an n-d box: some dim k spanned
+    in part, the dims before it fixed, the dims after it whole."""
+    count = stop - start
+    if count <= 1:
+        return True
+    inner = 1
+    for size in reversed(shape):
+        if start % inner == 0 and count % inner == 0 and (start // inner) % size + count // inner <= size:
+            return True
+        inner *= size
+    return False
 
 
 def layout_from_json(data: dict) -> TensorLayout:

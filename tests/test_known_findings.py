@@ -260,20 +260,25 @@ def test_a_bug_of_one_world_size_and_tensor_kind_is_known_under_any_property(pro
 
 
 @pytest.mark.parametrize("prop", ["P-FLAT", "P-ROUNDTRIP", "P-RESHARD", "P-REPEAT"])
-def test_zeros_in_a_flattened_tensor_are_known_under_any_property_but_corruption(prop: str) -> None:
-    """A flattened (stage-1 v2) slice read back as zeros is the cross-rank flat load bug whichever property met it
-    (the tensor's layout kind is on its difference); zeros in a sharded tensor, or after a corruption, still
-    count."""
+def test_a_wrong_unaligned_flat_tensor_is_known_under_any_property_but_corruption(prop: str) -> None:
+    """A flattened (stage-1 v2) tensor saved in pieces that are not all boxes and read back wrong is the cross-rank
+    flat load bug whichever property met it (the tensor's layout kind is on its difference); the same in a tensor
+    whose flat pieces are boxes, in a sharded tensor, or after a corruption, still counts."""
     known = read_known(REGRESSIONS)
     zeros = BitsDiffer("model/w", 3, 4, (1,), "0x7f", "0x00", "127", "0")
+    moved = BitsDiffer("model/w", 13, 24, (10,), "0x80", "0xff", "-128", "-1")  # another piece's value
 
-    def failure(prop: str, layout: str) -> Judgement:
-        return judged([TensorDiffers(prop, At(1, "load", "step-1", 2, ("sharded_weight",)), 0, zeros,
+    def failure(prop: str, layout: str, difference: BitsDiffer = zeros) -> Judgement:
+        return judged([TensorDiffers(prop, At(1, "load", "step-1", 2, ("sharded_weight",)), 0, difference,
                                      layout=layout)])
 
-    assert explained_by(known, "paddle-dcp", failure(prop, "flat")) == "paddle-dcp-flat-cross-rank-load.json"
+    assert explained_by(known, "paddle-dcp", failure(prop, "flat-unaligned")) == \
+        "paddle-dcp-flat-cross-rank-load.json"
+    assert explained_by(known, "paddle-dcp", failure(prop, "flat-unaligned", moved)) == \
+        "paddle-dcp-flat-cross-rank-load.json"
+    assert explained_by(known, "paddle-dcp", failure(prop, "flat")) is None  # pieces that are boxes: another bug
     assert explained_by(known, "paddle-dcp", failure(prop, "sharded")) is None
-    assert explained_by(known, "paddle-dcp", failure("P-CORRUPT", "flat")) is None
+    assert explained_by(known, "paddle-dcp", failure("P-CORRUPT", "flat-unaligned")) is None
 
 
 def test_the_job_an_op_ran_in_survives_the_json_round_trip() -> None:
