@@ -78,21 +78,20 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     layouts = case.layouts(which)
     state = case.expected(version, which)
     out: list[TensorDiffers] = []
-    saved = case.layouts("save")
     for rank, got in sorted(rec.loaded.items()):
         expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
-        out += [TensorDiffers(case.property, None, rank, d, layout=_layout(layouts, saved, state, d.tensor))
+        out += [TensorDiffers(case.property, None, rank, d, layout=op_layout_kind(case, rec.index, d.tensor))
                 for d in differences(expected, dict(got))]
     return out
 
 
-def _layout(layouts: dict, saved: dict, state: dict, name: str) -> str | None:
-    """The tensor's layout kind in the op; "flat-unaligned" where it was saved flat in pieces not all boxes, the
-    shape of piece a loader must rebuild through a box (whatever layout the load asks for)."""
-    shape = state[name].shape if name in state else ()
-    if layout_kind(saved.get(name), shape) == "flat-unaligned":
+def op_layout_kind(case: Case, index: int, name: str) -> str | None:
+    """The layout kind of tensor ``name`` in op ``index``; "flat-unaligned" where the case saves it flat in pieces
+    not all boxes, the shape of piece a loader must rebuild through a box (whatever layout the load asks for)."""
+    shape = tuple(case.specs().get(name, ("", ()))[1])
+    if layout_kind(case.layouts("save").get(name), shape) == "flat-unaligned":
         return "flat-unaligned"
-    return layout_kind(layouts.get(name), shape)
+    return layout_kind(case.layouts(case.op_layouts(index)).get(name), shape)
 
 
 def whole_version(case: Case, rec: OpRecord, problems: list[TensorDiffers], records: list[OpRecord]
@@ -148,6 +147,7 @@ def check_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
         for rank, got in sorted(rec.loaded.items()):
             j = judge_states(case.property, ref_rec.loaded.get(rank, {}), got)
             if not j.ok:
-                results.append(judged([dataclasses.replace(a, at=at(case, rec), rank=rank, against="reference")
-                                       for a in j.anomalies]))
+                results.append(judged([dataclasses.replace(a, at=at(case, rec), rank=rank, against="reference",
+                                                           layout=op_layout_kind(case, rec.index, a.difference.tensor))
+                                       if isinstance(a, TensorDiffers) else a for a in j.anomalies]))
     return worst(results) or check_oracle(case, sut)
