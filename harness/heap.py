@@ -5,7 +5,7 @@ cases imported or cached for as long as it lives, and Paddle calls ``gc.collect(
 collection walking all of that was a quarter of a small virtual case. So what outlives a case is frozen
 (``gc.freeze``: never walked, still freed by reference counting) once the case has ended; every ``THAW_EVERY``
 cases it is thawed and collected once, so a reference cycle that died after being frozen is freed within that many
-cases rather than never. No case can see the difference: a case starts after its predecessor's garbage is gone.
+cases rather than never. A case still starts after its predecessor's garbage is collected.
 """
 
 from __future__ import annotations
