@@ -3,32 +3,49 @@ cases on a warm pool of real ranks, side by side in one run.
 
 The cases are drawn (a fixed seed, so every run judges the same ones) from the data-path properties — a save on W
 ranks and loads on 1..W ranks: P-ROUNDTRIP, P-RESHARD, P-FLAT, P-EDGE, P-MOE — and judged as a fuzzing campaign
-judges them (``Judge(..., exploring=True)``: oracle, buckets, known findings not consulted). Each runner set judges
-one case first to warm up (launching the host or the pool), not counted.
+judges them (``Judge(..., exploring=True)``: oracle, buckets, known findings not consulted). Each runner set first
+judges one case and starts the host or pool of every world size the cases use (``warm``), not counted.
 
 Prints one JSON object: per world size ``cases``, ``seconds``, ``cases_per_s``, ``worst_case_s``; ``pool_2`` (the
-same 2-rank cases on real ranks) and ``virtual_vs_pool`` (virtual cases/s over pool cases/s at 2 ranks).
+same 2-rank cases on real ranks) and ``virtual_vs_pool`` (virtual cases/s over pool cases/s at 2 ranks); with
+``--streams S`` (default 2), ``virtual_W_xS`` for worlds <= 16: the cases split over S processes judging side by
+side, the machine's rate.
 Targets (issue 16): >= 20 cases/s at <= 16 ranks, ``virtual_vs_pool`` >= 5, a 256-rank case <= 30 s.
 
 ``--worlds 2,16`` and ``--cases N`` (per world; 256 ranks get at most a quarter) for a quick look.
 
-Measured on the project's 2-core VM (shared with other work), 2026-11-27, ``--worlds 2,16,64 --cases 30``, seed 1:
-  virtual_2 30.9 cases/s (worst 0.11 s); pool_2 4.6 cases/s; virtual_vs_pool 6.67 (target >= 5: met)
-  virtual_16 4.97 cases/s (worst 0.51 s; target >= 20: not met); virtual_64 1.0 cases/s (worst 3.0 s)
-  virtual_256 (earlier the same day, before the changes below): 7 cases in 363 s, six of 8-25 s, one of 278 s
-  (target <= 30 s a case: not met)
-The 16-rank rate went from 4.0 to 5.0 with: no flaky re-run of a crash on virtual ranks (their schedule is fixed);
-a case's state built once per case and shared read-only by the ranks of one host (it was a sixth of a case); module
-globals swapped a namespace at a time (the per-switch loop was a third of the host's CPU under yappi); gloo's ring
-check skipped when every rank sends the same size. What is left, profiled with ``py-spy --gil`` on the host at 16
-ranks: about 60% of the rank threads' CPU is Paddle's own save/load code run once per rank (``load_state_dict``
-alone ~60%, ``save_state_dict`` ~20%, overlapping), ~12% is thread hand-off at each of the W switches per collective
-(futex wake-ups), ~11% swapping module state and the environment at those switches, ~7% unpickling in
-``all_gather_object`` (each rank unpickles every rank's object: W^2 per collective). Paddle's per-rank planning is
-what grows at large W — ``get_rank_to_read_files`` gathers every rank's file list and ``CheckpointLoadBalancer.plan``
-runs over all ranks on every rank — quadratic per rank, so W virtual ranks in one process pay ~W^3. Sharing that
-work across ranks would mean returning one rank's Paddle objects to another, which Paddle may mutate: not done, as
-it could change the result.
+Measured on the project's 2-core VM (shared with other work), 2026-11-28, ``--worlds 2,16,64,256 --cases 40
+--streams 2``, seed 1, every world's host or pool started before timing (``warm``):
+  virtual_2 47.3 cases/s (worst 0.09 s); pool_2 10.8 cases/s; virtual_vs_pool 4.39 (target >= 5: not met);
+    two virtual streams side by side (the two cores a 2-rank pool uses for one): virtual_2_x2 60.6 cases/s, 5.6x
+    the pool
+  virtual_16 5.85 cases/s (worst 0.43 s; target >= 20: not met); virtual_16_x2 10.3 cases/s
+  virtual_64 1.16 cases/s (worst 2.4 s)
+  virtual_256: 10 cases in 172 s: nine of 2-19 s, one of 113 s (target <= 30 s a case: not met for that one)
+Earlier figures (virtual_vs_pool 6.67 on 2026-11-27) timed cold runners: a pool launched for a new world size
+inside the timed loop cost the pool seconds, and the fork server's start decided which virtual hosts were forked
+and which launched (30 cases at 2 ranks measured anywhere from 13 to 37 cases/s). Warm, the ratio is 3.5-4.5.
+
+Changes of 2026-11-28, 16 ranks, bench mix (ms of a case): 211 -> 147. Traceback text without
+Python 3.11's caret placement (it parsed every frame's source line: a fifth of an op failing on all ranks); the
+module-state switch as one generated straight-line function (29 -> 9 us a switch, W switches per collective);
+what outlives a case frozen for the collector (Paddle collects after every load); layouts parsed once per case;
+load targets made empty without extracting bits. The same changes made the real-rank pool about 10% faster.
+
+Where a 16-rank case's time goes now (seen from the controller: the host's ops 60%, loads on other world sizes 30%, relaunching
+worlds a rank's exit or a timeout broke 10%; inside a host, per-thread profiles excluding waits): Paddle's own
+save/load code and the tensors it makes about 40%, the emulation about 35% (the switch's lock hand-off and module
+swap, all_gather_object unpickling every rank's object on every rank: W^2 per gather), the harness's rank-side work
+(each rank's pieces, records, tracebacks) the rest. So even a free emulation leaves ~8 cases/s on one core: 20 at
+16 ranks needs both cores and an emulation near zero.
+
+The 113 s case at 256 ranks holds 640 MoE experts (keyed) saved on 256 ranks and loaded on 205. Its load, profiled
+per rank thread: 38% unpickling the gathered metadata (each of 205 ranks unpickles all 205 ranks' objects, 294k
+unpickles), the rest Paddle's per-rank planning over every rank's metadata — ``resharder.get_read_items`` /
+``reshard_comm.schedule_read_items`` over all ranks' read items, ``CheckpointLoadBalancer.plan``, deep copies of
+the gathered metadata, a ProcessMesh per piece — quadratic per rank, so about W^3 for W virtual ranks in one
+process. Sharing gathered objects between ranks would cut the first part, but Paddle deep-copies and rewrites
+what it gathers, and a shared object one rank changes is another rank's false bug: not done.
 """
 
 from __future__ import annotations
