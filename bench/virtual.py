@@ -36,8 +36,8 @@ Where a 16-rank case's time goes now (seen from the controller: the host's ops 6
 30%, relaunching worlds a rank's exit or a timeout broke 10%; inside a host, per-thread profiles excluding waits):
 Paddle's own save/load code and the tensors it makes about 40%, the emulation about 35% (the switch's lock
 hand-off and module swap, all_gather_object unpickling every rank's object on every rank: W^2 per gather), the
-harness's rank-side work (each rank's pieces, records, tracebacks) the rest. So even a free emulation leaves ~8 cases/s on one core: 20 at
-16 ranks needs both cores and an emulation near zero.
+harness's rank-side work (each rank's pieces, records, tracebacks) the rest. So even a free emulation leaves about
+8 cases/s on one core: 20 at 16 ranks needs both cores and an emulation near zero.
 
 The 113 s case at 256 ranks holds 640 MoE experts (keyed) saved on 256 ranks and loaded on 205. Its load, profiled
 per rank thread: 38% unpickling the gathered metadata (each of 205 ranks unpickles all 205 ranks' objects, 294k
