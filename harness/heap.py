@@ -2,7 +2,7 @@
 
 A rank process (harness.worker, harness.virtual_host) keeps the framework, the SUT's set-up and whatever its first
 cases imported or cached for as long as it lives, and Paddle calls ``gc.collect()`` after every load: a full
-collection walking all of that was a quarter of a small virtual case. So what outlives a case is frozen
+collection walking all of that was up to a sixth of a small virtual case. So what outlives a case is frozen
 (``gc.freeze``: never walked, still freed by reference counting) once the case has ended; every ``THAW_EVERY``
 cases it is thawed and collected once, so a reference cycle that died after being frozen is freed within that many
 cases rather than never. A case still starts after its predecessor's garbage is collected.

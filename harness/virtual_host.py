@@ -40,8 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     cls = adapter_class(args.sut)
     try:
         world = cls.virtual_world(size)
-        if args.logs is not None:
-            route(args.logs, lambda: world.baton.current)
+        streams = route(args.logs, lambda: world.baton.current) if args.logs is not None else None
         adapters: list[SutAdapter] = [cls() for _ in range(size)]
         options = json.loads(args.options)
         setups = world.run([lambda r=r: adapters[r].setup(r, size, options) for r in range(size)])
@@ -64,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         world.run([lambda ex=ex: _close(ex) for ex in executors])
         world.close()
+        if streams is not None:
+            streams.close_logs()
     return 0
 
 

@@ -246,8 +246,9 @@ class CorruptionRedirected(OlderCameBack):
 @dataclass(frozen=True)
 class TensorDiffers(Anomaly):
     """One tensor of one rank differs from what it must be (``against`` the oracle's "expected" state, or what the
-    "reference" engine's run gave). ``layout``: the kind of the tensor's layout in the op ("flat", "sharded"; None:
-    none, or not known), so a bug of flattened slices is recognised whichever property met it."""
+    "reference" engine's run gave). ``layout``: the kind of the tensor's layout in the op ("sharded", "flat", or
+    "flat-unaligned": saved flat in pieces not all n-d boxes, properties.oracle.op_layout_kind; None: none, or not
+    known), so a bug of flattened slices is recognised whichever property met it."""
 
     at: At | None
     rank: int | None
