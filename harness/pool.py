@@ -32,26 +32,34 @@ FORKABLE = ("paddle", "plain")  # launchers whose ranks the fork server can star
 LOG_CHARS = 4000  # the ranks' log tails quoted in a failure message
 IDLE_POLL_S = 0.1  # after a rank raised, how often the others' CPU time is read
 IDLE_FOR_S = 0.4  # a rank whose processes used no CPU this long, after a peer raised, waits on that peer
+STALL_POLL_S = 1.0  # with an idle limit, how often the silent ranks' CPU time is read
 
 
 class _IdleWatch:
-    """Which ranks sit blocked (no CPU time used by the rank's process tree for IDLE_FOR_S): after a peer raised,
-    such a rank waits in a collective the raiser will never join. The rank worker's own control thread blocks too,
-    so "no CPU" means the op makes no progress; a rank reading a file or computing keeps its clock moving."""
+    """Which ranks sit blocked (no CPU time used by the rank's process tree for ``idle_for`` seconds): after a peer
+    raised, such a rank waits in a collective the raiser will never join. The rank worker's own control thread
+    blocks too, so "no CPU" means the op makes no progress; a rank reading a file or computing keeps its clock
+    moving. Ranks sharing a process (virtual ranks) are read once per process."""
 
-    def __init__(self, pids: dict[int, int]) -> None:
-        self.pids = pids
-        self.seen: dict[int, tuple[float, float]] = {}  # rank -> (cpu seconds, when they last changed)
+    def __init__(self, pids: dict[int, int], idle_for: float = IDLE_FOR_S) -> None:
+        self.pids, self.idle_for = pids, idle_for
+        self.seen: dict[int | None, tuple[float, float]] = {}  # pid -> (cpu seconds, when they last changed)
+        self.read_at = time.monotonic()
+
+    def due(self, every: float = STALL_POLL_S) -> bool:
+        """Whether ``every`` seconds passed since the last read (a read walks the process table)."""
+        return time.monotonic() - self.read_at >= every
 
     def all_idle(self, ranks) -> bool:
         now, idle = time.monotonic(), True
-        for rank in ranks:
-            cpu = _tree_cpu(self.pids.get(rank))
-            last = self.seen.get(rank)
+        self.read_at = now
+        for pid in {self.pids.get(rank) for rank in ranks}:
+            cpu = _tree_cpu(pid)
+            last = self.seen.get(pid)
             if cpu is None or last is None or cpu != last[0]:
-                self.seen[rank] = (cpu if cpu is not None else -1.0, now)
+                self.seen[pid] = (cpu if cpu is not None else -1.0, now)
                 idle = False
-            elif now - last[1] < IDLE_FOR_S:
+            elif now - last[1] < self.idle_for:
                 idle = False
         return idle
 
@@ -292,11 +300,12 @@ class RankPool(Runner):
     # -- cases ----------------------------------------------------------------------------------------------
 
     def _broadcast(self, msg: dict, timeout: float, what: str, fail_fast: bool = True,
-                   stuck_after: float | None = None) -> list[dict]:
+                   stuck_after: float | None = None, idle_limit: float | None = None) -> list[dict]:
         """Send ``msg`` to every rank and collect one reply each. A rank that dies raises "crash" at once
         (``fail_fast``) or once the survivors have answered or ``timeout`` passed (a fault run judges whether the
         survivors turn the death into an error in time); a rank that stays silent raises "hang", unless it is
-        still busy ``stuck_after`` seconds after another rank raised (Runner.op)."""
+        still busy ``stuck_after`` seconds after another rank raised (Runner.op); or one whose processes used no CPU
+        for ``idle_limit`` seconds raises "hang" before ``timeout``."""
         for conn in self.conns.values():
             with contextlib.suppress(OSError):
                 conn.send(msg)
@@ -308,8 +317,12 @@ class RankPool(Runner):
         raised: int | None = None  # the first rank that answered with an error (stuck_after counts from it)
         raised_at = start
         idle = _IdleWatch(self.pids)
+        stalled = _IdleWatch(self.pids, idle_limit) if idle_limit is not None else None
+        bound = f" within {timeout:.0f} s"
         while waiting and time.monotonic() < deadline and not (dead and fail_fast):
             poll = deadline - time.monotonic() if raised is None else min(deadline - time.monotonic(), IDLE_POLL_S)
+            if stalled is not None:
+                poll = min(poll, STALL_POLL_S)
             for conn in wait(list(waiting), timeout=max(0.0, poll)):
                 rank = waiting.pop(conn)
                 try:
@@ -323,6 +336,9 @@ class RankPool(Runner):
                         deadline = min(deadline, raised_at + stuck_after)
             if stuck_after is not None and raised is not None and waiting and idle.all_idle(waiting.values()):
                 break  # every rank still busy has used no CPU for a while: each waits on a peer that raised
+            if stalled is not None and waiting and stalled.due() and stalled.all_idle(waiting.values()):
+                bound = f"; its process used no CPU for {idle_limit:.0f} s"
+                break  # no rank still busy has used CPU for idle_limit: each waits on what will not come
         if stuck_after is not None and raised is not None and waiting and not dead:
             waited = time.monotonic() - start
             for rank in waiting.values():
@@ -339,7 +355,7 @@ class RankPool(Runner):
                               + (f" (ranks {list(silent)} still busy)" if silent else "") + f"; logs: {self._logs()}",
                               answered, tuple(sorted(dead)), silent)
         if silent:
-            raise PoolFailure("hang", f"rank {silent[0]} did not finish {what} within {timeout:.0f} s", answered,
+            raise PoolFailure("hang", f"rank {silent[0]} did not finish {what}{bound}", answered,
                               (), silent)
         return answered
 
@@ -347,9 +363,11 @@ class RankPool(Runner):
         self.ensure()
         self._broadcast({"type": "begin", "case": case_json, "root": root}, 60, "case set-up")
 
-    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None) -> list[dict]:
+    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None,
+           idle_limit: float | None = None) -> list[dict]:
+        """``idle_limit``: ranks whose processes used no CPU for that long hang before ``timeout``."""
         return self._broadcast({"type": "op", "index": index, "stuck_after": stuck_after}, timeout, f"op {index}",
-                               fail_fast, stuck_after)
+                               fail_fast, stuck_after, idle_limit)
 
     def end(self) -> None:
         if self.alive:

@@ -268,6 +268,16 @@ class Case:
         return sizes.pop() if len(sizes) == 1 else int(self.options.get(f"{which}_world_size", 1))
 
     def to_json(self) -> dict:
+        """A new dict each call (a caller may change its own); built once per case object, as JSON text: the
+        controller sends a case to its ranks at every begin, and ``asdict`` over its tensors and ops was a
+        twentieth of a 2-rank virtual case."""
+        text = self.__dict__.get("_json_text")
+        if text is None:
+            text = json.dumps(self._build_json())
+            self.__dict__["_json_text"] = text
+        return json.loads(text)
+
+    def _build_json(self) -> dict:
         data = asdict(self)
         for optional in ("fault", "training"):
             if data[optional] is None:

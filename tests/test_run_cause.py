@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import time
+
+import pytest
+
 from harness.run import CAUSE_MARGIN_S, _merge
+from harness.runner import PoolFailure
 from properties.outcome import OpRecord
 
 TIMEOUT = "[/paddle/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:80] TIMEOUT"
@@ -45,12 +51,7 @@ def test_an_op_every_rank_finished_stays_ok() -> None:
 def test_a_warm_fault_pass_does_not_wait_out_a_peer_stuck_on_the_rank_that_raised(tmp_path) -> None:
     """With ``stuck_after`` the op returns that long after rank 0 raised, rank 1 answered for as "Stuck" (and the
     record cites rank 0); without it the same op is a hang at the op's timeout."""
-    import time
-
-    import pytest
-
     from harness.pool import RankPool
-    from harness.runner import PoolFailure
     from properties.case import Case, Op, TensorCase
     from reference.layout import Mesh, replicated
 
@@ -100,3 +101,41 @@ def test_a_peer_that_computes_after_a_rank_raised_is_waited_for(tmp_path) -> Non
         assert [(r["rank"], r["ok"]) for r in replies] == [(0, False), (1, True)]
     finally:
         pool.close(graceful=False)
+
+
+@pytest.mark.parametrize("sut,stalls", [("tests.suts.buggy:HangsOnLoadSut", True),
+                                        ("tests.suts.buggy:ComputesOnLoadSut", False)])
+def test_an_idle_limit_cuts_a_stalled_op_short_and_never_a_busy_one(tmp_path, sut: str, stalls: bool) -> None:
+    """``idle_limit`` (what bounds virtual ranks, whose op may take the bound times W over the cores): a rank whose
+    processes use no CPU for that long hangs well before the op's timeout; one computing longer than that does not."""
+    from harness.pool import RankPool
+    from properties.case import Case, Op, TensorCase
+    from reference.layout import Mesh, replicated
+
+    layout = {"w": replicated(Mesh((2,))).to_json()}
+    case = Case("P-ROUNDTRIP", sut, (TensorCase("w", "F32", (2,), 1),), layout, layout,
+                (Op("save", "step-0"), Op("load", "step-0")))
+    pool = RankPool(case.sut, 2, {})
+    try:
+        pool.begin(case.to_json(), str(tmp_path))
+        pool.op(0, 60)
+        start = time.monotonic()
+        if stalls:
+            with pytest.raises(PoolFailure) as failure:
+                pool.op(1, 120, idle_limit=1.5)
+            assert failure.value.kind == "hang" and failure.value.silent == (1,)
+            assert "did not finish op 1; its process used no CPU for 2 s" in str(failure.value)
+            assert time.monotonic() - start < 30
+        else:
+            replies = pool.op(1, 120, idle_limit=1.5)
+            assert [(r["rank"], r["ok"]) for r in replies] == [(0, True), (1, True)]
+    finally:
+        pool.close(graceful=False)
+
+
+def test_virtual_ranks_share_the_cores_they_are_bounded_by() -> None:
+    from harness.virtual_pool import shared_cores_factor
+
+    cores = len(os.sched_getaffinity(0))
+    assert shared_cores_factor(1) == 1 and shared_cores_factor(cores) == 1
+    assert shared_cores_factor(cores + 1) == 2 and shared_cores_factor(32 * cores) == 32

@@ -402,3 +402,18 @@ class NewGroupSut(PaddleDcpSut):
 
         dist.new_group(list(range(dist.get_world_size())))
         return super().save(root, name, tensors, use_async=use_async, options=options)
+
+
+class ComputesOnLoadSut(ReferenceSut):
+    """Rank 1 computes for three seconds of CPU before it loads: slow, never stalled."""
+
+    name = "computes-on-load"
+
+    def load(self, root, name, targets, *, options):
+        import time
+
+        if self.rank == 1:
+            end = time.process_time() + 3.0
+            while time.process_time() < end:
+                pass
+        return super().load(root, name, targets, options=options)
