@@ -203,9 +203,12 @@ class UnclearError(_OpError):
 
 @dataclass(frozen=True)
 class LoadedUnsaved(Anomaly):
-    """A load gave data although nothing was ever acknowledged or attempted under its name."""
+    """A load gave data although nothing was ever acknowledged or attempted under its name. ``loaded_before``: the
+    data is a version an earlier load of the same job (no restart between) gave, as a process-level cache that
+    ignores the name would give it."""
 
     at: At
+    loaded_before: bool = False
     kind = "loaded-unsaved"
 
     def render(self) -> str:

@@ -204,7 +204,7 @@ def wrong_state(h: History, load: LoadFacts) -> Anomaly | None:
     if load.matched is not None:
         return None
     if not load.allowed:
-        return LoadedUnsaved(h.case.property, load.at)
+        return LoadedUnsaved(h.case.property, load.at, load.repeats_given)
     ack, older = load.ack, load.came_back
     if older is not None and ack is not None:
         cls = CorruptionRedirected if load.corrupted else OlderCameBack

@@ -76,6 +76,8 @@ class LoadFacts:
     after_corruption: bool = False  # a corruption hit the root before the load
     intact: int | None = None  # "latest": an op showing ack intact then (listed just before, or loaded by name)
     given_before: tuple[int, ...] = ()  # versions earlier loads of the same job (since its last crash) gave
+    # nothing allowed, yet it gave a state: that of a version an earlier load of the same job gave (a cache)
+    repeats_given: bool = False
     matched: Save | None = None  # the allowed save whose state it gave bitwise
     came_back: Save | None = None  # else an older save (acknowledged, or any for "latest") whose state it gave
     closest: int | None = None  # else the version its state is compared against ...
@@ -223,7 +225,10 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
         listed=name is not None and name in _last_listing(b),
         after_crash=bool(b.crashes) or (b.fault_op is not None and b.fault_op < rec.index),
         after_corruption=bool(b.corrupted), given_before=tuple(b.given))
-    if not rec.ok or not allowed:
+    if rec.ok and not allowed:
+        return dataclasses.replace(facts, repeats_given=any(
+            not tensor_differences(b.case, version, rec) for version in sorted(set(b.given))))
+    if not rec.ok:
         return facts
     facts = _compare(b, facts, rec)
     gave = facts.matched or facts.came_back

@@ -132,3 +132,31 @@ def test_a_name_may_fail_clearly_only_while_its_re_save_is_in_flight(settle: str
     records[-1] = dataclasses.replace(records[-1], ok=False, error_type="SafetensorError",
                                       error="rank 0: Error while deserializing header: header too small")
     assert ("acknowledged-lost" in _kinds("reference", case, Outcome("reference", records))) is lost
+
+
+@pytest.mark.parametrize("gave, before", [(0, True), (1, False)])
+def test_a_load_of_a_name_never_saved_says_whether_an_earlier_load_gave_its_data(gave: int, before: bool) -> None:
+    """A name nothing was saved under loads nothing; where it gives data, the anomaly says whether that data is a
+    version an earlier load of the same job gave (a cache that ignores the name: Paddle's, met at 24 virtual ranks
+    and on 2 real ones), and the known finding of that cache explains only that way."""
+    from pathlib import Path
+
+    from properties.atomic import check_history
+    from properties.known import explained_by, read_known
+    from reference.engine import local_tensors
+
+    case = dataclasses.replace(_ops(save(0), save(1), load(0), Op("load", "step-999", 0)), property="P-LIFECYCLE",
+                               options={"same_dir": True})
+    layouts = case.layouts("load")
+
+    def state(version: int) -> dict:
+        return {r: {n: lt.tensor for n, lt in local_tensors(case.state(version), layouts, r).items()} for r in (0, 1)}
+
+    records = [OpRecord(0, "save", "step-0"), OpRecord(1, "save", "step-1"),
+               OpRecord(2, "load", "step-0", loaded=state(0)), OpRecord(3, "load", "step-999", loaded=state(gave))]
+    found = anomalies(history(case, Outcome("paddle-dcp", records)), adapter_class("paddle-dcp").clear_errors)
+    unsaved = [a for a in found if a.kind == "loaded-unsaved"]
+    assert len(unsaved) == 1 and unsaved[0].loaded_before is before
+    known = read_known(Path(__file__).parent / "regressions")
+    judgement = check_history(case, Outcome("paddle-dcp", records), None)
+    assert explained_by(known, "paddle-dcp", judgement) == ("paddle-dcp-version-cache.json" if before else None)
