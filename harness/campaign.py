@@ -34,6 +34,7 @@ from properties.verdicts import Judgement
 from .corpus import Corpus, replay_corpus
 from .fidelity import REAL_MAX, max_world
 from .judge import Judge
+from .reduce import reduce_case
 from .runner import PoolFailure
 from .runners import Runners
 
@@ -250,7 +251,7 @@ def _batch(
         target.append(bucket)
         first_seen[bucket.core] = finding.found_at  # the shrunk case keeps when its bucket was first met
         smallest[:] = [finding]
-        shrink_until.append(time.monotonic() + min(SHRINK_MAX, max(SHRINK_MIN, campaign.seconds * 0.1)))
+        shrink_until.append(time.monotonic() + _shrink_budget(campaign))
         raise _Failed("; ".join(judgement.details))
 
     try:
@@ -266,9 +267,44 @@ def _batch(
     found = smallest + list(others.values())
     for finding in found:
         campaign.register(finding.bucket, prop)
-        if campaign.mode == "virtual":
+    if campaign.mode == "virtual":
+        found = [_reduced(judge_case, finding, min(hard_deadline, time.monotonic() + _shrink_budget(campaign)))
+                 for finding in found]
+        for finding in found:
             finding.confirmed_real = _confirm_real(campaign, judge_case, finding)
     return found
+
+
+def _shrink_budget(campaign: Campaign) -> float:
+    return min(SHRINK_MAX, max(SHRINK_MIN, campaign.seconds * 0.1))
+
+
+def _reduced(judge_case: Judge, finding: Finding, deadline: float) -> Finding:
+    """A virtual finding too big for real ranks, reduced past Hypothesis (harness.reduce: a smaller world, then
+    fewer ops) to the smallest case that still fails in its bucket core before ``deadline``; at 20-odd virtual
+    ranks Hypothesis's own budget buys few runs, and a case real ranks can hold can be confirmed on them."""
+    if max_world(finding.case) <= REAL_MAX:
+        return finding
+    assert finding.bucket is not None
+    core = finding.bucket.core
+    kept: list[Finding] = []
+
+    def still_fails(case: Case) -> bool:
+        try:
+            judgement, outcome = judge_case(case)
+        except Exception:  # e.g. a layout the SUT rejects before running: not the same failure
+            return False
+        if judgement.ok:
+            return False
+        bucket = judge_case.bucket(case, judgement, outcome)
+        if bucket.core != core:
+            return False
+        kept[:] = [Finding(case, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket,
+                           finding.left_out, finding.found_at, io_map=outcome.io_map)]
+        return True
+
+    smallest = reduce_case(finding.case, still_fails, deadline)
+    return kept[0] if kept and kept[0].case is smallest else finding
 
 
 def _confirm_real(campaign: Campaign, judge_case: Judge, finding: Finding) -> str:

@@ -1,0 +1,106 @@
+"""Reducing a finding past what Hypothesis managed: a smaller world first, then fewer ops.
+
+Hypothesis shrinks a failing case within a time budget, and at 20-odd virtual ranks one run of a 30-op case costs
+seconds: a bug met at scale often stays as drawn, too big to read and too big for real ranks to confirm
+(harness.fidelity.REAL_MAX). Most bugs do not need the scale they were met at. So a finding is tried again with
+every mesh dimension capped (cap 1, 2, ...: the smallest world first), then without chunks of its ops (halves,
+quarters, ... single ops); a candidate is kept only where it fails in the same bucket core, as Hypothesis keeps a
+shrunk case. Only what the case language states changes: mesh shapes (placements, mesh dims and flat buffers
+stay; an owner index past a capped dim moves to its last index), the explicit world sizes of empty layouts, and
+the op list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+
+from properties.case import Case
+from reference.layout import LayoutError
+
+from .fidelity import max_world
+
+#: Judges a candidate: True when it fails in the finding's bucket core (harness.campaign supplies it).
+StillFails = Callable[[Case], bool]
+
+
+def reduce_case(case: Case, still_fails: StillFails, deadline: float) -> Case:
+    """The smallest case found before ``deadline`` (monotonic) that still fails the same way; ``case`` itself
+    where none is."""
+    for smaller in smaller_worlds(case):
+        if time.monotonic() > deadline:
+            return case
+        if still_fails(smaller):
+            case = smaller
+            break
+    return fewer_ops(case, still_fails, deadline)
+
+
+def smaller_worlds(case: Case) -> Iterator[Case]:
+    """``case`` with every mesh dimension capped at 1, 2, ...: each a smaller largest world, smallest first."""
+    largest = max_world(case)
+    dims = [d for which in ("save", "load") for data in _layouts(case, which).values() for d in data["mesh"]["shape"]]
+    seen: set[int] = set()
+    for cap in range(1, max(dims, default=1)):
+        candidate = capped(case, cap)
+        if candidate is None:
+            continue
+        world = max_world(candidate)
+        if world < largest and world not in seen:
+            seen.add(world)
+            yield candidate
+
+
+def capped(case: Case, cap: int) -> Case | None:
+    """``case`` with every mesh dimension at most ``cap`` (None: the layouts it gives do not hold the tensors)."""
+    save = {name: _capped_layout(data, cap) for name, data in case.save_layout.items()}
+    load = {name: _capped_layout(data, cap) for name, data in case.load_layout.items()}
+    options = {key: min(value, cap) if key in ("save_world_size", "load_world_size") else value
+               for key, value in case.options.items()}
+    shapes = {t.name: tuple(t.shape) for t in case.tensors}
+    try:
+        smaller = dataclasses.replace(case, save_layout=save, load_layout=load, options=options)
+        for which in ("save", "load"):
+            layouts = smaller.layouts(which)
+            if len({lay.mesh.world_size for lay in layouts.values()}) > 1:
+                return None  # meshes of one world that capping gave different worlds: no longer one job
+            for name, layout in layouts.items():
+                for rank in range(layout.mesh.world_size if name in shapes else 0):
+                    layout.local(shapes[name], rank)
+    except (LayoutError, ValueError):
+        return None
+    return smaller
+
+
+def fewer_ops(case: Case, still_fails: StillFails, deadline: float) -> Case:
+    """Drop chunks of ops (halves, then quarters, ... then single ops) while the case still fails the same way. A
+    fault case keeps its ops: its fault names one by index."""
+    if case.fault is not None:
+        return case
+    chunk = max(1, len(case.ops) // 2)
+    while chunk >= 1:
+        start = 0
+        while start < len(case.ops) and len(case.ops) > 1:
+            if time.monotonic() > deadline:
+                return case
+            ops = case.ops[:start] + case.ops[start + chunk:]
+            candidate = dataclasses.replace(case, ops=ops) if ops else None
+            if candidate is not None and still_fails(candidate):
+                case = candidate  # the same start now names the ops after the dropped chunk
+            else:
+                start += chunk
+        chunk //= 2
+    return case
+
+
+def _layouts(case: Case, which: str) -> dict[str, dict]:
+    return case.save_layout if which == "save" else case.load_layout
+
+
+def _capped_layout(data: dict, cap: int) -> dict:
+    shape = [min(d, cap) for d in data["mesh"]["shape"]]
+    out = {**data, "mesh": {**data["mesh"], "shape": shape}}
+    if data.get("owner"):
+        out["owner"] = [[dim, min(index, shape[dim] - 1)] for dim, index in data["owner"]]
+    return out
