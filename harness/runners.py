@@ -136,9 +136,9 @@ class Runners:
 
     def _stock(self, key: tuple[int, str, str], like: Runner) -> None:
         """Keep pools like ``like`` launching or launched in the background for ``key``: in a warm pass SPARES real
-        pools; while exploring, one virtual host (a known bug that exits a rank takes its host with it, a third of
-        the cases at 16 virtual ranks, and a host forked meanwhile on another core takes the relaunch out of the
-        next case), for the VIRTUAL_SPARE_KEYS world sizes that lost one last."""
+        pools; else, while exploring, one pool or virtual host, for the EXPLORING_SPARE_KEYS world sizes that lost
+        one last (a known bug that exits a rank recurs case after case, a third of the cases at 16 virtual ranks,
+        and ranks started meanwhile on another core take the relaunch out of the next case)."""
         if self.mode == "fresh" or not isinstance(like, RankPool):
             return
         virtual = isinstance(like, VirtualPool)
