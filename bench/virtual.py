@@ -26,6 +26,22 @@ Earlier figures (virtual_vs_pool 6.67 on 2026-11-27) timed cold runners: a pool 
 inside the timed loop cost the pool seconds, and the fork server's start decided which virtual hosts were forked
 and which launched (30 cases at 2 ranks measured anywhere from 13 to 37 cases/s). Warm, the ratio is 3.5-4.5.
 
+Measured again 2026-11-28 (later session; same VM, same arguments), after lost pools and virtual hosts got a spare
+started in the background while exploring (harness.runners): three runs gave virtual_2 30.0 / 43.3 / 43.6,
+pool_2 12.4 / 7.2 / 16.0, virtual_vs_pool 2.43 / 6.0 / 2.72 (a 40-case pool run swings with how many of its
+relaunches a spare hides); virtual_2_x2 55.6 / 70.2 / 81.6; virtual_16 6.5 / 6.9 / 6.0 (worst 0.36 s),
+virtual_16_x2 8.6 / 9.6 / 8.9; virtual_64 1.31 (worst 2.2 s); virtual_256 ten cases in 179 s, the same one at 113 s.
+Alternating runs of the same 80 two-rank cases put the virtual side at 39.7 cases/s before the change and 42.9
+after: the spread between runs (30-48) is the VM's, not the change's.
+
+The floor at 16 ranks, measured per rank thread on the bench's 16-rank cases judged warm (thread CPU inside
+Paddle's ``save_state_dict`` / ``load_state_dict``, summed over ranks): 67 ms a case, 18 ms of it inside the
+emulated collectives (the switch, and each rank unpickling every rank's object in ``all_gather_object``, which a
+real rank does too). So Paddle's own code alone holds one core to 20 cases/s at 16 ranks. The target needs both
+cores and everything else under about 30 ms a case beside the collectives; it is about 80 ms now (of a case's
+150 ms: the adapter's tensors 10 ms, the rank-side harness 10 ms, the host's messaging 11 ms, the controller
+13-16 ms, relaunches and the pipes' latency the rest).
+
 Changes of 2026-11-28, 16 ranks, bench mix (ms of a case): 211 -> 147. Traceback text without
 Python 3.11's caret placement (it parsed every frame's source line: a fifth of an op failing on all ranks); the
 module-state switch as one generated straight-line function (29 -> 9 us a switch, W switches per collective);
