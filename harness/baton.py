@@ -52,7 +52,7 @@ class Backend(Protocol):
     def unfinished(self, entries: Mapping[int, Entry], members: tuple[int, ...], gone: int | None
                    ) -> dict[int, tuple[bool, Any]]: ...
 
-    def after_break(self, rank: int, how: str, peer: int | None, waited: bool) -> BaseException: ...
+    def after_break(self, rank: int, how: str, peer: int | None, waited: bool, late: bool) -> BaseException: ...
 
 
 def _held_lock() -> threading.Lock:
@@ -85,6 +85,9 @@ class Baton:
         self.timed_out_ranks: set[int] = set()  # ranks whose collective timed out in the current run
         self.waited: dict[int, float] = {}  # rank -> seconds a real rank would have waited in the current run
         self.broken: tuple[str, int | None] | None = None  # (how, peer): the group is dead for good
+        self.closed: set[int] = set()  # ranks that timed out in this group, in any run: their pairs are closed
+        self._runs = 0  # runs so far (a run: one op on every rank)
+        self._broke_in = 0  # the run in which the group died
         self.completed = 0  # collectives completed so far: ranks between the same two collectives share an epoch
         self._threads = [threading.Thread(target=self._main, args=(r,), name=f"ckh-vrank-{r}", daemon=True)
                          for r in range(world)]
@@ -103,6 +106,7 @@ class Baton:
                 continue
             self._tasks[r], self._results[r], self._state[r] = task, None, "runnable"
         self.timed_out_ranks, self.waited = set(), {}
+        self._runs += 1
         self._pass(None)
         self._back.acquire()
         out = [res for res in self._results]
@@ -125,13 +129,13 @@ class Baton:
         would raise on this rank (``RankExit``, a SystemExit, where its process would end)."""
         members = group if group is not None else tuple(range(self.world))
         if self.broken is None and self.backend.pending_reset is not None:
-            self.broken = ("reset", self.backend.pending_reset)
-        if self.broken is not None:
-            error = self.backend.after_break(rank, *self.broken, rank in self.timed_out_ranks)
+            self._break("reset", self.backend.pending_reset)
+        if self.broken is not None:  # late: the group died in an earlier op, its timeout long over
+            error = self.backend.after_break(rank, *self.broken, rank in self.closed, self._broke_in < self._runs)
             wait = getattr(error, "ckh_wait_s", 0.0)
             if wait:  # it blocked until the group failed: as long as a rank that timed out
                 self.waited[rank] = self.waited.get(rank, 0.0) + wait
-                self.timed_out_ranks.add(rank)
+                self._timed_out(rank)
             raise error
         error, used_tag = self.backend.entry(rank, kind, payload)
         n = self._seq.get((rank, members), 0)
@@ -170,13 +174,20 @@ class Baton:
                 self.waited[member] = self.waited.get(member, 0.0) + getattr(value, "ckh_wait_s", 0.0)
                 how = getattr(value, "ckh_breaks", None)
                 if how == "timeout":
-                    self.timed_out_ranks.add(member)
+                    self._timed_out(member)
                 if how is not None and self.broken is None:
-                    self.broken = (how, _peer(value))
+                    self._break(how, _peer(value))
                     self.timeouts += 1
             if member != current:
                 self._waiting.pop(member, None)
                 self._state[member] = "runnable"
+
+    def _break(self, how: str, peer: int | None) -> None:
+        self.broken, self._broke_in = (how, peer), self._runs
+
+    def _timed_out(self, rank: int) -> None:
+        self.timed_out_ranks.add(rank)
+        self.closed.add(rank)
 
     def _main(self, rank: int) -> None:
         while True:

@@ -64,8 +64,12 @@ def run_side(case: Case, runners: Runners) -> Side:
 
 
 def normalise(text: str, root: Path) -> str:
-    """A message as both sides can agree on it: the root's path (each side has its own) as <root>."""
-    return text.replace(str(root), "<root>")
+    """A message as both sides can agree on it: the root's path (each side has its own) as <root>, and a peer's
+    port in gloo's messages (a real pool's are free ports, the virtual world's made up) as <port>."""
+    return _PORT.sub(r"\1<port>", text.replace(str(root), "<root>"))
+
+
+_PORT = re.compile(r"(\[127\.0\.0\.1\]:)\d+")
 
 
 #: Names Paddle makes up from a per-process counter (``unique_name``-style): the number is history, not state.

@@ -234,25 +234,38 @@ class Gloo:
         kinds = {e.kind for e in entries.values()}
         if kinds == {"broadcast"} and len(roots) == 1 and (root := roots.pop()) in entries:
             delivered = self._broadcast({r: e for r, e in entries.items()}, root)
-            return {r: (delivered[r] if r != root else (False, self.timeout(r, entries[r], gone))) for r in entries}
-        return {r: (False, self.timeout(r, e, gone)) for r, e in entries.items()}
+            return {r: (delivered[r] if r != root else (False, self.timeout(r, entries[r], gone, members, entries)))
+                    for r in entries}
+        return {r: (False, self.timeout(r, e, gone, members, entries)) for r, e in entries.items()}
 
-    def timeout(self, rank: int, entry: Entry, gone: int | None) -> Exception:
+    def timeout(self, rank: int, entry: Entry, gone: int | None, members: tuple[int, ...] = (),
+                entered: Mapping[int, Entry] | None = None) -> Exception:
         """The error of a rank whose peers never completed its collective: ``gone``, a member whose process
         exited (noticed within PEER_GONE_S), else the timeout (TIMEOUT_S; the message names the side that
-        waited: a sender, i.e. a broadcast root or an all_gather, or a receiver)."""
+        waited: a sender, i.e. a broadcast root, or an all_gather rank whose right-hand neighbour in gloo's ring
+        is absent — its first send never completes — or a receiver: every other rank, an all_gather rank included
+        whose left-hand neighbour is the one absent, as 3 real ranks show)."""
         if gone is not None:
             return _error(RuntimeError, PEER_GONE.format(rank=rank, peer=gone, port=_port(gone)), PEER_GONE_S, "gone",
                           gone)
-        sender = entry.kind == "all_gather" or (entry.kind == "broadcast" and entry.payload[0] == rank)
+        right = members[(members.index(rank) + 1) % len(members)] if rank in members else None
+        sender = (entry.kind == "all_gather" and (right is None or entered is None or right not in entered)) \
+            or (entry.kind == "broadcast" and entry.payload[0] == rank)
         return _error(RuntimeError, SEND_TIMEOUT if sender else RECV_TIMEOUT, TIMEOUT_S, "timeout")
 
-    def after_break(self, rank: int, how: str, peer: int | None, waited: bool) -> Exception:
+    def after_break(self, rank: int, how: str, peer: int | None, waited: bool, late: bool = False) -> Exception:
         """Any later collective of a dead group: after a timeout, "pair closure" at once for a rank that timed out
-        itself, while a rank that had finished its part blocks until the others time out and then raises the
+        itself (``waited``: in any op since), a pair.cc TIMEOUT at once for one that arrives after the timeout
+        passed (``late``: in a later op; it names its ring's left-hand neighbour, as 3 real ranks show), while a
+        rank that had finished its part in the same op blocks until the others time out and then raises the
         timeout; after a peer's exit the first error again; after a peer's abort the reset."""
         if how == "timeout":
-            return _error(RuntimeError, PAIR_CLOSED) if waited else _error(RuntimeError, RECV_TIMEOUT, TIMEOUT_S)
+            if waited:
+                return _error(RuntimeError, PAIR_CLOSED)
+            if late:
+                left = (rank - 1) % self.size
+                return _error(RuntimeError, PEER_GONE.format(rank=rank, peer=left, port=_port(left)))
+            return _error(RuntimeError, RECV_TIMEOUT, TIMEOUT_S)
         if how == "reset" and peer is not None:
             return _error(RuntimeError, RESET.format(port=_port(peer)))
         return _error(RuntimeError, PEER_GONE.format(rank=rank, peer=peer, port=_port(peer or 0)))

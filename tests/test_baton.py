@@ -42,8 +42,8 @@ class _Backend:
             out[rank] = (False, error)
         return out
 
-    def after_break(self, rank: int, how: str, peer: int | None, waited: bool) -> BaseException:
-        return _Timeout(f"closed after {how}")
+    def after_break(self, rank: int, how: str, peer: int | None, waited: bool, late: bool) -> BaseException:
+        return _Timeout(f"{'closed' if waited else 'late' if late else 'blocked'} after {how}")
 
 
 def _baton(world: int, switches: list[int] | None = None) -> Baton:
@@ -123,7 +123,10 @@ def test_a_rank_that_raised_leaves_its_peers_the_timeout_error_at_once(closing) 
         assert not ok and isinstance(exc, _Timeout) and str(exc) == "timeout broadcast"
     assert baton.timeouts == 1 and baton.timed_out_ranks == {0, 2} and baton.waited == {0: 30.0, 2: 30.0}
     again = baton.run([lambda r=r: baton.collective(r, "barrier", None) for r in range(3)])
-    assert [str(exc) for _, exc in again] == ["closed after timeout"] * 3  # a dead group stays dead
+    # A dead group stays dead: the ranks that timed out have closed pairs in every later op; the rank that raised
+    # arrives after the timeout passed.
+    assert [str(exc) for _, exc in again] == ["closed after timeout", "late after timeout", "closed after timeout"]
+    assert baton.closed == {0, 2}
 
 
 def test_ranks_in_different_collectives_meet_in_one_slot_and_the_resolver_decides(closing) -> None:

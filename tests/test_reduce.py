@@ -32,11 +32,12 @@ OPS = (Op("save", "step-0", 0), Op("save", "step-1", 1), Op("load", "step-1", 1)
        Op("load", "step-999", 0), Op("load", "step-1", 1))
 
 
-def test_every_mesh_dim_is_capped_smallest_world_first_and_nothing_else_changes() -> None:
+def test_meshes_shrink_smallest_world_first_and_nothing_else_changes() -> None:
     case = _case(OPS)
     assert max_world(case) == 24
     worlds = [(c.world_size("save"), c.world_size("load")) for c in smaller_worlds(case)]
-    assert worlds == [(1, 1), (8, 4), (18, 9)]  # caps 1, 2, 3; a cap that shrinks nothing more is not offered
+    # caps 1, 2, 3 ((1, 1), (8, 4), (18, 9)) and dims collapsed to 1, by largest world; none as large as before
+    assert worlds == [(1, 1), (2, 1), (3, 3), (6, 3), (4, 7), (8, 4), (8, 7), (18, 9), (12, 21)]
     two = capped(case, 2)
     assert two is not None
     assert two.save_layout["w"]["placements"] == case.save_layout["w"]["placements"]

@@ -187,3 +187,20 @@ def test_what_the_virtual_world_does_not_emulate_is_the_harness_s_failure_not_a_
             pool.op(0, 60)
     finally:
         pool.close(False)
+
+
+def test_a_dead_group_fails_later_ops_as_real_gloo_does(virtual_sides) -> None:
+    """3 ranks: a failed load poisons the next one on rank 0 alone (KeyError), its peers wait out gloo's timeout,
+    and every later collective fails at once: "pair closure" on the ranks that timed out, in every later op, and
+    a pair.cc TIMEOUT naming its ring's left-hand neighbour on the rank that arrives after the timeout. Virtual
+    campaigns met this chain as a new bucket (the ranks' errors read as fresh 30 s timeouts) until the emulation
+    kept which ranks had timed out across ops."""
+    real, virtual = virtual_sides
+    case = Case.from_json(json.loads((Path(__file__).parent / "fidelity_cases" / "dead-group-later-ops.json")
+                                     .read_text()))
+    with real.waiting(), virtual.waiting():
+        real_side, virtual_side = run_side(case, real), run_side(case, virtual)
+    assert differences(real_side, virtual_side) == []
+    last = virtual_side.records[-1]
+    assert "pair.cc" in last.errors[0][1] and last.errors[1][1] == last.errors[2][1] == \
+        "Application timeout caused pair closure"
