@@ -110,6 +110,7 @@ def judge_all(mode: str, cases: list[Case], start: Any = None) -> dict:
     """Judge ``cases`` on one runner set, warm: the rate and the slowest case. ``start``: a barrier the timed loop
     waits at (streams judged side by side start together)."""
     runners = Runners(SUT, mode)
+    runners.spare_lost = True  # as a campaign's runner set (harness.campaign.fuzz)
     judge = Judge(runners, exploring=True)
     try:
         judge(cases[0])  # the first host or pool starts, and the fork server behind later ones

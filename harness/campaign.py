@@ -140,6 +140,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     if campaign.corpus is not None:  # before the clock starts: the budget is for exploring
         campaign.corpus_rows, still = replay_corpus(campaign.corpus, campaign.sut, judge_case)
         campaign.buckets += still
+    judge_case.runners.spare_lost = True  # a lost pool's replacement starts at once, in the background
     start = time.monotonic()
     deadline = start + campaign.seconds
     hard_deadline = deadline + max(60.0, campaign.seconds * 0.5)  # room to finish shrinking a failure

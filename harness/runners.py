@@ -53,6 +53,10 @@ class Runners:
         # states set it, and every failure they find is replayed under the strict rule before it counts.
         self.keep_failed = False
         self._spares: dict[tuple[int, str, str], list[_Spare]] = {}
+        # spare_lost (a campaign's runner set, harness.campaign.fuzz): while exploring, a lost pool or virtual host
+        # gets one spare started in the background at once. Off elsewhere: a long-lived judge shared by tests
+        # would have spares starting while other tests run.
+        self.spare_lost = False
         # fast_failures (a fuzzing judge): ranks that sit idle in an op after a peer raised are not waited on until
         # the backend's timeout; the fault-free case stops there (harness.run, harness.judge).
         self.fast_failures = False
@@ -136,13 +140,14 @@ class Runners:
 
     def _stock(self, key: tuple[int, str, str], like: Runner) -> None:
         """Keep pools like ``like`` launching or launched in the background for ``key``: in a warm pass SPARES real
-        pools; else, while exploring, one pool or virtual host, for the EXPLORING_SPARE_KEYS world sizes that lost
-        one last (a known bug that exits a rank recurs case after case, a third of the cases at 16 virtual ranks,
-        and ranks started meanwhile on another core take the relaunch out of the next case)."""
+        pools; else, in a campaign (``spare_lost``) while exploring, one pool or virtual host, for the
+        EXPLORING_SPARE_KEYS world sizes that lost one last (a known bug that exits a rank recurs case after case,
+        a third of the cases at 16 virtual ranks, and ranks started meanwhile on another core take the relaunch out
+        of the next case)."""
         if self.mode == "fresh" or not isinstance(like, RankPool):
             return
         virtual = isinstance(like, VirtualPool)
-        wanted = SPARES if self.keep_spare and not virtual else 1 if self.exploring else 0
+        wanted = SPARES if self.keep_spare and not virtual else 1 if self.exploring and self.spare_lost else 0
         if not wanted:
             return
         spares = self._spares.pop(key, [])

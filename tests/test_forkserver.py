@@ -91,7 +91,7 @@ def test_a_pool_lost_while_exploring_is_replaced_by_a_spare_started_at_once() ->
     """The next case finds ranks started in the background when the last ones were lost; a replay under the strict
     rules never gets a spare that was forked for exploring."""
     runners = Runners("reference", "pool")
-    runners.fast_failures = True  # a fuzzing judge's runner set
+    runners.fast_failures = runners.spare_lost = True  # a campaign's runner set
     try:
         first = runners.get(2, {})
         first.ensure()
