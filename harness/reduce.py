@@ -45,7 +45,7 @@ def smaller_worlds(case: Case) -> Iterator[Case]:
     one or two mesh dimensions (by index) collapsed to 1, the others kept (a bug of three ranks along one
     dimension needs that dimension whole)."""
     largest = max_world(case)
-    dims = [d for which in ("save", "load") for data in _layouts(case, which).values() for d in data["mesh"]["shape"]]
+    dims = [d for data in (*case.save_layout.values(), *case.load_layout.values()) for d in data["mesh"]["shape"]]
     shapers: list[Callable[[list[int]], list[int]]] = [
         *(functools.partial(_cap, cap=cap) for cap in range(1, max(dims, default=1))),
         *(functools.partial(_collapse, dims=gone) for n in (1, 2) for gone in itertools.combinations(range(3), n))]
@@ -104,10 +104,6 @@ def fewer_ops(case: Case, still_fails: StillFails, deadline: float) -> Case:
                 start += chunk
         chunk //= 2
     return case
-
-
-def _layouts(case: Case, which: str) -> dict[str, dict]:
-    return case.save_layout if which == "save" else case.load_layout
 
 
 def _cap(shape: list[int], cap: int) -> list[int]:
