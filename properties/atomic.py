@@ -162,9 +162,11 @@ def failed_load(h: History, load: LoadFacts, clear_errors: Collection[str] | Non
     assert load.error is not None
     ack = load.ack
     if ack is not None and not excused(load):
+        resaved = any(s.name == ack.name and s.index < ack.index for s in h.saves)
+        facts = (load.at, load.error, ack.version, ack.index, resaved, load.failed_before)
         if h.fault_op is not None and ack.index > h.fault_op:
-            return SaveAfterFaultLost(h.case.property, load.at, load.error, ack.version, ack.index)
-        return AcknowledgedLost(attributed(h, load, loss=True), load.at, load.error, ack.version, ack.index)
+            return SaveAfterFaultLost(h.case.property, *facts)
+        return AcknowledgedLost(attributed(h, load, loss=True), *facts)
     lost = resume_lost(load) or listed_incomplete(load)
     if lost is not None:
         return lost

@@ -76,6 +76,7 @@ class LoadFacts:
     after_corruption: bool = False  # a corruption hit the root before the load
     intact: int | None = None  # "latest": an op showing ack intact then (listed just before, or loaded by name)
     given_before: tuple[int, ...] = ()  # versions earlier loads of the same job (since its last crash) gave
+    failed_before: bool = False  # an earlier load of the same job (since its last crash) failed
     # nothing allowed, yet it gave a state: that of a version an earlier load of the same job gave (a cache)
     repeats_given: bool = False
     matched: Save | None = None  # the allowed save whose state it gave bitwise
@@ -137,6 +138,7 @@ class _Builder:
     events: list[Event] = field(default_factory=list)
     listings: list[tuple[str, ...] | None] = field(default_factory=list)  # per op read so far
     given: list[int] = field(default_factory=list)  # versions the loads since the job's last crash gave
+    load_failed: bool = False  # a load since the job's last crash failed
 
     def settle(self, index: int, acked: bool) -> None:
         self.saves = [dataclasses.replace(s, settled=index, acked=acked) if s.settled is None else s
@@ -170,6 +172,7 @@ def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
         b.crashes.append(rec.index)
     if rec.restarted or op.kind == "restart" or rec.index == b.fault_op:
         b.given.clear()  # a new process: nothing it read before can come back from a cache
+        b.load_failed = False  # ... nor can what a failed load left in one
 
 
 def _read_op(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
@@ -224,11 +227,12 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
         lost_since_ack=ack is not None and any(i > (ack.settled or 0) for i in [*b.crashes, *dict(b.rotations)]),
         listed=name is not None and name in _last_listing(b),
         after_crash=bool(b.crashes) or (b.fault_op is not None and b.fault_op < rec.index),
-        after_corruption=bool(b.corrupted), given_before=tuple(b.given))
+        after_corruption=bool(b.corrupted), given_before=tuple(b.given), failed_before=b.load_failed)
     if rec.ok and not allowed:
         return dataclasses.replace(facts, repeats_given=any(
             not tensor_differences(b.case, version, rec) for version in sorted(set(b.given))))
     if not rec.ok:
+        b.load_failed = True
         return facts
     facts = _compare(b, facts, rec)
     gave = facts.matched or facts.came_back

@@ -119,11 +119,19 @@ class Known:
     def matches(self, sut: str, anomaly: Anomaly) -> bool:
         """One anomaly is this finding's (a structured signature only): of one of its verdicts, or quoting the SUT
         error the signature names (whatever rule that broke)."""
+        return self.closeness(sut, anomaly) is not None
+
+    def closeness(self, sut: str, anomaly: Anomaly) -> tuple[bool, int] | None:
+        """How closely the best matching way describes the anomaly (None: none matches): a way that names the
+        SUT's error before one that names facts of the history alone, then the more fields it checks. Where two
+        findings match one anomaly (a bug that strikes after another: a wedged group after a failed load), the one
+        that says what the error is explains it."""
         if sut != self.sut or isinstance(self.signature, re.Pattern):
-            return False
+            return None
         ways = self.signature if isinstance(self.signature, tuple) else (self.signature,)
-        return any(way.matches(anomaly) and (anomaly.verdict.value in self.verdicts or way.names_error)
-                   for way in ways)
+        return max(((any(key in ("error_type", "message") for key, _ in way.fields), len(way.fields))
+                    for way in ways if way.matches(anomaly)
+                    and (anomaly.verdict.value in self.verdicts or way.names_error)), default=None)
 
     def explains_lines(self, sut: str, judgement: Judgement) -> bool:
         """The legacy form: every detail line matches the pattern."""
@@ -171,7 +179,7 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
         return [legacy]
     if not judgement.anomalies:
         return None
-    found = {i: next((k for k in known if k.matches(sut, a)), None) for i, a in enumerate(judgement.anomalies)}
+    found = {i: _closest(known, sut, a) for i, a in enumerate(judgement.anomalies)}
     used: list[Known] = []
     for i, anomaly in enumerate(judgement.anomalies):
         ks = [found[i]] if found[i] is not None else _gap_explained_by(anomaly, judgement.anomalies, found)
@@ -181,6 +189,16 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
     if not any(judgement.verdict.value in k.verdicts for k in used) and not cites_sut_error(judgement.anomalies[0]):
         return None
     return [k.case_file for k in used]
+
+
+def _closest(known: list[Known], sut: str, anomaly: Anomaly) -> Known | None:
+    """The known finding that describes ``anomaly`` most closely (Known.closeness), the first of equals."""
+    best, best_at = None, None
+    for k in known:
+        at = k.closeness(sut, anomaly)
+        if at is not None and (best_at is None or at > best_at):
+            best, best_at = k, at
+    return best
 
 
 def _gap_explained_by(gap: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, Known | None]) -> list[Known]:

@@ -173,6 +173,25 @@ def test_a_known_sut_error_is_known_whichever_rule_it_breaks() -> None:
         is None  # a signature that names no error recognises only its own anomaly type
 
 
+def test_the_finding_that_names_the_error_explains_it_before_one_that_names_history_facts() -> None:
+    """A bug may strike after another (a group wedged after a failed load): a finding recognised by facts of the
+    history alone (a load after a failed load) and one that names the error both match; the one that says what the
+    error is explains it, in whichever order the findings are listed."""
+    from properties.anomalies import AcknowledgedLost, SutError
+    from properties.known import Known, Signature, explanations
+
+    by_fact = Known("cache.json", "paddle-dcp", "data-loss", Signature.parse(
+        {"anomaly": "acknowledged-lost", "op_kind": "load", "after_failed_load": True}))
+    by_error = Known("wedge.json", "paddle-dcp", "data-loss", Signature.parse(
+        {"anomaly": "acknowledged-lost", "message": {"regex": "pair closure"}}))
+    wedged = AcknowledgedLost("P-LIFECYCLE", LOAD, SutError("RuntimeError", "rank 0: Application timeout caused "
+                                                            "pair closure"), 0, 0, after_failed_load=True)
+    other = dataclasses.replace(wedged, error=SutError("AssertionError", "rank 0: files are not complete"))
+    for known in ([by_fact, by_error], [by_error, by_fact]):
+        assert explanations(known, "paddle-dcp", judged([wedged])) == ["wedge.json"]
+        assert explanations(known, "paddle-dcp", judged([other])) == ["cache.json"]
+
+
 def test_a_gap_is_known_when_each_of_its_failed_loads_is(tmp_path: Path) -> None:
     """"No complete checkpoint" cites no error: it is the consequence of loads that failed. When the failed loads of
     the checkpoints it names (those not excused) are known bugs, the gap is those bugs'; one whose failure is not

@@ -235,8 +235,9 @@ def test_a_cover_case_checks_what_each_save_recorded() -> None:
 
 def test_a_held_writer_is_gated_at_its_start_until_the_resume_step() -> None:
     """A stalled save (its writers held from the start) and the resume that lets them go: where the framework writes
-    in a thread of the caller (paddle.async_save) the script gates the threads the call starts; a framework whose
-    writers are processes says it cannot hold them."""
+    in a thread of the caller (paddle.async_save) the script gates the threads the call starts, where it spawns a
+    writer process (Paddle's flex checkpoint) the script stops it as the call returns; a script that has neither
+    says it cannot hold them."""
     case = _case("paddle-save-async-save-no-copy")
     plan = plan_case(case)
     assert [(s.kind, s.hold) for s in plan.phases[0].steps] == [("save", True), ("resume", False), ("wait", False),
@@ -244,8 +245,21 @@ def test_a_held_writer_is_gated_at_its_start_until_the_resume_step() -> None:
     text = repro_py(plan, "t", "s")
     compile(text, "repro.py", "exec")
     assert "holding, save, 'step-0'" in text and "run('step 1: let the held writers go', resume)" in text
+    assert "threading.Thread.start = held_start" in text
+    processes = repro_py(plan_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
+    assert "os.kill(p.pid, signal.SIGSTOP)" in processes and "threading.Thread.start" not in processes
     with pytest.raises(ReproUnsupported, match="cannot hold its writers"):
-        repro_py(plan_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
+        repro_py(plan_case(dataclasses.replace(case, sut="torch-dcp")), "t", "s")
+
+
+def test_a_held_save_that_a_restart_ends_still_needs_its_hold() -> None:
+    """A held save need not be resumed: the job may die with its writers held (the next launch is the restart).
+    The script still holds them, and kills them as its launch ends, as the crash did."""
+    plan = plan_case(_case("paddle-dcp-resave-after-crashed-async-keeps-its-metadata"))
+    assert not any(s.kind == "resume" for phase in plan.phases for s in phase.steps)
+    text = repro_py(plan, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "holding, save, 'step-0'" in text and "os.kill(p.pid, signal.SIGKILL)" in text
 
 
 def test_equal_tables_are_written_once() -> None:

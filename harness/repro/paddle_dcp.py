@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import paddle_text
 from .plan import Plan, ReproUnsupported
+from .render import HOLD_PROCESSES
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
@@ -179,3 +180,6 @@ def check_recorded(name):
 
 
 '''
+
+
+HOLD = HOLD_PROCESSES  # Paddle's async writer is a spawned process: the script stops it as the harness does

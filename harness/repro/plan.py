@@ -128,6 +128,9 @@ class Plan:
         """Whether any step sets ``flag`` (use_async, mutate_after, detach): the script leaves out what none needs."""
         return any(getattr(step, flag) for phase in self.phases for step in phase.steps)
 
+    def has(self, kind: str) -> bool:
+        return any(step.kind == kind for phase in self.phases for step in phase.steps)
+
     def edit_kinds(self) -> set[str]:
         return {e["kind"] for phase in self.phases for step in phase.steps for e in step.edits}
 

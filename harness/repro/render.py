@@ -190,6 +190,42 @@ def resume():
 '''
 
 
+HOLD_PROCESSES = '''import atexit  # noqa: E402
+import multiprocessing  # noqa: E402
+import signal  # noqa: E402
+
+HELD = []  # writer processes stopped by holding(), let go by resume()
+
+
+def holding(action, *args, **kwargs):
+    """Run ``action`` and stop the writer processes it leaves behind (SIGSTOP, while a spawned interpreter is still
+    starting up) until resume(): the writer has not written a byte when the call returns."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    try:
+        return action(*args, **kwargs)
+    finally:
+        for p in multiprocessing.active_children():
+            if p.pid not in before:
+                os.kill(p.pid, signal.SIGSTOP)
+                HELD.append(p)
+
+
+def resume():
+    for p in HELD:
+        os.kill(p.pid, signal.SIGCONT)
+    HELD.clear()
+
+
+@atexit.register
+def crash_held():
+    """A launch that ends with its writers still held ends as a crash of them (the next launch is the restart):
+    they die unwritten, and multiprocessing's own exit hook does not wait on a stopped process forever."""
+    for p in HELD:
+        os.kill(p.pid, signal.SIGKILL)
+
+
+'''
+
 def emitter(sut: str) -> ModuleType:
     if sut not in EMITTERS:
         raise ReproUnsupported(f"no standalone script for {sut} yet (it needs its framework's set-up spelled out)")
@@ -218,11 +254,12 @@ def repro_py(plan: Plan, title: str, source: str) -> str:
         text.SCRIBBLE if plan.uses("mutate_after") else "",
         RETURNED if plan.uses("use_async") else "",
         module.helpers(plan),
-        _optional(module, plan, "kill", "KILL_WRITERS", "a kill of async writers (the {} script cannot find its "
-                  "writers yet)"),
-        _optional(module, plan, "resume", "HOLD", "held writers (the {} script cannot hold its writers yet)"),
-        _optional(module, plan, "check", "CHECK_RECORDED", "a check of what a save recorded (the {} script cannot "
-                  "read its metadata yet)"),
+        _optional(module, plan.sut, plan.has("kill"), "KILL_WRITERS",
+                  "a kill of async writers (the {} script cannot find its writers yet)"),
+        _optional(module, plan.sut, plan.has("resume") or plan.uses("hold"), "HOLD",
+                  "held writers (the {} script cannot hold its writers yet)"),
+        _optional(module, plan.sut, plan.has("check"), "CHECK_RECORDED",
+                  "a check of what a save recorded (the {} script cannot read its metadata yet)"),
         damage(plan.edit_kinds()) if plan.edit_kinds() else "",
         CRASH if plan.crash_phases() else "",
         CHECK,
@@ -231,14 +268,15 @@ def repro_py(plan: Plan, title: str, source: str) -> str:
     return "\n".join(parts)
 
 
-def _optional(module: ModuleType, plan: Plan, kind: str, attr: str, refusal: str) -> str:
-    """The script text a step ``kind`` needs, from the emitter's ``attr`` (the framework's own way to do it: find
-    its writers, read its metadata); a plan without such a step needs none, an emitter without it refuses."""
-    if not any(step.kind == kind for phase in plan.phases for step in phase.steps):
+def _optional(module: ModuleType, sut: str, needed: bool, attr: str, refusal: str) -> str:
+    """The script text some steps need, from the emitter's ``attr`` (the framework's own way to do it: find its
+    writers, hold them, read its metadata); a plan without such steps needs none, an emitter without it refuses
+    (a held save needs the hold whether a resume follows or a restart discards its writers)."""
+    if not needed:
         return ""
     text = getattr(module, attr, None)
     if text is None:
-        raise ReproUnsupported(refusal.format(plan.sut))
+        raise ReproUnsupported(refusal.format(sut))
     return text
 
 
