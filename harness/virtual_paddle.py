@@ -25,6 +25,7 @@ import numpy as np
 
 from .baton import Baton
 from .gloo_model import Buffer, Gloo, Prefix, VirtualUnsupported
+from .shared_objects import GatherCopies
 
 FAKES: tuple[str, ...] = (
     "environment PADDLE_TRAINER_ID, PADDLE_CURRENT_ENDPOINT, PADDLE_RANK_IN_NODE, PADDLE_LOCAL_RANK: the running "
@@ -36,7 +37,10 @@ FAKES: tuple[str, ...] = (
     "all_gather_into_tensor, all_reduce(SUM) with gloo's measured semantics; any other call raises VirtualUnsupported",
     "paddle.distributed.all_gather_object: Paddle's own algorithm (pickle, all_gather the int64 lengths, all_gather "
     "the uint8 bytes padded with np.resize to the longest, unpickle each rank's prefix, append in rank order) on "
-    "bytes instead of tensors: the same two gloo all_gathers, without W tensors made and read back per rank",
+    "bytes instead of tensors: the same two gloo all_gathers, without W tensors made and read back per rank; in "
+    "a world of SHARE_FROM ranks or more each distinct payload of a gather is unpickled once and every rank gets "
+    "fresh containers around its immutable leaves (harness.shared_objects: strings, numbers, tuples, frozen "
+    "dataclasses), or its own unpickled copy where a part cannot be proven immutable",
     "paddle.distributed.new_group: raises VirtualUnsupported (no sub-groups)",
     "gc as the watched modules see it: collect() runs one full collection per collective epoch; the ranks' garbage "
     "lives in one process, so the first rank's collection frees what W would, and the other W-1 would only walk "
@@ -45,6 +49,9 @@ FAKES: tuple[str, ...] = (
     "and of the SUT adapter's package: one copy per rank (RankGlobals)",
 )
 
+#: From this many ranks on, a gather's payloads are unpickled once and copied per rank (harness.shared_objects):
+#: below it W unpickles of each payload cost less than proving its leaves immutable once.
+SHARE_FROM = 8
 #: Modules whose module-level values are per rank (prefixes of module names).
 WATCHED = ("paddle.distributed.flex_checkpoint", "paddle.distributed.parallel", "paddle.distributed.parallel_helper",
            "paddle.distributed.collective", "paddle.distributed.communication", "harness.sut")
@@ -258,6 +265,7 @@ class PaddleWorld:
         dist.new_group = collective.new_group = _no_new_group
         dist.all_gather_object = all_gather_mod.all_gather_object = self.all_gather_object
         self.baton = Baton(size, self._switch, Gloo(size))
+        self.copies = GatherCopies()
         self.gc = _EpochGc(self.baton)
         for name, module in list(sys.modules.items()):
             if name.startswith(WATCHED) and getattr(module, "gc", None) is gc:
@@ -282,7 +290,11 @@ class PaddleWorld:
         sizes = [int(np.frombuffer(b, np.int64)[0]) for b in lengths]
         padded = np.resize(np.frombuffer(data, np.uint8), [max(sizes)]).tobytes()
         gathered = self.collective(rank, "all_gather", Buffer(padded, "U8", max(sizes), (max(sizes),)))
-        object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
+        if self.size < SHARE_FROM:
+            object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
+            return
+        epoch = self.baton.completed  # the same for every rank reading this gather (the next cannot complete yet)
+        object_list.extend(self.copies.loads(raw[:size], epoch) for raw, size in zip(gathered, sizes))
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
         return self.baton.run(tasks)
