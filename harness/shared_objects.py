@@ -12,10 +12,14 @@ as before. Knows no checkpoint format: types only.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
+import functools
 import pickle
 from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -24,15 +28,19 @@ ATOMS = (type(None), bool, int, float, complex, str, bytes, range, type(Ellipsis
 SHARE: Any = ()  # the recipe of an immutable part: hand out the same object
 UNSHAREABLE: Any = None  # a part the recipe cannot prove immutable: unpickle the payload per rank
 _MAPPINGS = (dict, OrderedDict, defaultdict)
+_PLAIN = frozenset({type(None), bool, int, float, complex, str, bytes})  # exact types: a set lookup, no isinstance
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
 
 
 def recipe(obj: Any) -> Any:
     """SHARE, UNSHAREABLE, or how to rebuild ``obj``'s mutable containers: ``(type, [part recipes])`` for a list,
     set or tuple holding mutable parts, ``(type, {key: value recipe})`` for a mapping (keys must be immutable)."""
     kind = type(obj)
-    if isinstance(obj, ATOMS):
+    if kind in _PLAIN or isinstance(obj, ATOMS):
         return SHARE
     if kind in (tuple, frozenset, list, set):
+        if _PLAIN.issuperset(map(type, obj)):  # the common case, checked at C speed
+            return SHARE if kind in (tuple, frozenset) else (kind, None)
         parts = [recipe(x) for x in obj]
         if any(p is UNSHAREABLE for p in parts):
             return UNSHAREABLE
@@ -48,19 +56,26 @@ def recipe(obj: Any) -> Any:
         if any(v is UNSHAREABLE for v in values.values()):
             return UNSHAREABLE
         return kind, (None if all(v is SHARE for v in values.values()) else values)
-    if _frozen_dataclass(obj):
-        return SHARE
-    return UNSHAREABLE
+    names = _frozen_fields(kind)
+    if names is None or len(getattr(obj, "__dict__", names)) != len(names):
+        return UNSHAREABLE  # not a frozen dataclass, or one with attributes beyond its fields
+    for name in names:
+        value = getattr(obj, name)
+        kind = type(value)
+        if kind in _PLAIN or (kind is tuple and _PLAIN.issuperset(map(type, value))):
+            continue  # a number, a string, an offset: no call
+        if recipe(value) is not SHARE:
+            return UNSHAREABLE
+    return SHARE
 
 
-def _frozen_dataclass(obj: Any) -> bool:
-    """A frozen dataclass instance whose every attribute is immutable (a frozen one may still hold a list)."""
-    params = getattr(type(obj), "__dataclass_params__", None)
-    if params is None or not params.frozen or isinstance(obj, type):
-        return False
-    names = {f.name for f in dataclasses.fields(obj)}
-    extra = getattr(obj, "__dict__", {}).keys() - names
-    return not extra and all(recipe(getattr(obj, name)) is SHARE for name in names)
+def _frozen_fields(kind: type) -> tuple[str, ...] | None:
+    """The field names of a frozen dataclass (None: the class is none), once per class."""
+    if kind not in _FIELDS:
+        params = getattr(kind, "__dataclass_params__", None)
+        frozen = params is not None and params.frozen and not issubclass(kind, type)
+        _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(kind)) if frozen else None
+    return _FIELDS[kind]
 
 
 def build(obj: Any, how: Any) -> Any:
@@ -80,24 +95,106 @@ def build(obj: Any, how: Any) -> Any:
 
 class GatherCopies:
     """The payloads of the gather now in progress: each unpickled once, each rank given its own copy. ``epoch``
-    names the gather (ranks between the same two collectives are in the same one); a new epoch drops the last."""
+    names the gather (ranks between the same two collectives are in the same one); a new epoch drops the last.
+    Payloads are kept per sending rank even when two are equal: objects of two payloads are never the same object,
+    as after a real unpickle (pickling them together would otherwise write one as a reference to the other)."""
 
     def __init__(self) -> None:
         self._epoch: int | None = None
-        self._made: dict[bytes, tuple[Any, Any]] = {}  # payload -> (the pristine object, its recipe)
+        self._made: dict[tuple[int, bytes], tuple[Any, Any]] = {}  # (sender, payload) -> (pristine object, recipe)
 
-    def loads(self, data: bytes, epoch: int) -> Any:
+    def loads(self, data: bytes, epoch: int, sender: int = 0) -> Any:
         if epoch != self._epoch:
             self._epoch, self._made = epoch, {}
-        made = self._made.get(data)
+        key = (sender, data)
+        made = self._made.get(key)
         if made is None:
             pristine = pickle.loads(data)
             how = recipe(pristine)
             if how is UNSHAREABLE:
-                self._made[data] = (None, UNSHAREABLE)
+                self._made[key] = (None, UNSHAREABLE)
                 return pristine
-            made = self._made[data] = (pristine, how)
+            made = self._made[key] = (pristine, how)
         pristine, how = made
         if how is UNSHAREABLE:
             return pickle.loads(data)
         return build(pristine, how)
+
+
+class SharedCalls:
+    """Pure functions (their result a function of their arguments' values alone, no side effects) computed once
+    for every rank that calls them with the same immutable arguments between the same two collectives.
+
+    Paddle plans a load on every rank over every rank's read items: W virtual ranks would each redo a plan that
+    depends on the gathered items alone. Arguments match by identity of immutable objects (a gather's leaves are
+    shared, GatherCopies), so a match is the same values; each rank gets fresh containers around the result's
+    immutable leaves. A call whose arguments or result cannot be proven immutable is made as it would be."""
+
+    def __init__(self, epoch: Callable[[], int]) -> None:
+        self._epoch_of, self._epoch = epoch, None
+        self._made: dict[tuple, tuple[Any, Any]] = {}  # (function, argument identities) -> (pristine result, recipe)
+        self._kept: dict[int, Any] = {}  # objects proven immutable this epoch, kept alive so their ids stay theirs
+
+    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def shared(*args: Any, **kwargs: Any) -> Any:
+            key = self._key(fn, args, kwargs)
+            if key is None:
+                return fn(*args, **kwargs)
+            made = self._made.get(key)
+            if made is None:
+                result = fn(*args, **kwargs)
+                made = self._made[key] = (result, recipe(result))
+                if made[1] is UNSHAREABLE:
+                    return result
+            elif made[1] is UNSHAREABLE:
+                return fn(*args, **kwargs)
+            return build(*made)
+        return shared
+
+    def _key(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple | None:
+        epoch = self._epoch_of()
+        if epoch != self._epoch:
+            self._epoch, self._made, self._kept = epoch, {}, {}
+        parts = [self._identity(a) for a in (*args, *kwargs.values())]
+        if any(p is None for p in parts):
+            return None
+        return (fn, tuple(kwargs), *parts)
+
+    def _identity(self, obj: Any) -> tuple | None:
+        """What the argument is, by the identities of immutable objects: a sequence by its elements'."""
+        kind = type(obj)
+        if kind in (list, tuple):
+            ids = tuple(map(id, obj))
+            if not all(map(self._kept.__contains__, ids)) and not all(self._keep(x) for x in obj):
+                return None
+            return kind, ids
+        return ("one", id(obj)) if self._keep(obj) else None
+
+    def _keep(self, obj: Any) -> bool:
+        if id(obj) in self._kept:
+            return True
+        if recipe(obj) is not SHARE:
+            return False
+        self._kept[id(obj)] = obj
+        return True
+
+
+def frozen_classes(modules: Iterable[ModuleType]) -> list[type]:
+    """The frozen dataclasses the modules define that leave copying to ``copy`` (no ``__deepcopy__`` of their own)."""
+    found = []
+    for module in modules:
+        for value in vars(module).values():
+            params = getattr(value, "__dataclass_params__", None)
+            if isinstance(value, type) and value.__module__ == module.__name__ and params is not None \
+                    and params.frozen and "__deepcopy__" not in vars(value) and value not in found:
+                found.append(value)
+    return found
+
+
+def deepcopy_keeping_immutable(x: Any, memo: dict) -> Any:
+    """``copy.deepcopy`` of a frozen dataclass: the object itself where every attribute is immutable (as deepcopy
+    keeps a tuple of numbers), else the copy deepcopy would make."""
+    if recipe(x) is SHARE:
+        return x
+    return copy._reconstruct(x, memo, *x.__reduce_ex__(4))  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ import numpy as np
 
 from .baton import Baton
 from .gloo_model import Buffer, Gloo, Prefix, VirtualUnsupported
-from .shared_objects import GatherCopies
+from .shared_objects import GatherCopies, SharedCalls, deepcopy_keeping_immutable, frozen_classes
 
 FAKES: tuple[str, ...] = (
     "environment PADDLE_TRAINER_ID, PADDLE_CURRENT_ENDPOINT, PADDLE_RANK_IN_NODE, PADDLE_LOCAL_RANK: the running "
@@ -42,6 +42,12 @@ FAKES: tuple[str, ...] = (
     "fresh containers around its immutable leaves (harness.shared_objects: strings, numbers, tuples, frozen "
     "dataclasses), or its own unpickled copy where a part cannot be proven immutable",
     "paddle.distributed.new_group: raises VirtualUnsupported (no sub-groups)",
+    "the pure planners of PURE (reshard_comm's split_read_items, schedule_read_items): from SHARE_FROM ranks on, "
+    "one call per collective epoch for the ranks that pass the same immutable read items; each rank gets fresh "
+    "containers around the result's immutable leaves",
+    "copy.deepcopy of the flex checkpoint's frozen dataclasses (LocalTensorIndex, ReadItem, ...): from SHARE_FROM "
+    "ranks on, the object itself where every attribute is immutable, as deepcopy keeps a tuple of numbers (Paddle "
+    "deep-copies the whole metadata on every rank's load)",
     "gc as the watched modules see it: collect() runs one full collection per collective epoch; the ranks' garbage "
     "lives in one process, so the first rank's collection frees what W would, and the other W-1 would only walk "
     "every rank's live objects again (quadratic in W; nothing a checkpoint holds can depend on it)",
@@ -52,6 +58,12 @@ FAKES: tuple[str, ...] = (
 #: From this many ranks on, a gather's payloads are unpickled once and copied per rank (harness.shared_objects):
 #: below it W unpickles of each payload cost less than proving its leaves immutable once.
 SHARE_FROM = 8
+#: Paddle's static methods that are pure (the result a function of the arguments' values alone, no side effects)
+#: and that every rank calls on the same gathered read items: from SHARE_FROM ranks on, computed once per collective
+#: epoch for the ranks that pass the same immutable items (harness.shared_objects.SharedCalls). A real rank plans
+#: over every rank's items, so W virtual ranks would plan W times over W ranks' items.
+PURE = (("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommunicator", "split_read_items"),
+        ("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommunicator", "schedule_read_items"))
 #: Modules whose module-level values are per rank (prefixes of module names).
 WATCHED = ("paddle.distributed.flex_checkpoint", "paddle.distributed.parallel", "paddle.distributed.parallel_helper",
            "paddle.distributed.collective", "paddle.distributed.communication", "harness.sut")
@@ -229,7 +241,8 @@ class TensorBytes(Protocol):
 class PaddleWorld:
     """W virtual ranks of a Paddle job in this process: their identities, groups and globals, and the baton."""
 
-    def __init__(self, size: int, codec: TensorBytes) -> None:
+    def __init__(self, size: int, codec: TensorBytes, share: bool = True) -> None:
+        """``share=False``: nothing shared between ranks at any size (to show that sharing changes nothing)."""
         import paddle.distributed as dist
         from paddle.distributed import collective, parallel, parallel_helper
         from paddle.distributed.communication import group as group_mod
@@ -266,11 +279,31 @@ class PaddleWorld:
         dist.all_gather_object = all_gather_mod.all_gather_object = self.all_gather_object
         self.baton = Baton(size, self._switch, Gloo(size))
         self.copies = GatherCopies()
+        self.calls = SharedCalls(lambda: self.baton.completed)
+        self._dispatched: list[type] = []  # classes given copy.deepcopy's immutable shortcut, taken back by close()
+        self.sharing = share and size >= SHARE_FROM
+        if self.sharing:
+            self._share_pure_planners()
         self.gc = _EpochGc(self.baton)
         for name, module in list(sys.modules.items()):
             if name.startswith(WATCHED) and getattr(module, "gc", None) is gc:
                 self._patched.append((module, "gc", gc))
                 module.gc = self.gc
+
+    def _share_pure_planners(self) -> None:
+        """Every static method of PURE that this Paddle has, computed once per collective epoch (SharedCalls); the
+        flex checkpoint's frozen dataclasses deep-copied as the objects themselves where immutable."""
+        for module, owner, name in PURE:
+            cls = getattr(sys.modules.get(module), owner, None)
+            original = None if cls is None else cls.__dict__.get(name)
+            if isinstance(original, staticmethod):
+                self._patched.append((cls, name, original))
+                setattr(cls, name, staticmethod(self.calls.wrap(original.__func__)))
+        modules = [m for n, m in list(sys.modules.items()) if n.startswith(WATCHED[0]) and m is not None]
+        for cls in frozen_classes(modules):
+            if cls not in copy._deepcopy_dispatch:  # type: ignore[attr-defined]
+                copy._deepcopy_dispatch[cls] = deepcopy_keeping_immutable  # type: ignore[attr-defined]
+                self._dispatched.append(cls)
 
     def _switch(self, rank: int) -> None:
         self.globals.install(rank)
@@ -290,11 +323,12 @@ class PaddleWorld:
         sizes = [int(np.frombuffer(b, np.int64)[0]) for b in lengths]
         padded = np.resize(np.frombuffer(data, np.uint8), [max(sizes)]).tobytes()
         gathered = self.collective(rank, "all_gather", Buffer(padded, "U8", max(sizes), (max(sizes),)))
-        if self.size < SHARE_FROM:
+        if not self.sharing:
             object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
             return
         epoch = self.baton.completed  # the same for every rank reading this gather (the next cannot complete yet)
-        object_list.extend(self.copies.loads(raw[:size], epoch) for raw, size in zip(gathered, sizes))
+        object_list.extend(self.copies.loads(raw[:size], epoch, sender)
+                           for sender, (raw, size) in enumerate(zip(gathered, sizes)))
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
         return self.baton.run(tasks)
@@ -310,6 +344,8 @@ class PaddleWorld:
         self.globals.restore()
         for owner, name, original in self._patched:
             setattr(owner, name, original)
+        for cls in self._dispatched:
+            copy._deepcopy_dispatch.pop(cls, None)  # type: ignore[attr-defined]
         for key, value in self._env.items():
             if value is None:
                 os.environ.pop(key, None)

@@ -167,25 +167,31 @@ def test_a_lost_acknowledged_save_says_whether_an_earlier_attempt_wrote_its_name
     """What an earlier attempt left under a name (a crashed async save's metadata, written before its data) can
     break the save that re-writes the name; the anomaly says whether there was one, and the known finding of
     Paddle's re-save keeping that metadata explains only that way."""
+    ops = (Op("save", first, 0, use_async=True, detach=True, stall=True), Op("restart"), save(0), load(0))
+    case = dataclasses.replace(_ops(*ops), property="P-LIFECYCLE")
+    records = [OpRecord(i, op.kind, op.name) for i, op in enumerate(ops)]
+    lost, known = _last_load_lost(case, records, "global_data_files_set:{'0_0.distcp'}, "
+                                                 "necessary_data_files_set:{'1_0.distcp', '0_0.distcp'}")
+    assert lost.resaved is resaved
+    assert known == ("paddle-dcp-resave-after-crashed-async-keeps-its-metadata.json" if resaved else None)
+
+
+def _last_load_lost(case: Case, records: list[OpRecord], files: str) -> tuple:
+    """The acknowledged-lost anomaly of the case's last op, a load failing with Paddle's "files are not complete"
+    naming ``files``, and the known finding that explains the whole failure."""
     from pathlib import Path
 
     from properties.atomic import check_history
     from properties.known import explained_by, read_known
 
-    ops = (Op("save", first, 0, use_async=True, detach=True, stall=True), Op("restart"), save(0), load(0))
-    case = dataclasses.replace(_ops(*ops), property="P-LIFECYCLE")
-    records = [OpRecord(i, op.kind, op.name) for i, op in enumerate(ops)]
-    records[-1] = dataclasses.replace(
-        records[-1], ok=False, error_type="AssertionError",
-        error="rank 0: The checkpoint files are not complete. Please check the checkpoint directory. "
-              "global_data_files_set:{'0_0.distcp'}, necessary_data_files_set:{'1_0.distcp', '0_0.distcp'}")
-    lost = [a for a in anomalies(history(case, Outcome("paddle-dcp", records)),
-                                 adapter_class("paddle-dcp").clear_errors) if a.kind == "acknowledged-lost"]
-    assert len(lost) == 1 and lost[0].resaved is resaved
+    error = f"rank 0: The checkpoint files are not complete. Please check the checkpoint directory. {files}"
+    records[-1] = dataclasses.replace(records[-1], ok=False, error_type="AssertionError", error=error)
+    outcome = Outcome("paddle-dcp", records)
+    lost = [a for a in anomalies(history(case, outcome), adapter_class("paddle-dcp").clear_errors)
+            if a.kind == "acknowledged-lost"]
+    assert len(lost) == 1
     known = read_known(Path(__file__).parent / "regressions")
-    judgement = check_history(case, Outcome("paddle-dcp", records), None)
-    expected = "paddle-dcp-resave-after-crashed-async-keeps-its-metadata.json" if resaved else None
-    assert explained_by(known, "paddle-dcp", judgement) == expected
+    return lost[0], explained_by(known, "paddle-dcp", check_history(case, outcome, None))
 
 
 @pytest.mark.parametrize("between, after", [((), True), ((Op("restart"),), False)])
@@ -194,24 +200,12 @@ def test_a_lost_acknowledged_save_says_whether_a_load_of_the_same_processes_fail
     """A failed load may leave a module-global cache filled (Paddle's ``_metadata_manager``), and the next load of
     the same processes then fails with whatever that makes of its checkpoint; the anomaly says whether a load of the
     same processes failed before it, a restart between clears it, and the known finding explains only that way."""
-    from pathlib import Path
-
-    from properties.atomic import check_history
-    from properties.known import explained_by, read_known
-
     ops = (save(0), Op("load", "step-9", 0), *between, load(0))
     case = dataclasses.replace(_ops(*ops), property="P-LIFECYCLE", options={"format": "safetensors"})
     records = [OpRecord(i, op.kind, op.name) for i, op in enumerate(ops)]
     never = "rank 0: [Errno 2] No such file or directory: 'ckpt/step-9'"
     records[1] = dataclasses.replace(records[1], ok=False, error_type="FileNotFoundError", error=never)
-    records[-1] = dataclasses.replace(
-        records[-1], ok=False, error_type="AssertionError",
-        error="rank 0: The checkpoint files are not complete. Please check the checkpoint directory. "
-              "global_data_files_set:{'0_0.safetensors'}, necessary_data_files_set:{'1_0.safetensors'}")
-    lost = [a for a in anomalies(history(case, Outcome("paddle-dcp", records)),
-                                 adapter_class("paddle-dcp").clear_errors) if a.kind == "acknowledged-lost"]
-    assert len(lost) == 1 and lost[0].after_failed_load is after and not lost[0].resaved
-    known = read_known(Path(__file__).parent / "regressions")
-    judgement = check_history(case, Outcome("paddle-dcp", records), None)
-    assert explained_by(known, "paddle-dcp", judgement) == ("paddle-dcp-failed-load-poisons-next.json" if after
-                                                             else None)
+    lost, known = _last_load_lost(case, records, "global_data_files_set:{'0_0.safetensors'}, "
+                                                 "necessary_data_files_set:{'1_0.safetensors'}")
+    assert lost.after_failed_load is after and not lost.resaved
+    assert known == ("paddle-dcp-failed-load-poisons-next.json" if after else None)

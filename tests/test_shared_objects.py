@@ -62,3 +62,42 @@ def test_a_new_gather_forgets_the_last() -> None:
     a = copies.loads(data, epoch=1)
     b = copies.loads(data, epoch=2)
     assert a == b and a[0] is not b[0]  # unpickled again for the new gather, not shared across gathers
+
+
+def test_a_pure_call_on_the_same_immutable_items_is_made_once_per_epoch() -> None:
+    from harness.shared_objects import SharedCalls
+
+    epoch, calls = [1], []
+
+    def plan(items: list) -> dict:
+        calls.append(len(items))
+        return {"w": sorted(items, key=repr)}
+
+    shared = SharedCalls(lambda: epoch[0])
+    planned = shared.wrap(plan)
+    items = [Index("w", (2,)), Index("w", (0,))]
+    first, second = planned(list(items)), planned(list(items))  # each rank's own list of the same gathered leaves
+    assert first == second == plan(items) and calls == [2, 2]  # one shared call, then the direct one above
+    first["w"].append(Index("x", ()))
+    assert planned(list(items)) == second  # a rank's change to its result reaches no other rank
+    planned([Index("w", (2,)), Index("w", (0,))])  # equal values, other objects: not proven the same, made again
+    epoch[0] = 2
+    planned(list(items))  # a new epoch: made again
+    loose = [Loose("w")]
+    planned(loose), planned(loose)  # a mutable argument: made on every call
+    assert calls == [2, 2, 2, 2, 1, 1]
+
+
+def test_deepcopy_keeps_an_immutable_frozen_dataclass_and_copies_one_that_holds_a_list() -> None:
+    import copy
+    import sys
+
+    from harness.shared_objects import deepcopy_keeping_immutable, frozen_classes
+
+    assert set(frozen_classes([sys.modules[__name__]])) == {Index, HoldsList}
+    kept, held = Index("w", (1, 2)), HoldsList([1])
+    memo: dict = {}
+    assert deepcopy_keeping_immutable(kept, memo) is kept
+    copied = deepcopy_keeping_immutable(held, memo)
+    assert copied == held and copied.items is not held.items
+    assert copy.deepcopy({"k": [kept]})["k"][0] == kept  # the ordinary deepcopy is untouched by the functions

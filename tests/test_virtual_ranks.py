@@ -204,3 +204,77 @@ def test_a_dead_group_fails_later_ops_as_real_gloo_does(virtual_sides) -> None:
     last = virtual_side.records[-1]
     assert "pair.cc" in last.errors[0][1] and last.errors[1][1] == last.errors[2][1] == \
         "Application timeout caused pair closure"
+
+
+@pytest.fixture(scope="module")
+def two_processes():
+    """A process that shares between virtual ranks and one that does not, each running the same cases in the same
+    order: Paddle's own process history (name counters, what a failed load leaves) is then the same on both sides."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    pools = [ctx.Pool(1), ctx.Pool(1)]
+    yield pools
+    for pool in pools:
+        pool.terminate()
+        pool.join()
+
+
+@settings(max_examples=8, derandomize=True, **_SETTINGS)
+@given(case=_cases(("P-RESHARD", "P-MOE", "P-FLAT", "P-ROUNDTRIP", "P-EDGE"), 12))
+def test_what_virtual_ranks_share_changes_nothing(two_processes, case: Case) -> None:
+    """From SHARE_FROM ranks on, gathered objects, pure planners and deep copies of immutable metadata are shared
+    between virtual ranks (harness.shared_objects): every op gives the same records and the same files as the same
+    world with nothing shared."""
+    from hypothesis import assume
+
+    from harness.fidelity import max_world
+    from harness.virtual_paddle import SHARE_FROM
+
+    assume(max_world(case) >= SHARE_FROM)
+    data = case.to_json()
+    shared, alone = (pool.apply_async(run_in_process, (data, share)) for pool, share in zip(two_processes,
+                                                                                               (True, False)))
+    assert shared.get(timeout=300) == alone.get(timeout=300)
+
+
+def run_in_process(case_json: dict, share: bool) -> tuple[list, dict]:
+    """Every rank op of the case on virtual ranks of this process (a world per op), and the files it left, as
+    harness.fidelity compares them (the root's path and Paddle's per-process name counters left out; a pickle as
+    its opcodes, so an object written once and referenced twice differs from two equal objects)."""
+    import shutil
+    import tempfile
+
+    from harness.fidelity import file_form
+
+    case = Case.from_json(case_json)
+    root = Path(tempfile.mkdtemp(prefix="ckh-share-"))
+    try:
+        records = [_op_in_process(case, root, index, share) for index in range(len(case.ops))]
+        files = {str(p.relative_to(root)): file_form(p.read_bytes(), root) for p in sorted(root.rglob("*"))
+                 if p.is_file()}
+        return json.loads(json.dumps(records, default=repr).replace(str(root), "<root>")), files
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _op_in_process(case: Case, root: Path, index: int, share: bool) -> list:
+    from harness.rankops import RankExecutor
+    from harness.sut import _paddle_common
+    from harness.virtual_paddle import PaddleWorld
+
+    cls, size = adapter_class(SUT), case.world_size(case.op_layouts(index))
+    world = PaddleWorld(size, _paddle_common, share)
+    try:
+        adapters = [cls() for _ in range(size)]
+        world.run([lambda a=a, r=r: a.setup(r, size, {"shims": True, "device": "auto"})
+                   for r, a in enumerate(adapters)])
+        executors = [RankExecutor(a, r, size) for r, a in enumerate(adapters)]
+        for ex in executors:
+            ex.begin(case, str(root))
+        done = world.run([lambda ex=ex: ex.op(index) for ex in executors])
+        world.run([lambda a=a: a.close() for a in adapters])
+    finally:
+        world.close()
+    return [{k: v for k, v in rec.items() if k not in ("seconds", "traceback")} if ok else repr(rec)
+            for ok, rec in done]
