@@ -166,14 +166,15 @@ class LoadStopped(_OpError):
 
 @dataclass(frozen=True)
 class _LostSave(_OpError):
-    """A load of an acknowledged save (``version``, saved by op ``save_op``) that failed. ``resaved``: an earlier
-    save of the job (acknowledged or not, before a restart or not) wrote the same name, so what that attempt left
-    on disk may be what broke it; ``after_failed_load``: an earlier load of the same processes failed, so what it
-    left in them (a module-global cache) may be what broke this one."""
+    """A load of an acknowledged save (``version``, saved by op ``save_op``) that failed. ``resaved``: whether an
+    earlier save of the job (acknowledged or not, before a restart or not) wrote the same name — None, or
+    "same-layout" / "other-layout" (an earlier one ran under other layouts than this save's), so what that attempt
+    left on disk may be what broke it; ``after_failed_load``: an earlier load of the same processes failed, so what
+    it left in them (a module-global cache) may be what broke this one."""
 
     version: int
     save_op: int
-    resaved: bool = False
+    resaved: str | None = None
     after_failed_load: bool = False
 
 

@@ -65,7 +65,7 @@ from .anomalies import (
     op_failure,
 )
 from .case import Case
-from .history import Event, History, LoadFacts, OpFacts, TrainFacts, history
+from .history import Event, History, LoadFacts, OpFacts, Save, TrainFacts, history
 from .outcome import Outcome
 from .verdicts import Judgement, Verdict, worst
 
@@ -162,7 +162,7 @@ def failed_load(h: History, load: LoadFacts, clear_errors: Collection[str] | Non
     assert load.error is not None
     ack = load.ack
     if ack is not None and not excused(load):
-        resaved = any(s.name == ack.name and s.index < ack.index for s in h.saves)
+        resaved = _resaved(h, ack)
         facts = (load.at, load.error, ack.version, ack.index, resaved, load.failed_before)
         if h.fault_op is not None and ack.index > h.fault_op:
             return SaveAfterFaultLost(h.case.property, *facts)
@@ -173,6 +173,18 @@ def failed_load(h: History, load: LoadFacts, clear_errors: Collection[str] | Non
     if _clear(load.error, clear_errors):
         return None
     return UnclearError(attributed(h, load), load.at, load.error)
+
+
+def _resaved(h: History, ack: Save) -> str | None:
+    """Whether an earlier save of the job wrote ``ack``'s name, and under the same layouts or others."""
+    earlier = [s for s in h.saves if s.name == ack.name and s.index < ack.index]
+    if not earlier:
+        return None
+    def layouts(index: int) -> object:
+        return h.case.layouts(h.case.op_layouts(index))
+
+    mine = layouts(ack.index)
+    return "same-layout" if all(layouts(s.index) == mine for s in earlier) else "other-layout"
 
 
 def resume_lost(load: LoadFacts) -> ResumeLost | None:
