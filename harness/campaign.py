@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
+from hypothesis.errors import Flaky
 from hypothesis.internal.observability import with_observability_callback
 
 from properties.buckets import Bucket
@@ -238,7 +239,11 @@ def _batch(
         if judgement.ok:
             return
         concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
-        bucket = judge_case.bucket(concrete, judgement, outcome)
+        try:
+            bucket = judge_case.bucket(concrete, judgement, outcome)
+        except Exception as exc:  # the harness's own failure: counted as one, the case as a pass to Hypothesis
+            campaign.harness_errors.append(f"{prop}: bucketing a failure: {type(exc).__name__}: {exc}")
+            return
         finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out,
                           first_seen.get(bucket.core, time.monotonic() - start), io_map=outcome.io_map)
         if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go
@@ -258,9 +263,14 @@ def _batch(
     try:
         with with_observability_callback(_observer(campaign.observed.setdefault(prop, Counter()))):
             _seeded(body, seed, database, f"{campaign.sut}|{prop}")()
-    except Exception:
-        if not smallest:
+    except Exception as exc:
+        if not smallest and not isinstance(exc, Flaky):
             raise
+        if not smallest:  # an error of the body's own that Hypothesis's replay did not meet again (its slice ran
+            # out): the harness's failure, counted as one with what was raised, never the campaign's end
+            first = next(iter(getattr(exc, "exceptions", ())), exc)
+            campaign.harness_errors.append(f"{prop}: {type(first).__name__} once, not on Hypothesis's replay: "
+                                           f"{str(first)[:300]}")
     finally:
         for feature in left_out or ("(none left out)",):  # what each swarm configuration cost and ran
             campaign.swarm_cases[feature] += campaign.cases_run[prop] - cases_before

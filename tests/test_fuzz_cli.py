@@ -122,6 +122,30 @@ def test_missing_framework_is_one_clear_line(tmp_path: Path, capsys, monkeypatch
     assert err.count("\n") == 1
 
 
+def test_a_failure_the_harness_cannot_bucket_is_its_own_error_and_the_campaign_goes_on() -> None:
+    """Bucketing a failure is the harness's work: where it raises, the case is counted as a harness error and a pass
+    to Hypothesis, never a Hypothesis "flaky" error out of the campaign (a 64-rank virtual campaign ended that way:
+    the error was met once, and the replay of the failing case ran after its property's slice, so it passed)."""
+    from harness.campaign import Campaign, fuzz
+    from harness.judge import Judge
+    from harness.runners import Runners
+    from harness.sut import adapter_class
+
+    class CannotBucket(Judge):
+        def bucket(self, case, judgement, outcome):
+            raise KeyError("no bucket")
+
+    sut = "tests.suts.buggy:FlipsLastElementSut"
+    judge = CannotBucket(Runners(sut, "in-process"))
+    try:
+        campaign = fuzz(judge, Campaign(sut, 1, ["P-ROUNDTRIP"], 3.0, 0, mode="in-process"),
+                        frozenset(adapter_class(sut).capabilities))
+    finally:
+        judge.close()
+    assert campaign.harness_errors and all("KeyError" in e for e in campaign.harness_errors)
+    assert not campaign.findings and campaign.cases_run["P-ROUNDTRIP"] > 1
+
+
 def test_a_harness_failure_on_one_case_is_reported_and_the_campaign_goes_on(tmp_path: Path) -> None:
     """The harness's own exception on a case (here: every third case) is neither a finding nor the campaign's end:
     it is counted in summary.json and report.md, and the other cases still run."""
