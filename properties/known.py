@@ -43,6 +43,10 @@ from typing import Any
 from .anomalies import ERROR_KINDS, TYPES, Anomaly, cites_sut_error, field_names
 from .verdicts import Judgement
 
+#: Anomaly fields that say what came before a failure in the job's history, not what the failure is: a signature
+#: that needs one recognises a bug by its circumstances, so a finding that matches without one explains first.
+HISTORY_FACTS = frozenset({"resaved", "after_failed_load", "loaded_before"})
+
 
 class KnownFindingsError(ValueError):
     """A regression directory or one of its files cannot be read as known findings; the message names it."""
@@ -121,15 +125,15 @@ class Known:
         error the signature names (whatever rule that broke)."""
         return self.closeness(sut, anomaly) is not None
 
-    def closeness(self, sut: str, anomaly: Anomaly) -> tuple[bool, int] | None:
-        """How closely the best matching way describes the anomaly (None: none matches): a way that names the
-        SUT's error before one that names facts of the history alone, then the more fields it checks. Where two
-        findings match one anomaly (a bug that strikes after another: a wedged group after a failed load), the one
-        that says what the error is explains it."""
+    def closeness(self, sut: str, anomaly: Anomaly) -> bool | None:
+        """Whether the best matching way describes the anomaly itself (True) or only what came before it in the
+        job's history (False: a way that needs a HISTORY_FACTS field); None: no way matches. Where two findings
+        match one anomaly (a bug that strikes after another: a wedged group after a failed load), the one that
+        describes the failure itself explains it; among equals, the first listed."""
         if sut != self.sut or isinstance(self.signature, re.Pattern):
             return None
         ways = self.signature if isinstance(self.signature, tuple) else (self.signature,)
-        return max(((any(key in ("error_type", "message") for key, _ in way.fields), len(way.fields))
+        return max((not any(key in HISTORY_FACTS for key, _ in way.fields)
                     for way in ways if way.matches(anomaly)
                     and (anomaly.verdict.value in self.verdicts or way.names_error)), default=None)
 

@@ -175,8 +175,8 @@ def test_a_known_sut_error_is_known_whichever_rule_it_breaks() -> None:
 
 def test_the_finding_that_names_the_error_explains_it_before_one_that_names_history_facts() -> None:
     """A bug may strike after another (a group wedged after a failed load): a finding recognised by facts of the
-    history alone (a load after a failed load) and one that names the error both match; the one that says what the
-    error is explains it, in whichever order the findings are listed."""
+    history (a load after a failed load) and one that describes the failure itself both match; the latter explains
+    it, in whichever order the findings are listed."""
     from properties.anomalies import AcknowledgedLost, SutError
     from properties.known import Known, Signature, explanations
 
