@@ -93,6 +93,22 @@ def build(obj: Any, how: Any) -> Any:
     return kind(build(x, p) for x, p in zip(obj, parts))
 
 
+def _made_once(made: dict, key: Any, make: Callable[[], Any]) -> Any:
+    """What ``make`` gives, made once per key of ``made``: the first result is kept untouched and every caller gets
+    fresh containers around its immutable leaves; a result that cannot be proven immutable is made for each caller."""
+    entry = made.get(key)
+    if entry is None:
+        pristine = make()
+        how = recipe(pristine)
+        made[key] = (None, UNSHAREABLE) if how is UNSHAREABLE else (pristine, how)
+        if how is UNSHAREABLE:
+            return pristine
+        entry = made[key]
+    elif entry[1] is UNSHAREABLE:
+        return make()
+    return build(*entry)
+
+
 class GatherCopies:
     """The payloads of the gather now in progress: each unpickled once, each rank given its own copy. ``epoch``
     names the gather (ranks between the same two collectives are in the same one); a new epoch drops the last.
@@ -106,19 +122,7 @@ class GatherCopies:
     def loads(self, data: bytes, epoch: int, sender: int = 0) -> Any:
         if epoch != self._epoch:
             self._epoch, self._made = epoch, {}
-        key = (sender, data)
-        made = self._made.get(key)
-        if made is None:
-            pristine = pickle.loads(data)
-            how = recipe(pristine)
-            if how is UNSHAREABLE:
-                self._made[key] = (None, UNSHAREABLE)
-                return pristine
-            made = self._made[key] = (pristine, how)
-        pristine, how = made
-        if how is UNSHAREABLE:
-            return pickle.loads(data)
-        return build(pristine, how)
+        return _made_once(self._made, (sender, data), lambda: pickle.loads(data))
 
 
 class SharedCalls:
@@ -141,15 +145,7 @@ class SharedCalls:
             key = self._key(fn, args, kwargs)
             if key is None:
                 return fn(*args, **kwargs)
-            made = self._made.get(key)
-            if made is None:
-                result = fn(*args, **kwargs)
-                made = self._made[key] = (result, recipe(result))
-                if made[1] is UNSHAREABLE:
-                    return result
-            elif made[1] is UNSHAREABLE:
-                return fn(*args, **kwargs)
-            return build(*made)
+            return _made_once(self._made, key, lambda: fn(*args, **kwargs))
         return shared
 
     def _key(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple | None:

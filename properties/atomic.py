@@ -180,11 +180,9 @@ def _resaved(h: History, ack: Save) -> str | None:
     earlier = [s for s in h.saves if s.name == ack.name and s.index < ack.index]
     if not earlier:
         return None
-    def layouts(index: int) -> object:
-        return h.case.layouts(h.case.op_layouts(index))
-
-    mine = layouts(ack.index)
-    return "same-layout" if all(layouts(s.index) == mine for s in earlier) else "other-layout"
+    mine = h.case.layouts(h.case.op_layouts(ack.index))
+    same = all(h.case.layouts(h.case.op_layouts(s.index)) == mine for s in earlier)
+    return "same-layout" if same else "other-layout"
 
 
 def resume_lost(load: LoadFacts) -> ResumeLost | None:
