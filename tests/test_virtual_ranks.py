@@ -3,7 +3,9 @@ real launch by a differential test, and run at world sizes no machine here launc
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -212,11 +214,19 @@ def two_processes():
     order: Paddle's own process history (name counters, what a failed load leaves) is then the same on both sides."""
     import multiprocessing
 
+    import psutil
+
     ctx = multiprocessing.get_context("spawn")
     pools = [ctx.Pool(1), ctx.Pool(1)]
+    workers = [psutil.Process(pool.apply(os.getpid)) for pool in pools]
     yield pools
     for pool in pools:
-        pool.terminate()
+        pool.close()  # no worker is replaced from here on
+    for worker in workers:  # SIGKILL, tree first: Paddle's SIGTERM handler can leave a worker that never exits
+        for proc in [*worker.children(recursive=True), worker]:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+    for pool in pools:
         pool.join()
 
 
