@@ -64,9 +64,15 @@ SHARE_FROM = 8
 #: over every rank's items, so W virtual ranks would plan W times over W ranks' items.
 PURE = (("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommunicator", "split_read_items"),
         ("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommunicator", "schedule_read_items"))
-#: Modules whose module-level values are per rank (prefixes of module names).
+#: Modules whose module-level values are per rank (prefixes of module names). Of auto_parallel, only the process-wide
+#: registries every ``ProcessMesh`` writes to (the default DistributedContext's mesh list, process group 0, the unique
+#: mesh ids): a real rank's hold its own meshes; shared, they held every virtual rank's, and the linear membership
+#: scan of each new mesh was a quarter of a 256-rank load. The rest of auto_parallel (operator and cost registries,
+#: configuration) is code-like, and copying it per rank cost 5 ms a rank.
 WATCHED = ("paddle.distributed.flex_checkpoint", "paddle.distributed.parallel", "paddle.distributed.parallel_helper",
-           "paddle.distributed.collective", "paddle.distributed.communication", "harness.sut")
+           "paddle.distributed.collective", "paddle.distributed.communication", "harness.sut",
+           "paddle.distributed.auto_parallel.process_mesh", "paddle.distributed.auto_parallel.static.dist_context",
+           "paddle.distributed.auto_parallel.static.process_group")
 _MODULE_DUNDERS = frozenset({"__name__", "__doc__", "__package__", "__loader__", "__spec__", "__file__", "__cached__",
                              "__builtins__", "__all__", "__path__", "__annotations__", "__getattr__", "__dir__"})
 _IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)

@@ -150,6 +150,26 @@ def test_each_rank_keeps_its_own_copy_of_paddles_module_state() -> None:
         world.close()
 
 
+def test_each_rank_registers_only_its_own_process_meshes() -> None:
+    """Every ProcessMesh registers itself in process-wide lists (the default DistributedContext's meshes, process
+    group 0's ranks): a real rank's lists hold its own meshes only, and so must a virtual rank's."""
+    import paddle.distributed as dist
+    from paddle.distributed.auto_parallel.static.dist_context import get_default_distributed_context
+    from paddle.distributed.auto_parallel.static.process_group import get_process_group
+
+    world = adapter_class(SUT).virtual_world(3)
+    try:
+        def task(rank: int) -> tuple:
+            dist.ProcessMesh([rank], dim_names=["x"])
+            meshes = get_default_distributed_context().process_meshes
+            return [m.process_ids for m in meshes], sorted(get_process_group(0).ranks)
+
+        results = world.run([lambda r=r: task(r) for r in range(3)])
+        assert [value for _, value in results] == [([[r]], [r]) for r in range(3)]
+    finally:
+        world.close()
+
+
 def _virtual_campaign(tmp_path, ranks: int, seconds: int) -> dict:
     from harness.cli import main
 

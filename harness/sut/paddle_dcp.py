@@ -75,9 +75,9 @@ class PaddleDcpSut(PaddleAdapter):
         handle = DcpHandle([])
         for sub, group in _families(tensors, options):
             state = {}
-            kind = _kind(group, options, sub)
+            kind, meshes = _kind(group, options, sub), {}
             for tname, rt in group.items():
-                value, local = _wrap(tname, rt, to_paddle(rt.local.tensor), kind)
+                value, local = _wrap(tname, rt, to_paddle(rt.local.tensor), kind, meshes)
                 if value is not None:
                     state[tname] = value
                     handle.tensors.append(local)
@@ -137,10 +137,10 @@ class PaddleDcpSut(PaddleAdapter):
                     options: dict) -> dict[str, Tensor]:
         import paddle.distributed as dist
 
-        state, read_back, out = {}, {}, {}
+        state, read_back, out, meshes = {}, {}, {}, {}
         for tname, rt in targets.items():
             lt = rt.local
-            value, local = _wrap(tname, rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind)
+            value, local = _wrap(tname, rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind, meshes)
             if value is None:  # a zero-length flat slice: nothing to ask Paddle for
                 out[tname] = Tensor(lt.tensor.dtype, np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype))
                 continue
@@ -299,8 +299,9 @@ def _loaded_local(value: Any, fallback: Any) -> Any:
     return value if value is not None else fallback
 
 
-def _wrap(name: str, rt: RankTensor, local: Any, kind: str) -> tuple[Any, Any]:
-    """(what goes in Paddle's state dict, the dense local tensor holding the bits) for one rank's piece."""
+def _wrap(name: str, rt: RankTensor, local: Any, kind: str, meshes: dict) -> tuple[Any, Any]:
+    """(what goes in Paddle's state dict, the dense local tensor holding the bits) for one rank's piece.
+    ``meshes``: the ProcessMesh objects this state dict's dist tensors use so far (``_dist_tensor``)."""
     import paddle.distributed as dist
 
     lt = rt.local
@@ -321,20 +322,25 @@ def _wrap(name: str, rt: RankTensor, local: Any, kind: str) -> tuple[Any, Any]:
     if kind == "dist_from_local":
         if rt.layout is None:
             return local, local  # a plain tensor on rank 0 only
-        return _dist_tensor(rt.layout, local, gshape), local
+        return _dist_tensor(rt.layout, local, gshape, meshes), local
     return dist.ShardedWeight(name, local, tuple(lt.region.shape), gshape, tuple(lt.region.offsets)), local
 
 
-def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...]) -> Any:
+def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...], meshes: dict) -> Any:
     """A dist tensor over the layout's mesh (restricted to its owner coordinates) with the global shape given
-    explicitly: ``dist.dtensor_from_local`` would infer local × mesh size, wrong for uneven splits."""
+    explicitly: ``dist.dtensor_from_local`` would infer local × mesh size, wrong for uneven splits. Tensors of one
+    state dict on the same processes share one ProcessMesh (``meshes``), as a model's parameters do: each new one
+    is registered process-wide by a linear scan of every mesh before it (a fifth of a 640-expert load)."""
     import paddle
     import paddle.distributed as dist
 
     ids = np.arange(layout.mesh.world_size).reshape(layout.mesh.shape)
     for mesh_dim, index in layout.owner:
         ids = np.take(ids, [index], axis=mesh_dim)
-    mesh = dist.ProcessMesh(ids.tolist(), dim_names=list(layout.mesh.dim_names))
+    key = (ids.shape, ids.tobytes(), tuple(layout.mesh.dim_names))
+    mesh = meshes.get(key)
+    if mesh is None:
+        mesh = meshes[key] = dist.ProcessMesh(ids.tolist(), dim_names=list(layout.mesh.dim_names))
     placements = [dist.Shard(p.dim) if isinstance(p, Shard) else dist.Replicate() for p in layout.placements]
     return paddle.Tensor(local, dims=list(gshape), process_mesh=mesh, placements=placements, place=local.place)
 
