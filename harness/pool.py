@@ -13,6 +13,7 @@ import socket
 import tempfile
 import time
 from multiprocessing.connection import Connection, wait
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 
 import psutil
@@ -306,9 +307,10 @@ class RankPool(Runner):
         survivors turn the death into an error in time); a rank that stays silent raises "hang", unless it is
         still busy ``stuck_after`` seconds after another rank raised (Runner.op); or one whose processes used no CPU
         for ``idle_limit`` seconds raises "hang" before ``timeout``."""
-        for conn in self.conns.values():
+        data = ForkingPickler.dumps(msg)  # what Connection.send pickles, once for all ranks (a 256-rank case's
+        for conn in self.conns.values():  # begin carries the whole case)
             with contextlib.suppress(OSError):
-                conn.send(msg)
+                conn.send_bytes(data)
         replies: dict[int, dict] = {}
         dead: set[int] = set()
         waiting = {conn: rank for rank, conn in self.conns.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pickle
 import sys
 import traceback
 from multiprocessing.connection import Client, Connection
@@ -76,14 +77,15 @@ class _Ranks:
         self.conns: dict[int, Connection] = dict(enumerate(conns))
 
     def receive(self) -> dict | None:
-        """The message every live rank got (the controller sends each the same); None when the controller left."""
+        """The message every live rank got (the controller sends each the same, so one is unpickled: a 256-rank
+        case's begin carries the whole case); None when the controller left."""
         msgs = []
         for conn in self.conns.values():
             try:
-                msgs.append(conn.recv())
+                msgs.append(conn.recv_bytes())
             except EOFError:
                 return None
-        return msgs[0] if msgs else None
+        return pickle.loads(msgs[0]) if msgs else None
 
     def answer(self, replies: dict[int, dict], results: list[tuple[bool, object]]) -> None:
         """Send each live rank its reply; a rank that exited (SystemExit, as Paddle's ``exit(-1)``) is closed."""
