@@ -42,6 +42,20 @@ virtual_256 ten cases in 86.6 s (179 s before), the 640-expert MoE case 40.9 s (
 met). Side by side on the same 80 16-rank cases (A/B of two checkouts, two rounds): 6.62 / 5.92 before, 7.03 / 6.56
 after, the sharing of gathers alone.
 
+Measured again 2026-11-28 (later session), after auto_parallel's mesh registries became per rank (a shared one made
+each new ProcessMesh scan every virtual rank's meshes), paddle-dcp's tensors of one state dict began to share one
+ProcessMesh per set of processes, and a pool's message was pickled once and a virtual host's unpickled once (a
+256-rank begin carried the whole case 256 times each way): ``--worlds 2,16,256 --cases 40 --streams 2``, one run:
+virtual_2 39.0, pool_2 15.0 (this VM's pool runs swing 6-16), virtual_vs_pool 2.6; virtual_16 7.67 (6.45 before;
+worst 0.29 s), virtual_16_x2 11.05 (10.2); virtual_256 ten cases in 77.6 s, the 640-expert case 33.4 s (41 s before;
+target <= 30 s: not met). Its load alone, in one process: 35.0 -> 25.7 s.
+Where a 16-rank case's time goes now (controller-side timers, 40 bench cases): a passing case 109 ms (its two ops
+84 ms); a case where a rank dies (gloo's exit on a dtype it cannot carry, an abort in Paddle: 12 of 40) 289 ms, the
+host relaunched after it (launch 51 ms, kill 18 ms) and the first op of a freshly forked host slower by 30-50 ms
+(copy-on-write and Paddle's first-use work). Of the remaining Paddle work at 256 ranks,
+``CheckpointLoadBalancer.plan`` is a pure function of the gathered file maps that every rank recomputes (7.5 s of the
+profiled load), but it logs per rank, so sharing it needs its warnings replayed per rank: not done.
+
 The floor at 16 ranks, measured per rank thread on the bench's 16-rank cases judged warm (thread CPU inside
 Paddle's ``save_state_dict`` / ``load_state_dict``, summed over ranks): 67 ms a case, 18 ms of it inside the
 emulated collectives (the switch, and each rank unpickling every rank's object in ``all_gather_object``, which a
