@@ -307,8 +307,9 @@ class RankPool(Runner):
         survivors turn the death into an error in time); a rank that stays silent raises "hang", unless it is
         still busy ``stuck_after`` seconds after another rank raised (Runner.op); or one whose processes used no CPU
         for ``idle_limit`` seconds raises "hang" before ``timeout``."""
-        data = ForkingPickler.dumps(msg)  # what Connection.send pickles, once for all ranks (a 256-rank case's
-        for conn in self.conns.values():  # begin carries the whole case)
+        # What Connection.send pickles, pickled once for all ranks: a 256-rank case's begin carries the whole case.
+        data = ForkingPickler.dumps(msg)
+        for conn in self.conns.values():
             with contextlib.suppress(OSError):
                 conn.send_bytes(data)
         replies: dict[int, dict] = {}

@@ -67,8 +67,8 @@ PURE = (("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommuni
 #: Modules whose module-level values are per rank (prefixes of module names). Of auto_parallel, only the process-wide
 #: registries every ``ProcessMesh`` writes to (the default DistributedContext's mesh list, process group 0, the unique
 #: mesh ids): a real rank's hold its own meshes; shared, they held every virtual rank's, and the linear membership
-#: scan of each new mesh was a quarter of a 256-rank load. The rest of auto_parallel (operator and cost registries,
-#: configuration) is code-like, and copying it per rank cost 5 ms a rank.
+#: scan of each new mesh took a 640-expert load on 205 ranks from 29.8 s to 35.0. The rest of auto_parallel (operator
+#: and cost registries, configuration) is code-like, and copying it per rank cost 5 ms a rank.
 WATCHED = ("paddle.distributed.flex_checkpoint", "paddle.distributed.parallel", "paddle.distributed.parallel_helper",
            "paddle.distributed.collective", "paddle.distributed.communication", "harness.sut",
            "paddle.distributed.auto_parallel.process_mesh", "paddle.distributed.auto_parallel.static.dist_context",
