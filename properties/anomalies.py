@@ -257,13 +257,16 @@ class TensorDiffers(Anomaly):
     """One tensor of one rank differs from what it must be (``against`` the oracle's "expected" state, or what the
     "reference" engine's run gave). ``layout``: the kind of the tensor's layout in the op ("sharded", "flat", or
     "flat-unaligned": saved flat in pieces not all n-d boxes, properties.oracle.op_layout_kind; None: none, or not
-    known), so a bug of flattened slices is recognised whichever property met it."""
+    known), so a bug of flattened slices is recognised whichever property met it. ``state_from``: in a train op, the
+    load whose state the rank trained on (properties.case.Case.state_source), so a difference that load's known bug
+    set off is recognised as that bug's (properties.known)."""
 
     at: At | None
     rank: int | None
     difference: Difference
     against: str = "expected"
     layout: str | None = None
+    state_from: int | None = None
     kind = "tensor-differs"
 
     def render(self) -> str:

@@ -233,6 +233,17 @@ class Case:
             return "load"
         return "save"
 
+    def state_source(self, index: int) -> int | None:
+        """The load whose state train op ``index`` carries on: the last load of its job before it (None: the job
+        trains from the seeds, after a restart or the fault that started fresh ranks). What that load gave wrong,
+        training carries into every tensor of the rank it reached (the RNG state drives every gradient)."""
+        for n in range(index - 1, -1, -1):
+            if self.ops[n].kind == "restart" or (self.fault is not None and self.fault.op == n):
+                return None
+            if self.ops[n].kind == "load":
+                return n
+        return None
+
     def specs(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         return {t.name: (t.dtype, t.shape) for t in self.tensors}
 

@@ -23,9 +23,11 @@ a failed load that is an acknowledged checkpoint lost, a listed checkpoint that 
 whatever verdict that rule gives: the error names the bug, the rule only where it struck. A failure may show
 several bugs at once (the worst anomaly first, the others after
 it, properties.verdicts.worst): it is known only when every anomaly is explained by some known finding of the
-same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own. A
-``no-complete-checkpoint`` gap cites no error of its own: it is explained by the findings that explain the failed
-loads of the checkpoints it names (those the checker did not excuse).
+same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own. A consequence
+of other anomalies cites no error of its own and is explained by the findings that explain its cause
+(``_consequence_of``): a ``no-complete-checkpoint`` gap by those of the failed loads of the checkpoints it names
+(those the checker did not excuse), a train op's wrong tensor on a rank by those of what the load it trained on
+gave that rank.
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -186,7 +188,7 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
     found = {i: _closest(known, sut, a) for i, a in enumerate(judgement.anomalies)}
     used: list[Known] = []
     for i, anomaly in enumerate(judgement.anomalies):
-        ks = [found[i]] if found[i] is not None else _gap_explained_by(anomaly, judgement.anomalies, found)
+        ks = [found[i]] if found[i] is not None else _consequence_of(anomaly, judgement.anomalies, found)
         if not ks:
             return None
         used.extend(k for k in ks if k not in used)
@@ -205,17 +207,25 @@ def _closest(known: list[Known], sut: str, anomaly: Anomaly) -> Known | None:
     return best
 
 
-def _gap_explained_by(gap: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, Known | None]) -> list[Known]:
-    """The known findings behind a ``no-complete-checkpoint`` gap, as its failed loads show (``gone``: every
-    checkpoint then failed to load afterwards). Such a gap carries no error of its own for a signature to match: when
-    the failed loads of its checkpoints that are anomalies (the others the checker excused: rotated away, corrupted)
-    are all explained by known findings, and there is at least one, the gap is those bugs' doing. Empty (unexplained)
-    otherwise, and for any other anomaly."""
-    data = gap.to_json()
-    if data["anomaly"] != "no-complete-checkpoint" or not data.get("gone"):
+def _consequence_of(anomaly: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, Known | None]) -> list[Known]:
+    """The known findings behind an anomaly that is another's consequence, not a bug of its own; empty (unexplained)
+    for any other anomaly, or where what is behind it is not all known. Such an anomaly carries no error for a
+    signature to match, and a signature that matched it would hide a new bug that shows the same way:
+
+    * a ``no-complete-checkpoint`` gap whose checkpoints all failed to load afterwards (``gone``): the failed loads
+      of its checkpoints that are anomalies (the others the checker excused: rotated away, corrupted) are its cause;
+    * a train op's wrong tensor on a rank that trained on what a load gave (``state_from``): that load's anomalies
+      on the rank (or of the whole op: a wrong version, a failure) are its cause, when it has any. A train op that
+      goes wrong from a load that gave every rank the right state stays a finding (an optimizer or EMA bug)."""
+    data = anomaly.to_json()
+    if data["anomaly"] == "no-complete-checkpoint" and data.get("gone"):
+        behind = [i for i, a in enumerate(anomalies) if a.to_json().get("op_kind") == "load"
+                  and a.to_json().get("message") is not None and a.to_json().get("name") in data["gone"]]
+    elif data["anomaly"] == "tensor-differs" and data.get("op_kind") == "train" and data.get("state_from") is not None:
+        behind = [i for i, a in enumerate(anomalies) if a.to_json().get("op") == data["state_from"]
+                  and a.to_json().get("rank") in (None, data["rank"])]
+    else:
         return []
-    behind = [i for i, a in enumerate(anomalies) if a.to_json().get("op_kind") == "load"
-              and a.to_json().get("message") is not None and a.to_json().get("name") in data["gone"]]
     if not behind or any(found[i] is None for i in behind):
         return []
     return [k for k in dict.fromkeys(found[i] for i in behind) if k is not None]

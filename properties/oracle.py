@@ -77,10 +77,12 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     which = case.op_layouts(rec.index)
     layouts = case.layouts(which)
     state = case.expected(version, which)
+    source = case.state_source(rec.index) if rec.kind == "train" else None
     out: list[TensorDiffers] = []
     for rank, got in sorted(rec.loaded.items()):
         expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
-        out += [TensorDiffers(case.property, None, rank, d, layout=op_layout_kind(case, rec.index, d.tensor))
+        out += [TensorDiffers(case.property, None, rank, d, layout=op_layout_kind(case, rec.index, d.tensor),
+                              state_from=source)
                 for d in differences(expected, dict(got))]
     return out
 

@@ -314,3 +314,35 @@ def test_the_job_an_op_ran_in_survives_the_json_round_trip() -> None:
     flat = dataclasses.replace(anomaly, layout="flat")
     assert flat.to_json()["layout"] == "flat" and from_json(json.loads(json.dumps(flat.to_json()))) == flat
     assert from_json({k: v for k, v in data.items() if k != "layout"}).layout is None  # written before it was kept
+
+
+def test_what_training_carries_on_from_a_known_bad_load_is_that_bugs() -> None:
+    """A load that gave a rank wrong bits (its RNG state zeroed, say) sends every tensor that rank trains
+    afterwards astray: those differences are the load's known bug. Training that goes wrong on a rank the load gave
+    the right state, or from a load that went right everywhere, or from the seeds, is a finding of its own."""
+    from properties.known import Known, Signature, explanations
+    zeros = Known("zeros.json", "paddle-dcp", "silent-corruption", Signature.parse(
+        {"anomaly": "tensor-differs", "op_kind": "load", "rank": 0, "got_bits": "0x0000"}))
+    bad_load = TensorDiffers("P-RESUME", At(2, "load", "step-5"), 0,
+                             BitsDiffer("rng/state", 2, 2, (0,), "0x3f80", "0x0000", "1.0", "0.0"))
+    trained = TensorDiffers("P-RESUME", At(3, "train", None), 0,
+                            BitsDiffer("model/w", 1, 1, (), "0x3f80", "0x3f81", "1.0", "1.0"), state_from=2)
+
+    def explain(*anomalies: TensorDiffers) -> list[str] | None:
+        return explanations([zeros], "paddle-dcp", judged(list(anomalies)))
+
+    assert explain(bad_load, trained) == ["zeros.json"]
+    assert explain(bad_load, dataclasses.replace(trained, rank=1)) is None  # rank 1 loaded the right state
+    assert explain(trained) is None  # the load went right: an optimizer or EMA bug
+    assert explain(bad_load, dataclasses.replace(trained, state_from=None)) is None  # trained from the seeds
+    unknown_load = dataclasses.replace(bad_load, difference=dataclasses.replace(bad_load.difference, got_bits="0x1"))
+    assert explain(unknown_load, trained) is None  # what the load did wrong is not known either
+
+
+def test_a_train_op_names_the_load_its_state_came_from() -> None:
+    """The last load of the job before it; none after a restart (fresh ranks train from the seeds)."""
+    from properties.case import Case, Op
+    ops = (Op("train", None, 1), Op("save", "a", 1), Op("load", "a", 1), Op("train", None, 2), Op("train", None, 3),
+           Op("restart"), Op("train", None, 1))
+    case = Case("P-RESUME", "paddle-dcp", (), {}, {}, ops)
+    assert [case.state_source(i) for i in (0, 3, 4, 6)] == [None, 2, 2, None]
