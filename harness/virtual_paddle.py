@@ -333,7 +333,7 @@ class PaddleWorld:
             object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
             return
         epoch = self.baton.completed  # the same for every rank reading this gather (the next cannot complete yet)
-        object_list.extend(self.copies.loads(raw[:size], epoch, sender)
+        object_list.extend(self.copies.loads(raw, epoch, sender, size)
                            for sender, (raw, size) in enumerate(zip(gathered, sizes)))
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:

@@ -86,6 +86,12 @@ def test_a_pure_call_on_the_same_immutable_items_is_made_once_per_epoch() -> Non
     loose = [Loose("w")]
     planned(loose), planned(loose)  # a mutable argument: made on every call
     assert calls == [2, 2, 2, 2, 1, 1]
+    epoch[0], calls[:] = 3, []
+    mine = list(items)
+    planned(mine)
+    mine.append(Index("x", ()))  # the first caller changes its list afterwards: the others' calls still match
+    planned(list(items)), planned(items[:1]), planned(items[::-1])  # a prefix, another order: made again
+    assert calls == [2, 1, 2]
 
 
 def test_deepcopy_keeps_an_immutable_frozen_dataclass_and_copies_one_that_holds_a_list() -> None:
