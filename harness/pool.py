@@ -102,6 +102,8 @@ class RankPool(Runner):
         self.procs: list = []
         self.conns: dict[int, Connection] = {}
         self._dir: Path | None = None
+        #: Where each log begins for the ranks now running (a virtual host's fresh world writes on in its files)
+        self.log_starts: dict[Path, int] = {}
 
     # -- lifecycle ------------------------------------------------------------------------------------------
 
@@ -263,7 +265,8 @@ class RankPool(Runner):
         tails = []
         for log in sorted((self._dir / "logs").rglob("*")):
             wanted = log.is_file() and not log.name.startswith(("envlog.", "backup_env."))
-            text = log.read_text(errors="replace").split("\n") if wanted else []
+            text = log.read_bytes()[self.log_starts.get(log, 0):].decode(errors="replace").split("\n") if wanted \
+                else []
             # A traceback's header says nothing in one line (and a log read while its rank still writes may end
             # in it): the frames and the error line are what is kept.
             lines = [line.strip()[-300:] for line in text if line.strip() and not _TRACEBACK_LINE.match(line.strip())]
@@ -292,7 +295,7 @@ class RankPool(Runner):
         kill_trees(self.procs)
         for conn in self.conns.values():
             conn.close()
-        self.procs, self.conns, self.pids = [], {}, {}
+        self.procs, self.conns, self.pids, self.log_starts = [], {}, {}, {}
         if self._dir is not None:
             release_shm(self._dir / "shm")
             shutil.rmtree(self._dir, ignore_errors=True)

@@ -120,7 +120,7 @@ class _Job:
         """The job loses these ranks at once (a crash, a hang, a fault): the next op starts them afresh."""
         if runner in self.active:
             self.active.remove(runner)
-        self.runners.discard(runner, graceful=False)
+        self.runners.lose(runner, graceful=False)
 
     def ranks_op(self, runner: Runner, op: Op, rec: OpRecord) -> bool:
         """Run the op on the ranks; True when the case stops there (ranks stuck behind one that raised, in a
@@ -204,9 +204,9 @@ class _Job:
             try:
                 runner.end()
                 if failed and runner.drifts and ((suspect and not runner.exact_health) or not runner.healthy()):
-                    self.runners.discard(runner)
+                    self.runners.lose(runner)
             except PoolFailure:
-                self.runners.discard(runner)
+                self.runners.lose(runner)
 
 
 def listing(case: Case, runners: Runners, root: Path) -> tuple[str, ...] | None:

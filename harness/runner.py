@@ -72,6 +72,11 @@ class Runner(ABC):
     def close(self, graceful: bool = True) -> None:
         """Stop the ranks; ``graceful=False`` ends them at once, as a crash of the job would."""
 
+    def recover(self) -> bool:
+        """The job lost these ranks (one died, some were left stuck, a restart): start fresh ones without
+        relaunching, where this runner can; False when it cannot (the caller then closes it and starts another)."""
+        return False
+
     def healthy(self, timeout: float = 15.0) -> bool:
         """Whether the ranks still agree about where they are (after a failed op); True where nothing can drift."""
         return True

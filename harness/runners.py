@@ -126,6 +126,12 @@ class Runners:
         finally:
             setattr(self, flag, before)
 
+    def lose(self, runner: Runner, graceful: bool = True) -> None:
+        """The job lost these ranks (a crash, a hang, a fault, a restart, ranks out of step): fresh ones in their
+        place, by the runner itself where it can (Runner.recover), else by discarding it (a spare is stocked)."""
+        if not runner.recover():
+            self.discard(runner, graceful)
+
     def discard(self, runner: Runner, graceful: bool = True) -> None:
         """Close ``runner`` and forget it; ``graceful=False`` kills its ranks at once (after a crash or a fault a
         surviving rank may sit in a collective or a commit wait and would only answer "stop" after a timeout)."""

@@ -36,37 +36,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--world", type=int, required=True)
     parser.add_argument("--logs", type=Path, help="write each rank's output to workerlog.<rank> in this folder")
     args = parser.parse_args(argv)
-    size = args.world
-    conns = [Client(args.control, family="AF_UNIX") for _ in range(size)]
+    size, control = args.world, args.control
     cls = adapter_class(args.sut)
+    options = json.loads(args.options)
+    worlds: list = []  # the world now playing the ranks (rank logs follow its baton)
+    streams = route(args.logs, lambda: worlds[-1].baton.current if worlds else None) if args.logs else None
+    heap = Heap()
+    try:
+        while control is not None:  # a new control address: the controller asked for a fresh world (_serve)
+            conns = [Client(control, family="AF_UNIX") for _ in range(size)]
+            built = _world(cls, size, options, conns)
+            if built is None:
+                return 1
+            world, adapters, setups = built
+            worlds.append(world)
+            heap.settle()
+            for rank, conn in enumerate(conns):
+                conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": setups[rank][1],
+                           "info": {**adapters[rank].describe(), "virtual": "yes"},
+                           "env": {**os.environ, **world.envs[rank]}})
+            executors = [RankExecutor(adapters[r], r, size) for r in range(size)]
+            try:
+                control = _serve(world, conns, executors, heap)
+            finally:
+                world.run([lambda ex=ex: _close(ex) for ex in executors])
+                world.close()
+                for conn in conns:
+                    conn.close()
+    finally:
+        if streams is not None:
+            streams.close_logs()
+    return 0
+
+
+def _world(cls: type[SutAdapter], size: int, options: dict, conns: list[Connection]
+           ) -> tuple[object, list[SutAdapter], list[tuple[bool, object]]] | None:
+    """A fresh virtual world with every rank's adapter set up; None when set-up failed (each rank was told)."""
+    world = None
     try:
         world = cls.virtual_world(size)
-        streams = route(args.logs, lambda: world.baton.current) if args.logs is not None else None
         adapters: list[SutAdapter] = [cls() for _ in range(size)]
-        options = json.loads(args.options)
         setups = world.run([lambda r=r: adapters[r].setup(r, size, options) for r in range(size)])
         for ok, value in setups:
             if not ok:
                 raise value
+        return world, adapters, setups
     except Exception as exc:
         traceback.print_exc()
         for rank, conn in enumerate(conns):
             conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
-        return 1
-    heap = Heap()
-    heap.settle()
-    for rank, conn in enumerate(conns):
-        conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": setups[rank][1],
-                   "info": {**adapters[rank].describe(), "virtual": "yes"}, "env": {**os.environ, **world.envs[rank]}})
-    executors = [RankExecutor(adapters[r], r, size) for r in range(size)]
-    try:
-        _serve(world, conns, executors, heap)
-    finally:
-        world.run([lambda ex=ex: _close(ex) for ex in executors])
-        world.close()
-        if streams is not None:
-            streams.close_logs()
-    return 0
+        if world is not None:
+            world.close()
+        return None
 
 
 class _Ranks:
@@ -97,14 +118,32 @@ class _Ranks:
         for rank, conn in self.conns.items():
             conn.send(replies[rank])
 
+    def tell(self, msg: dict) -> None:
+        """Send every live rank's connection the same message."""
+        for rank, conn in self.conns.items():
+            conn.send({**msg, "rank": rank})
 
-def _serve(world, conns: list[Connection], executors: list[RankExecutor], heap: Heap) -> None:
+
+def _serve(world, conns: list[Connection], executors: list[RankExecutor], heap: Heap) -> str | None:
+    """Play the ranks until the controller stops (None) or asks for a fresh world on a new control address (a case
+    lost ranks: a rank's exit, ranks stuck behind a raiser, a restart). A fresh world in this process is what a
+    relaunch would start — new rank threads, module state, adapters — without a process to kill and fork. A host
+    whose ranks hold detached saves in flight refuses and waits to be killed: a crash kills their writers with the
+    process."""
     ranks = _Ranks(conns)
     while True:
         msg = ranks.receive()
         if msg is None or msg["type"] == "stop":
-            return
+            return None
         kind = msg["type"]
+        if kind == "rebuild":
+            pending = [ex.rank for ex in executors if ex.pending]
+            if pending:  # left as they are: the controller kills the host, and the writers with it
+                ranks.tell({"type": "refused", "why": f"ranks {pending} hold detached saves in flight"})
+                continue
+            ranks.tell({"type": "rebuilding"})
+            world.run([lambda ex=ex: ex.end() if ex.case is not None else None for ex in executors])
+            return str(msg["control"])
         if kind == "begin":
             case = Case.from_json(msg["case"])  # once: the ranks share the immutable case
             for ex in executors:

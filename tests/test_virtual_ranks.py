@@ -4,6 +4,7 @@ real launch by a differential test, and run at world sizes no machine here launc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -308,3 +309,35 @@ def _op_in_process(case: Case, root: Path, index: int, share: bool) -> list:
         world.close()
     return [{k: v for k, v in rec.items() if k not in ("seconds", "traceback")} if ok else repr(rec)
             for ok, rec in done]
+
+
+def _runner_of(runners: Runners, world: int):
+    return next(r for r in runners._runners.values() if r.world == world)
+
+
+def test_a_host_that_lost_a_rank_starts_fresh_ranks_in_its_own_process(virtual_sides) -> None:
+    """A rank's exit costs a real job its processes; the virtual host starts a fresh world in its own process (new
+    rank threads, module state and adapters, as a relaunch would), and the next case runs on it exactly as on real
+    ranks. Where a rank holds a detached save in flight, or no rank is left to ask, the host is killed and relaunched
+    instead: a crash kills the writer with the process."""
+    mesh = Mesh((3,))
+    save = {"w": Sharded(mesh, (Shard(0),)).to_json()}
+    load = {"w": Sharded(mesh, (Replicate(),)).to_json()}
+    # the sender dies in gloo's broadcast, the others raise before it and are left stuck
+    one_dies = _case("P-RESHARD", (TensorCase("w", "F8_E4M3", (3, 2), 4),), save, load)
+    passing = _case("P-RESHARD", (TensorCase("w", "F32", (3, 2), 4),), save, load)
+    virtual = virtual_sides[1]
+    run_side(passing, virtual)
+    host = _runner_of(virtual, 3)
+    pids, rebuilds = set(host.pids.values()), host.rebuilds
+    assert run_side(one_dies, virtual).records[1].failure == "hang"
+    assert _runner_of(virtual, 3) is host and set(host.pids.values()) == pids and host.rebuilds == rebuilds + 1
+    assert "exits with status" not in host._logs()  # the fresh ranks' logs: a later failure quotes only theirs
+    _same(virtual_sides, passing)
+    assert host.rebuilds == rebuilds + 1
+    in_flight = dataclasses.replace(one_dies, ops=(Op("save", "step-1"), Op("save", "step-2", 0, True, detach=True),
+                                                   Op("load", "step-1")))
+    assert run_side(in_flight, virtual).records[2].failure == "hang"
+    assert host.rebuilds == rebuilds + 1 and not host.procs  # refused: killed
+    _same(virtual_sides, passing)
+    assert set(_runner_of(virtual, 3).pids.values()) != pids
