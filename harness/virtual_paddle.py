@@ -326,7 +326,7 @@ class PaddleWorld:
         assert rank is not None
         data = pickle.dumps(obj)
         lengths = self.collective(rank, "all_gather", Buffer(np.int64(len(data)).tobytes(), "I64", 1, ()))
-        sizes = [int(np.frombuffer(b, np.int64)[0]) for b in lengths]
+        sizes = np.frombuffer(b"".join(lengths), np.int64).tolist()  # one array, not W: W ranks read W lengths
         padded = np.resize(np.frombuffer(data, np.uint8), [max(sizes)]).tobytes()
         gathered = self.collective(rank, "all_gather", Buffer(padded, "U8", max(sizes), (max(sizes),)))
         if not self.sharing:

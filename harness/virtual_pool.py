@@ -2,8 +2,8 @@
 
 It is a warm pool in every other respect — the same protocol, timeouts, logs, a relaunch after a hang — so a case
 runs the same code path whether its ranks are real or virtual. Where a case only lost ranks, the host starts a
-fresh world in its own process instead of being relaunched (``recover``). Faults need real rank processes (``launched`` is
-False), and the runner set gives fault cases real ranks (harness.runners).
+fresh world in its own process instead of being relaunched (``recover``). Faults need real rank processes
+(``launched`` is False), and the runner set gives fault cases real ranks (harness.runners).
 """
 
 from __future__ import annotations
