@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     size, control = args.world, args.control
     cls = adapter_class(args.sut)
     options = json.loads(args.options)
-    worlds: list = []  # the world now playing the ranks (rank logs follow its baton)
+    worlds: list = []  # [the world now playing the ranks] (rank logs follow its baton; an old one is let go)
     streams = route(args.logs, lambda: worlds[-1].baton.current if worlds else None) if args.logs else None
     heap = Heap()
     try:
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             if built is None:
                 return 1
             world, adapters, setups = built
-            worlds.append(world)
+            worlds[:] = [world]
             heap.settle()
             for rank, conn in enumerate(conns):
                 conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": setups[rank][1],
