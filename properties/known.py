@@ -219,13 +219,15 @@ def _consequence_of(anomaly: Anomaly, anomalies: tuple[Anomaly, ...], found: dic
       goes wrong from a load that gave every rank the right state stays a finding (an optimizer or EMA bug)."""
     data = anomaly.to_json()
     if data["anomaly"] == "no-complete-checkpoint" and data.get("gone"):
-        behind = [i for i, a in enumerate(anomalies) if a.to_json().get("op_kind") == "load"
-                  and a.to_json().get("message") is not None and a.to_json().get("name") in data["gone"]]
+        def causes(other: dict) -> bool:
+            return other.get("op_kind") == "load" and other.get("message") is not None \
+                and other.get("name") in data["gone"]
     elif data["anomaly"] == "tensor-differs" and data.get("op_kind") == "train" and data.get("state_from") is not None:
-        behind = [i for i, a in enumerate(anomalies) if a.to_json().get("op") == data["state_from"]
-                  and a.to_json().get("rank") in (None, data["rank"])]
+        def causes(other: dict) -> bool:
+            return other.get("op") == data["state_from"] and other.get("rank") in (None, data["rank"])
     else:
         return []
+    behind = [i for i, a in enumerate(anomalies) if causes(a.to_json())]
     if not behind or any(found[i] is None for i in behind):
         return []
     return [k for k in dict.fromkeys(found[i] for i in behind) if k is not None]
