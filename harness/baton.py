@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .cores import SameCore
+
 
 @dataclass
 class Entry:
@@ -93,6 +95,9 @@ class Baton:
                          for r in range(world)]
         for t in self._threads:
             t.start()
+        self._core = SameCore()  # a woken rank runs on its waker's core (harness.cores): where, never which
+        self._tids = [t.native_id for t in self._threads]
+        self._driver: int | None = None  # the thread that called run(), woken when every rank is done
 
     # -- driver side ---------------------------------------------------------------------------------------------
 
@@ -107,8 +112,10 @@ class Baton:
             self._tasks[r], self._results[r], self._state[r] = task, None, "runnable"
         self.timed_out_ranks, self.waited = set(), {}
         self._runs += 1
+        self._driver = threading.get_native_id()
         self._pass(None)
         self._back.acquire()
+        self._core.woken()
         out = [res for res in self._results]
         assert all(res is not None for res in out)
         return out  # type: ignore[return-value]
@@ -155,6 +162,7 @@ class Baton:
             self._waiting[rank] = (members, n)
             self._pass(rank)
             self._go[rank].acquire()  # back when the slot completed, timed out or the world closes
+            self._core.woken()
             if self._closing:
                 raise Abandoned()
         ok, value = slot.results.pop(rank)
@@ -192,6 +200,7 @@ class Baton:
     def _main(self, rank: int) -> None:
         while True:
             self._go[rank].acquire()
+            self._core.woken()
             if self._closing:
                 return
             task = self._tasks[rank]
@@ -222,12 +231,15 @@ class Baton:
             nxt = self._next_runnable(after)
         if nxt is None:
             self.current = None
+            self._core.wake_here(self._driver)
             self._back.release()
             return
         self._state[nxt] = "running"
         if nxt != self.current:
             self.on_switch(nxt)
             self.current = nxt
+        if nxt != after:  # a rank that passes to itself runs on
+            self._core.wake_here(self._tids[nxt])
         self._go[nxt].release()
 
     def _next_runnable(self, after: int | None) -> int | None:

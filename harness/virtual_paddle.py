@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import gc
 import importlib
 import os
@@ -150,8 +151,14 @@ def _swapper(slots: Sequence[tuple[Any, str]]) -> Callable[[list[Any], list[Any]
     scope: dict[str, Any] = {}
     for k, owner in enumerate(owners):
         scope[f"space{k}"], scope[f"owner{k}"] = vars(owner), owner
-    exec(compile("\n".join(lines), "<virtual rank switch>", "exec"), scope)
+    exec(_compiled("\n".join(lines)), scope)
     return scope["swap"]
+
+
+@functools.lru_cache(maxsize=8)
+def _compiled(source: str) -> types.CodeType:
+    """The switch's code, compiled once per process for the same slots (a fresh world after lost ranks)."""
+    return compile(source, "<virtual rank switch>", "exec")
 
 
 def _is_state(value: Any, module: types.ModuleType) -> bool:
@@ -327,8 +334,8 @@ class PaddleWorld:
         data = pickle.dumps(obj)
         lengths = self.collective(rank, "all_gather", Buffer(np.int64(len(data)).tobytes(), "I64", 1, ()))
         sizes = np.frombuffer(b"".join(lengths), np.int64).tolist()  # one array, not W: W ranks read W lengths
-        padded = np.resize(np.frombuffer(data, np.uint8), [max(sizes)]).tobytes()
-        gathered = self.collective(rank, "all_gather", Buffer(padded, "U8", max(sizes), (max(sizes),)))
+        longest = max(sizes)
+        gathered = self.collective(rank, "all_gather", Buffer(_resized(data, longest), "U8", longest, (longest,)))
         if not self.sharing:
             object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
             return
@@ -376,6 +383,14 @@ class _EpochGc(types.ModuleType):
         return getattr(gc, name)
 
 
+def _resized(data: bytes, size: int) -> bytes:
+    """The bytes of ``np.resize(np.frombuffer(data, np.uint8), [size])``, as Paddle pads a payload: repeated to
+    fill, zeros where there is nothing to repeat (made without numpy's Python-level resize, W per gather)."""
+    if not data:
+        return bytes(size)
+    return (data * -(-size // len(data)))[:size]
+
+
 def _is_default(group: Any) -> bool:
     return getattr(group, "id", None) == 0
 
@@ -384,8 +399,10 @@ def _no_new_group(*args: Any, **kwargs: Any) -> Any:
     raise VirtualUnsupported("virtual ranks have only the default group (new_group is not emulated)")
 
 
+@functools.cache
 def _import_all(package: str) -> None:
-    """Import every submodule now, so each one's module-level state is copied per rank before any rank runs."""
+    """Import every submodule now, so each one's module-level state is copied per rank before any rank runs (once
+    a process: a module stays imported)."""
     pkg = importlib.import_module(package)
     for info in pkgutil.walk_packages(pkg.__path__, package + "."):
         importlib.import_module(info.name)

@@ -4,11 +4,16 @@ peer turned into the backend's error at once — deterministic whatever the OS s
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 
 import pytest
 
 from harness.baton import Baton, Entry
+from harness.cores import SameCore
+
+#: The cores this process may use, read before any test ran a baton (a thread left pinned would shrink its own).
+ALLOWED = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
 
 class _Timeout(RuntimeError):
@@ -173,3 +178,55 @@ def test_a_call_the_backend_refuses_may_use_up_the_rank_s_turn(closing) -> None:
 
     results = baton.run([lambda r=r: task(r) for r in range(2)])
     assert [str(exc) for _, exc in results] == ["timeout all_reduce"] * 2
+
+
+@pytest.mark.skipif(not SameCore().supported, reason="the platform cannot pin a thread, or the process has one core")
+def test_a_rank_is_woken_on_its_waker_s_core_and_never_runs_pinned(closing) -> None:
+    """The baton wakes each rank on the core of the thread that wakes it (a cheaper switch), and the woken thread
+    lifts that at once: a rank that starts a process or a thread (an async save's writer) gives it the whole
+    machine, whichever rank woke it, before and after collectives, in every run."""
+    baton = _baton(4)
+    closing.append(baton)
+    allowed = ALLOWED
+    seen: list[tuple[int, set[int]]] = []
+
+    def task(rank: int) -> None:
+        seen.append((rank, os.sched_getaffinity(0)))
+        baton.collective(rank, "all_gather", rank)
+        seen.append((rank, os.sched_getaffinity(0)))
+        baton.collective(rank, "barrier", None)
+        seen.append((rank, os.sched_getaffinity(0)))
+
+    for _ in range(3):
+        results = baton.run([lambda r=r: task(r) for r in range(4)])
+        assert all(ok for ok, _ in results)
+        assert os.sched_getaffinity(0) == allowed  # the driver, woken by the last rank
+    assert len(seen) == 36 and all(mask == allowed for _, mask in seen)
+
+
+def test_a_thread_woken_on_a_core_is_handed_the_whole_machine_back() -> None:
+    """What the baton relies on: ``wake_here`` pins a sleeping thread to the caller's core, ``woken`` lifts it."""
+    core = SameCore()
+    if not core.supported:
+        pytest.skip("the platform cannot pin a thread, or the process has one core")
+    allowed = ALLOWED
+    go, done = threading.Lock(), threading.Lock()
+    go.acquire()
+    done.acquire()
+    masks: list[set[int]] = []
+
+    def sleeper() -> None:
+        go.acquire()
+        masks.append(os.sched_getaffinity(0))  # as woken: the waker's core alone
+        core.woken()
+        masks.append(os.sched_getaffinity(0))
+        done.release()
+
+    thread = threading.Thread(target=sleeper)
+    thread.start()
+    core.wake_here(thread.native_id)
+    go.release()
+    done.acquire()
+    thread.join(timeout=5)
+    assert len(masks[0]) == 1 and masks[0] <= allowed
+    assert masks[1] == allowed

@@ -341,3 +341,16 @@ def test_a_host_that_lost_a_rank_starts_fresh_ranks_in_its_own_process(virtual_s
     assert host.rebuilds == rebuilds + 1 and not host.procs  # refused: killed
     _same(virtual_sides, passing)
     assert set(_runner_of(virtual, 3).pids.values()) != pids
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=40), st.integers(0, 200))
+def test_a_gathered_payload_is_padded_as_paddle_pads_it(data: bytes, extra: int) -> None:
+    """all_gather_object pads each rank's pickle to the longest as Paddle does, with np.resize: repeated to fill,
+    zeros after an empty one (the padding is gathered, so it is part of what a rank receives)."""
+    import numpy as np
+
+    from harness.virtual_paddle import _resized
+
+    size = len(data) + extra
+    assert _resized(data, size) == np.resize(np.frombuffer(data, np.uint8), [size]).tobytes()
