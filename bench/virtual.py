@@ -112,6 +112,20 @@ ms with the relaunch, 211 ms with a fresh world in place; passing cases 91 ms. T
 holding the GIL: Paddle about 60% (CheckpointLoadBalancer.plan 7%, metadata loads and extraction 7%, the target
 tensors' construction 7%, dataclass reprs its log lines format 3%), the sharing's own proofs and copies about 15%
 (comparing each rank's read items with the first's 5%, the immutability proofs 5%, fresh containers 4%).
+
+Measured 2026-11-28 (a new 2-core VM of the same kind, faster than the last: the same checkout's virtual_16 went
+from 7.5 to 11.4-13.2), after a woken virtual rank began to run on its waker's core (harness.cores: a handoff 9 us
+instead of 22; a 16-rank case makes about 210), a fresh world began to reuse the compiled switch and the checkpoint
+modules' imports (a 16-rank world 10.5 -> 7 ms, 2 ranks 5.5 -> 2.4 ms: a third of 16-rank cases lose a rank and
+need one), and the all_gather_object padding stopped going through np.resize. The 16-rank ops alone, in one
+process (A/B, alternating runs): 34.7 / 35.0 ms a case before, 28.7 / 31.3 after. Default arguments (80 cases, 10
+at 256 ranks), one run: virtual_2 72.2 steady (x2 162.5); pool_2 10.4 steady, plus one settling run of 36.7 s
+(cases_per_s 1.81 with it); virtual_vs_pool 6.93, virtual_x2_vs_pool 15.6; virtual_16 13.75, virtual_16_x2 23.7
+(target >= 20 on 2 cores: met with both cores, two streams as two fleet shards would run; one stream alone 13-16);
+virtual_64 0.71 (two MoE cases of 5504 experts saved on 64 ranks and loaded on 43 take 24-28 s each); virtual_256
+ten cases in 37.4 s, the worst 15.3 s (target <= 30 s: met; 30.2 s last session). A run just before with 40
+cases: virtual_2 86.4, virtual_vs_pool 5.57, virtual_16 12.2, virtual_16_x2 19.6, virtual_256 worst 17.0 s. Three
+and four streams at 16 ranks gave 19.7 and 17.4 (two is this machine's best).
 """
 
 from __future__ import annotations
