@@ -101,27 +101,35 @@ class _OpError(Anomaly):
 
 
 @dataclass(frozen=True)
-class OpFailed(_OpError):
+class _OpFailure(_OpError):
+    """``after_failed_load``: the op is a load, and an earlier load of the same processes (no restart between)
+    failed, so what that one left in them (a module-global cache) may be what broke this one."""
+
+    after_failed_load: bool = False
+
+
+@dataclass(frozen=True)
+class OpFailed(_OpFailure):
     kind = "op-failed"
     verdict_is = Verdict.LOUD_FAILURE
 
 
 @dataclass(frozen=True)
-class RankHung(_OpError):
+class RankHung(_OpFailure):
     kind = "rank-hung"
     verdict_is = Verdict.HANG
 
 
 @dataclass(frozen=True)
-class RankDied(_OpError):
+class RankDied(_OpFailure):
     kind = "rank-died"
     verdict_is = Verdict.CRASH
 
 
-def op_failure(prop: str, at: At | None, error: SutError) -> _OpError:
+def op_failure(prop: str, at: At | None, error: SutError, after_failed_load: bool = False) -> _OpError:
     """The anomaly of a failed op by how it failed: a hang, a dead rank, or an error the SUT raised."""
     cls = {"hang": RankHung, "crash": RankDied}.get(error.failure or "", OpFailed)
-    return cls(prop, at, error)
+    return cls(prop, at, error, after_failed_load)
 
 
 @dataclass(frozen=True)
@@ -279,20 +287,25 @@ class TensorDiffers(Anomaly):
 @dataclass(frozen=True)
 class LoadedNoVersion(Anomaly):
     """A load gave a state that is none of the allowed ``versions`` (a mix, or garbage); the differences are against
-    version ``closest`` (the first eight lines of them)."""
+    version ``closest`` (the first eight lines of them; ``shown_all``: there were no more). ``repeats_load``: the op
+    of an earlier load of the same processes (no restart between) that gave every rank exactly this state — a
+    cache that served that load's state again, whatever was wrong with it."""
 
     at: At
     versions: tuple[int, ...]
     closest: int
     differences: tuple[TensorDiffers, ...]
+    repeats_load: int | None = None
+    shown_all: bool = False
     kind = "loaded-none-of-versions"
 
     def render(self) -> str:
         return "\n".join(self.lines())
 
     def lines(self) -> tuple[str, ...]:
-        return (f"{self.at.render()}: loaded state is none of versions {list(self.versions)} (diff against version "
-                f"{self.closest}):", *(d.render() for d in self.differences))
+        again = f", the state op {self.repeats_load} gave" if self.repeats_load is not None else ""
+        return (f"{self.at.render()}: loaded state is none of versions {list(self.versions)}{again} (diff against "
+                f"version {self.closest}):", *(d.render() for d in self.differences))
 
 
 @dataclass(frozen=True)

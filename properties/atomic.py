@@ -224,7 +224,7 @@ def wrong_state(h: History, load: LoadFacts) -> Anomaly | None:
                    older.index, load.name, older.version in load.given_before)
     assert load.closest is not None
     return LoadedNoVersion(attributed(h, load), load.at, tuple(s.version for s in load.allowed), load.closest,
-                           load.differences[:SHOWN])
+                           load.differences[:SHOWN], load.repeats_load, len(load.differences) <= SHOWN)
 
 
 # --- which property a load's anomaly breaks -----------------------------------------------------------------------

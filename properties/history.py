@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from reference.tensor import differences
+
 from .anomalies import At, SutError, TensorDiffers
 from .case import Case, Op
 from .oracle import at, sut_error, tensor_differences
@@ -83,6 +85,7 @@ class LoadFacts:
     came_back: Save | None = None  # else an older save (acknowledged, or any for "latest") whose state it gave
     closest: int | None = None  # else the version its state is compared against ...
     differences: tuple[TensorDiffers, ...] = ()  # ... and how it differs from it
+    repeats_load: int | None = None  # ... and the op of an earlier load of the job that gave exactly this state
 
 
 Event = OpFacts | TrainFacts | LoadFacts
@@ -139,6 +142,7 @@ class _Builder:
     listings: list[tuple[str, ...] | None] = field(default_factory=list)  # per op read so far
     given: list[int] = field(default_factory=list)  # versions the loads since the job's last crash gave
     load_failed: bool = False  # a load since the job's last crash failed
+    loads: list[OpRecord] = field(default_factory=list)  # the loads since the job's last crash that gave a state
 
     def settle(self, index: int, acked: bool) -> None:
         self.saves = [dataclasses.replace(s, settled=index, acked=acked) if s.settled is None else s
@@ -172,6 +176,7 @@ def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
         b.crashes.append(rec.index)
     if rec.restarted or op.kind == "restart" or rec.index == b.fault_op:
         b.given.clear()  # a new process: nothing it read before can come back from a cache
+        b.loads.clear()
         b.load_failed = False  # ... nor can what a failed load left in one
 
 
@@ -235,6 +240,7 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
         b.load_failed = True
         return facts
     facts = _compare(b, facts, rec)
+    b.loads.append(rec)
     gave = facts.matched or facts.came_back
     if gave is not None:
         b.given.append(gave.version)
@@ -255,8 +261,15 @@ def _compare(b: _Builder, facts: LoadFacts, rec: OpRecord) -> LoadFacts:
     if came_back is not None:
         return dataclasses.replace(facts, came_back=came_back)
     closest = ack.version if ack is not None else facts.allowed[-1].version
-    return dataclasses.replace(facts, closest=closest,
-                               differences=tuple(tensor_differences(case, closest, rec)))
+    repeats = next((earlier.index for earlier in reversed(b.loads) if same_state(earlier, rec)), None)
+    return dataclasses.replace(facts, closest=closest, differences=tuple(tensor_differences(case, closest, rec)),
+                               repeats_load=repeats)
+
+
+def same_state(a: OpRecord, b: OpRecord) -> bool:
+    """Two loads gave every rank the same tensors, bit for bit (the same pieces: loads under other layouts do not)."""
+    return a.loaded.keys() == b.loaded.keys() and not any(
+        differences(dict(a.loaded[rank]), dict(b.loaded[rank])) for rank in a.loaded)
 
 
 def _last_listing(b: _Builder) -> tuple[str, ...]:

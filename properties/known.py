@@ -27,7 +27,8 @@ same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and 
 of other anomalies cites no error of its own and is explained by the findings that explain its cause
 (``_consequence_of``): a ``no-complete-checkpoint`` gap by those of the failed loads of the checkpoints it names
 (those the checker did not excuse), a train op's wrong tensor on a rank by those of what the load it trained on
-gave that rank.
+gave that rank. A load that gave none of the versions it may give is explained by its parts (``_by_parts``) where
+a known finding explains each of its tensor differences as that load's.
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -36,18 +37,19 @@ the judgement must match.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .anomalies import ERROR_KINDS, TYPES, Anomaly, cites_sut_error, field_names
+from .anomalies import ERROR_KINDS, TYPES, Anomaly, LoadedNoVersion, cites_sut_error, field_names
 from .verdicts import Judgement
 
 #: Anomaly fields that say what came before a failure in the job's history, not what the failure is: a signature
 #: that needs one recognises a bug by its circumstances, so a finding that matches without one explains first.
-HISTORY_FACTS = frozenset({"resaved", "after_failed_load", "loaded_before"})
+HISTORY_FACTS = frozenset({"resaved", "after_failed_load", "loaded_before", "repeats_load"})
 
 
 class KnownFindingsError(ValueError):
@@ -188,7 +190,8 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
     found = {i: _closest(known, sut, a) for i, a in enumerate(judgement.anomalies)}
     used: list[Known] = []
     for i, anomaly in enumerate(judgement.anomalies):
-        ks = [found[i]] if found[i] is not None else _consequence_of(anomaly, judgement.anomalies, found)
+        ks = [found[i]] if found[i] is not None else (_consequence_of(anomaly, judgement.anomalies, found)
+                                                      or _by_parts(known, sut, anomaly))
         if not ks:
             return None
         used.extend(k for k in ks if k not in used)
@@ -231,6 +234,18 @@ def _consequence_of(anomaly: Anomaly, anomalies: tuple[Anomaly, ...], found: dic
     if not behind or any(found[i] is None for i in behind):
         return []
     return [k for k in dict.fromkeys(found[i] for i in behind) if k is not None]
+
+
+def _by_parts(known: list[Known], sut: str, anomaly: Anomaly) -> list[Known]:
+    """A load's state that is none of the versions it may give, wrong only in tensors whose every difference (all
+    of them shown) a known finding explains as a tensor difference of that load: those findings. Empty for any
+    other anomaly, or where a difference is not explained, or more were found than the anomaly shows."""
+    if not isinstance(anomaly, LoadedNoVersion) or not anomaly.shown_all or not anomaly.differences:
+        return []
+    parts = [_closest(known, sut, dataclasses.replace(d, at=anomaly.at)) for d in anomaly.differences]
+    if any(k is None for k in parts):
+        return []
+    return [k for k in dict.fromkeys(parts) if k is not None]
 
 
 def explained_by(known: list[Known], sut: str, judgement: Judgement) -> str | None:

@@ -35,6 +35,15 @@ def follows_failed_save(records: list[OpRecord], index: int) -> bool:
     return bool(saves) and not saves[-1].ok
 
 
+def failed_load_before(records: list[OpRecord], index: int) -> bool:
+    """An earlier load of the same processes failed: no restart between it and op ``index`` (a restart op, or an op
+    after which the harness replaced the ranks), so what it left in them may still be there."""
+    failed = False
+    for rec in records[:index]:
+        failed = (failed or (rec.kind == "load" and not rec.ok)) and not (rec.restarted or rec.kind == "restart")
+    return failed
+
+
 def check_oracle(case: Case, outcome: Outcome) -> Judgement:
     prop = case.property
     results: list[Judgement] = []
@@ -42,7 +51,8 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
         if follows_failed_save(outcome.records, rec.index):
             continue
         if not rec.ok:
-            results.append(judged([op_failure(prop, at(case, rec), sut_error(rec))]))
+            results.append(judged([op_failure(prop, at(case, rec), sut_error(rec),
+                                              rec.kind == "load" and failed_load_before(outcome.records, rec.index))]))
             continue
         if rec.kind == "save" and rec.written:
             cover = cover_violations(prop, rec.written)

@@ -346,3 +346,90 @@ def test_a_train_op_names_the_load_its_state_came_from() -> None:
            Op("restart"), Op("train", None, 1))
     case = Case("P-RESUME", "paddle-dcp", (), {}, {}, ops)
     assert [case.state_source(i) for i in (0, 3, 4, 6)] == [None, 2, 2, None]
+
+
+def _lifecycle(loads: list[tuple[str, dict]]):
+    """A P-LIFECYCLE job: saves of versions 0..2 under s0..s2, then loads by name, each giving the given state."""
+    from properties.atomic import check_history
+    from properties.case import Case, Op, TensorCase
+    from properties.outcome import OpRecord, Outcome
+
+    tensors = (TensorCase("a", "F32", (2, 3), 1), TensorCase("b", "I8", (4,), 2))
+    saves = [Op("save", f"s{v}", v) for v in range(3)]
+    ops = (*saves, *(Op("load", name, int(name[1])) for name, _ in loads))
+    case = Case("P-LIFECYCLE", "paddle-dcp", tensors, {}, {}, ops, {"same_dir": True})
+    recs = [OpRecord(i, "save", f"s{i}") for i in range(3)]
+    recs += [OpRecord(3 + i, "load", name, loaded={0: state}) for i, (name, state) in enumerate(loads)]
+    return case, check_history(case, Outcome("paddle-dcp", recs))
+
+
+def test_a_load_that_serves_an_earlier_load_s_wrong_state_again_is_the_cache_s() -> None:
+    """A cache keyed without the version serves every later load the state the first load gave; when that state was
+    wrong (another bug mangled it), later loads give none of the versions, and the history names the load they
+    repeat: the version-cache finding explains them, the first wrong state stays its own bug's (here unknown)."""
+    import numpy as np
+
+    from properties.known import explanations
+    from reference.dtypes import dtype
+    from reference.tensor import Tensor
+
+    case, _ = _lifecycle([])
+    first = {"a": case.expected(0, "load")["a"], "b": Tensor(dtype("I8"), np.zeros(4, np.uint8))}  # b zeroed
+    case, judgement = _lifecycle([("s0", first), ("s2", first), ("s1", first)])
+    wrong = [a for a in judgement.anomalies if a.kind == "loaded-none-of-versions"]
+    assert [(a.at.op, a.repeats_load) for a in wrong] == [(3, None), (4, 3), (5, 4)]
+    assert all(a.shown_all for a in wrong)
+    assert "the state op 3 gave" in judgement.details[[d.startswith("op 4") for d in judgement.details].index(True)]
+    known = read_known(REGRESSIONS)
+    cache = [k for k in known if k.case_file == "paddle-dcp-version-cache.json"]
+    explained = explanations(cache, "paddle-dcp", dataclasses.replace(judgement, anomalies=tuple(wrong[1:])))
+    assert explained == ["paddle-dcp-version-cache.json"]
+    assert explanations(cache, "paddle-dcp", judgement) is None  # op 3's zeros are no cache's
+    other = {"a": first["a"], "b": Tensor(dtype("I8"), np.ones(4, np.uint8))}
+    _, judgement = _lifecycle([("s0", first), ("s2", other)])
+    assert [a.repeats_load for a in judgement.anomalies if a.kind == "loaded-none-of-versions"] == [None, None]
+
+
+def test_a_load_that_gave_no_version_is_known_by_its_parts() -> None:
+    """A state that is none of the versions, wrong only in tensors a known finding explains as that load's tensor
+    differences (a flattened tensor of unaligned pieces read back wrong), is that finding's; not where one part is
+    unexplained, or where more differences were found than the anomaly shows."""
+    from properties.anomalies import LoadedNoVersion
+    from properties.known import explanations
+
+    at = At(3, "load", "s1", 2, ("sharded_weight",))
+    flat = TensorDiffers("P-LIFECYCLE", None, 0, BitsDiffer("model/w", 3, 4, (1,), "0x7f", "0x00", "127", "0"),
+                         layout="flat-unaligned")
+    mixed = LoadedNoVersion("P-LIFECYCLE", at, (1,), 1, (flat, dataclasses.replace(flat, rank=1)), shown_all=True)
+    known = [k for k in read_known(REGRESSIONS) if k.case_file == "paddle-dcp-flat-cross-rank-load.json"]
+    assert explanations(known, "paddle-dcp", judged([mixed])) == ["paddle-dcp-flat-cross-rank-load.json"]
+    assert explanations(known, "paddle-dcp", judged([dataclasses.replace(mixed, shown_all=False)])) is None
+    boxed = dataclasses.replace(flat, layout="flat")  # pieces that are boxes: not that bug
+    assert explanations(known, "paddle-dcp", judged([dataclasses.replace(mixed, differences=(flat, boxed))])) is None
+
+
+def test_a_load_after_a_failed_load_of_the_same_processes_says_so() -> None:
+    """The oracle marks a failed load that follows a failed load of the same processes (what the first left in a
+    module-global may have broken it), not one after a restart between; the poisoned-metadata finding then explains
+    whatever such a safetensors load raises, on every rank or on one while the others wait."""
+    from properties.anomalies import SutError, op_failure
+    from properties.case import Case, Op
+    from properties.known import explanations
+    from properties.oracle import check_oracle, failed_load_before
+    from properties.outcome import OpRecord, Outcome
+
+    ops = (Op("save", "s", 0), Op("load", "s", 0), Op("load", "s", 0), Op("restart"), Op("load", "s", 0))
+    case = Case("P-REPEAT", "paddle-dcp", (), {}, {}, ops, {"format": "safetensors"})
+    recs = [OpRecord(0, "save", "s"), OpRecord(1, "load", "s", ok=False, error_type="ValueError", error="x"),
+            OpRecord(2, "load", "s", ok=False, error_type="KeyError", error="rank 1: ('w', '1_0.safetensors')"),
+            OpRecord(3, "restart", None), OpRecord(4, "load", "s", ok=False, error_type="KeyError", error="y")]
+    assert [failed_load_before(recs, i) for i in range(5)] == [False, False, True, True, False]
+    j = check_oracle(case, Outcome("paddle-dcp", recs))
+    assert [(a.at.op, a.after_failed_load) for a in j.anomalies] == [(1, False), (2, True), (4, False)]
+    known = [k for k in read_known(REGRESSIONS) if k.case_file == "paddle-dcp-failed-load-poisons-next.json"]
+    poisoned = next(a for a in j.anomalies if a.at.op == 2)
+    hung = op_failure("P-REPEAT", poisoned.at, SutError("KeyError", "rank 1: ('w', '1_0.safetensors')", "hang"),
+                      after_failed_load=True)
+    for anomaly in (poisoned, hung):
+        assert explanations(known, "paddle-dcp", judged([anomaly])) == ["paddle-dcp-failed-load-poisons-next.json"]
+    assert explanations(known, "paddle-dcp", judged([dataclasses.replace(poisoned, after_failed_load=False)])) is None
