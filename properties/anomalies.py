@@ -184,6 +184,8 @@ class _LostSave(_OpError):
     save_op: int
     resaved: str | None = None
     after_failed_load: bool = False
+    repeats_failure: int | None = None  # the op of an earlier load of the same processes, of another checkpoint,
+    # that failed with exactly this error: a cache that keeps serving what that load read
 
 
 @dataclass(frozen=True)

@@ -163,7 +163,7 @@ def failed_load(h: History, load: LoadFacts, clear_errors: Collection[str] | Non
     ack = load.ack
     if ack is not None and not excused(load):
         resaved = _resaved(h, ack)
-        facts = (load.at, load.error, ack.version, ack.index, resaved, load.failed_before)
+        facts = (load.at, load.error, ack.version, ack.index, resaved, load.failed_before, load.repeats_failure)
         if h.fault_op is not None and ack.index > h.fault_op:
             return SaveAfterFaultLost(h.case.property, *facts)
         return AcknowledgedLost(attributed(h, load, loss=True), *facts)

@@ -79,6 +79,7 @@ class LoadFacts:
     intact: int | None = None  # "latest": an op showing ack intact then (listed just before, or loaded by name)
     given_before: tuple[int, ...] = ()  # versions earlier loads of the same job (since its last crash) gave
     failed_before: bool = False  # an earlier load of the same job (since its last crash) failed
+    repeats_failure: int | None = None  # ... of another checkpoint, with exactly this error: that load's op
     # nothing allowed, yet it gave a state: that of a version an earlier load of the same job gave (a cache)
     repeats_given: bool = False
     matched: Save | None = None  # the allowed save whose state it gave bitwise
@@ -143,6 +144,7 @@ class _Builder:
     given: list[int] = field(default_factory=list)  # versions the loads since the job's last crash gave
     load_failed: bool = False  # a load since the job's last crash failed
     loads: list[OpRecord] = field(default_factory=list)  # the loads since the job's last crash that gave a state
+    failed_loads: list[LoadFacts] = field(default_factory=list)  # the loads since the job's last crash that failed
 
     def settle(self, index: int, acked: bool) -> None:
         self.saves = [dataclasses.replace(s, settled=index, acked=acked) if s.settled is None else s
@@ -177,6 +179,7 @@ def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
     if rec.restarted or op.kind == "restart" or rec.index == b.fault_op:
         b.given.clear()  # a new process: nothing it read before can come back from a cache
         b.loads.clear()
+        b.failed_loads.clear()
         b.load_failed = False  # ... nor can what a failed load left in one
 
 
@@ -238,7 +241,10 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
             not tensor_differences(b.case, version, rec) for version in sorted(set(b.given))))
     if not rec.ok:
         b.load_failed = True
-        return facts
+        repeats = next((e.at.op for e in reversed(b.failed_loads) if e.error == facts.error
+                        and (e.name, e.ack and e.ack.version) != (name, ack and ack.version)), None)
+        b.failed_loads.append(facts)
+        return dataclasses.replace(facts, repeats_failure=repeats)
     facts = _compare(b, facts, rec)
     b.loads.append(rec)
     gave = facts.matched or facts.came_back

@@ -49,7 +49,7 @@ from .verdicts import Judgement
 
 #: Anomaly fields that say what came before a failure in the job's history, not what the failure is: a signature
 #: that needs one recognises a bug by its circumstances, so a finding that matches without one explains first.
-HISTORY_FACTS = frozenset({"resaved", "after_failed_load", "loaded_before", "repeats_load"})
+HISTORY_FACTS = frozenset({"resaved", "after_failed_load", "loaded_before", "repeats_load", "repeats_failure"})
 
 
 class KnownFindingsError(ValueError):

@@ -433,3 +433,32 @@ def test_a_load_after_a_failed_load_of_the_same_processes_says_so() -> None:
     for anomaly in (poisoned, hung):
         assert explanations(known, "paddle-dcp", judged([anomaly])) == ["paddle-dcp-failed-load-poisons-next.json"]
     assert explanations(known, "paddle-dcp", judged([dataclasses.replace(poisoned, after_failed_load=False)])) is None
+
+
+def test_a_load_that_fails_as_an_earlier_load_of_another_checkpoint_failed_is_the_cache_s() -> None:
+    """A corruption breaks checkpoint s0 and its load fails (excused); a cache keyed without the version then makes
+    the load of s1, saved later, fail with s0's very error: the history names the load it repeats, and the
+    version-cache finding explains it. A load of s1 that fails otherwise stays a finding."""
+    from properties.atomic import check_history
+    from properties.case import Case, Op
+    from properties.known import explanations
+    from properties.outcome import OpRecord, Outcome
+
+    ops = (Op("save", "s0", 0), Op("corrupt"), Op("load", "s0", 0), Op("save", "s1", 1), Op("load", "s1", 1))
+    case = Case("P-LIFECYCLE", "paddle-dcp", (), {}, {}, ops, {"same_dir": True})
+    error = "rank 0: No module named 'paddle.distributed.fmex_checkpoint'"
+
+    def judge(second: str):
+        recs = [OpRecord(0, "save", "s0"), OpRecord(1, "corrupt", None),
+                OpRecord(2, "load", "s0", ok=False, error_type="ModuleNotFoundError", error=error),
+                OpRecord(3, "save", "s1"),
+                OpRecord(4, "load", "s1", ok=False, error_type="ModuleNotFoundError", error=second)]
+        return check_history(case, Outcome("paddle-dcp", recs))
+
+    known = [k for k in read_known(REGRESSIONS) if k.case_file == "paddle-dcp-version-cache.json"]
+    repeated = judge(error)
+    assert [(a.kind, a.at.op, a.repeats_failure) for a in repeated.anomalies] == [("acknowledged-lost", 4, 2)]
+    assert explanations(known, "paddle-dcp", repeated) == ["paddle-dcp-version-cache.json"]
+    other = judge("rank 0: No module named 'paddle.distributed.flex_checkpoint.x'")
+    assert [a.repeats_failure for a in other.anomalies] == [None]
+    assert explanations(known, "paddle-dcp", other) is None
