@@ -218,10 +218,10 @@ def judge_streams(world: int, count: int, seed: int, streams: int) -> dict:
     cases = sum(p["cases"] for p in parts)
     wall = max(p["wall_s"] for p in parts)
     # the machine's rate without the settling runs, which the two streams make once each (the judges are separate)
-    steady = max(p["wall_s"] - p["settling_s"] for p in parts)
+    steady, settling = max(p["wall_s"] - p["settling_s"] for p in parts), sum(p["settling"] for p in parts)
     return {"streams": streams, "cases": cases, "wall_s": wall, "cases_per_s": round(cases / wall, 2),
-            "worst_case_s": max(p["worst_case_s"] for p in parts), "settling": sum(p["settling"] for p in parts),
-            "steady_cases_per_s": round((cases - sum(p["settling"] for p in parts)) / steady, 2) if steady > 0 else 0.0}
+            "worst_case_s": max(p["worst_case_s"] for p in parts), "settling": settling,
+            "steady_cases_per_s": round((cases - settling) / steady, 2) if steady > 0 else 0.0}
 
 
 def warm(runners: Runners, cases: list[Case]) -> None:

@@ -142,7 +142,6 @@ class _Builder:
     events: list[Event] = field(default_factory=list)
     listings: list[tuple[str, ...] | None] = field(default_factory=list)  # per op read so far
     given: list[int] = field(default_factory=list)  # versions the loads since the job's last crash gave
-    load_failed: bool = False  # a load since the job's last crash failed
     loads: list[OpRecord] = field(default_factory=list)  # the loads since the job's last crash that gave a state
     failed_loads: list[LoadFacts] = field(default_factory=list)  # the loads since the job's last crash that failed
 
@@ -179,8 +178,7 @@ def _read(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
     if rec.restarted or op.kind == "restart" or rec.index == b.fault_op:
         b.given.clear()  # a new process: nothing it read before can come back from a cache
         b.loads.clear()
-        b.failed_loads.clear()
-        b.load_failed = False  # ... nor can what a failed load left in one
+        b.failed_loads.clear()  # ... nor can what a failed load left in one
 
 
 def _read_op(b: _Builder, op: Op, rec: OpRecord, fault_report: dict) -> None:
@@ -235,12 +233,11 @@ def _load(b: _Builder, name: str | None, rec: OpRecord) -> LoadFacts:
         lost_since_ack=ack is not None and any(i > (ack.settled or 0) for i in [*b.crashes, *dict(b.rotations)]),
         listed=name is not None and name in _last_listing(b),
         after_crash=bool(b.crashes) or (b.fault_op is not None and b.fault_op < rec.index),
-        after_corruption=bool(b.corrupted), given_before=tuple(b.given), failed_before=b.load_failed)
+        after_corruption=bool(b.corrupted), given_before=tuple(b.given), failed_before=bool(b.failed_loads))
     if rec.ok and not allowed:
         return dataclasses.replace(facts, repeats_given=any(
             not tensor_differences(b.case, version, rec) for version in sorted(set(b.given))))
     if not rec.ok:
-        b.load_failed = True
         repeats = next((e.at.op for e in reversed(b.failed_loads) if e.error == facts.error
                         and (e.name, e.ack and e.ack.version) != (name, ack and ack.version)), None)
         b.failed_loads.append(facts)
