@@ -20,6 +20,9 @@ from .verdicts import Judgement, Verdict
 # --- the facts anomalies cite -------------------------------------------------------------------------------------
 
 
+SHOWN = 8  # difference lines rendered under a wrong state or a resumed run that differs (all are kept, for judges)
+
+
 @dataclass(frozen=True)
 class At:
     """The op an anomaly is about, as its record names it, with the job it ran in: the number of ranks (None: a
@@ -289,16 +292,15 @@ class TensorDiffers(Anomaly):
 @dataclass(frozen=True)
 class LoadedNoVersion(Anomaly):
     """A load gave a state that is none of the allowed ``versions`` (a mix, or garbage); the differences are against
-    version ``closest`` (the first eight lines of them; ``shown_all``: there were no more). ``repeats_load``: the op
-    of an earlier load of the same processes (no restart between) that gave every rank exactly this state — a
-    cache that served that load's state again, whatever was wrong with it."""
+    version ``closest`` (all of them; the first SHOWN are rendered). ``repeats_load``: the op of an earlier load of
+    the same processes (no restart between) that gave every rank exactly this state — a cache that served that
+    load's state again, whatever was wrong with it."""
 
     at: At
     versions: tuple[int, ...]
     closest: int
     differences: tuple[TensorDiffers, ...]
     repeats_load: int | None = None
-    shown_all: bool = False
     kind = "loaded-none-of-versions"
 
     def render(self) -> str:
@@ -307,7 +309,7 @@ class LoadedNoVersion(Anomaly):
     def lines(self) -> tuple[str, ...]:
         again = f", the state op {self.repeats_load} gave" if self.repeats_load is not None else ""
         return (f"{self.at.render()}: loaded state is none of versions {list(self.versions)}{again} (diff against "
-                f"version {self.closest}):", *(d.render() for d in self.differences))
+                f"version {self.closest}):", *(d.render() for d in self.differences[:SHOWN]))
 
 
 @dataclass(frozen=True)
@@ -344,7 +346,8 @@ class WrongVersion(Anomaly):
 
 @dataclass(frozen=True)
 class ResumedRunDiffers(Anomaly):
-    """A resumed training run's state at ``step`` differs from the uninterrupted run's (first eight lines)."""
+    """A resumed training run's state at ``step`` differs from the uninterrupted run's (all the differences; the
+    first SHOWN are rendered)."""
 
     at: At
     step: int
@@ -356,7 +359,7 @@ class ResumedRunDiffers(Anomaly):
 
     def lines(self) -> tuple[str, ...]:
         return (f"{self.at.render()}: the resumed run differs from the uninterrupted run at step {self.step}:",
-                *(d.render() for d in self.differences))
+                *(d.render() for d in self.differences[:SHOWN]))
 
 
 @dataclass(frozen=True)

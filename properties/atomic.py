@@ -70,7 +70,6 @@ from .outcome import Outcome
 from .verdicts import Judgement, Verdict, worst
 
 KILLS = ("kill", "kill-when", "point")  # faults whose whole point is that a process dies
-SHOWN = 8  # difference lines shown under a wrong state
 
 
 def check_history(case: Case, outcome: Outcome, clear_errors: Collection[str] | None = None) -> Judgement:
@@ -134,7 +133,7 @@ def train_anomaly(h: History, e: TrainFacts) -> Anomaly | None:
     if e.error is not None:
         return op_failure(h.case.property, e.at, e.error)
     if e.differences:
-        return ResumedRunDiffers(h.case.property, e.at, e.step, e.differences[:SHOWN])
+        return ResumedRunDiffers(h.case.property, e.at, e.step, e.differences)
     return None
 
 
@@ -224,7 +223,7 @@ def wrong_state(h: History, load: LoadFacts) -> Anomaly | None:
                    older.index, load.name, older.version in load.given_before)
     assert load.closest is not None
     return LoadedNoVersion(attributed(h, load), load.at, tuple(s.version for s in load.allowed), load.closest,
-                           load.differences[:SHOWN], load.repeats_load, len(load.differences) <= SHOWN)
+                           load.differences, load.repeats_load)
 
 
 # --- which property a load's anomaly breaks -----------------------------------------------------------------------

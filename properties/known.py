@@ -27,8 +27,9 @@ same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and 
 of other anomalies cites no error of its own and is explained by the findings that explain its cause
 (``_consequence_of``): a ``no-complete-checkpoint`` gap by those of the failed loads of the checkpoints it names
 (those the checker did not excuse), a train op's wrong tensor on a rank by those of what the load it trained on
-gave that rank. A load that gave none of the versions it may give is explained by its parts (``_by_parts``) where
-a known finding explains each of its tensor differences as that load's.
+gave that rank. A state wrong tensor by tensor (a load that gave none of the versions it may give, a resumed run that
+differs) is explained by its parts (``_by_parts``): each of its tensor differences, taken as that op's, explained
+by a finding or as a consequence of what the op's state came from.
 Signatures match what was found, not how it reads, so rewording a detail line does not break them.
 
 Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
@@ -40,11 +41,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .anomalies import ERROR_KINDS, TYPES, Anomaly, LoadedNoVersion, cites_sut_error, field_names
+from .anomalies import ERROR_KINDS, TYPES, Anomaly, LoadedNoVersion, ResumedRunDiffers, cites_sut_error, field_names
 from .verdicts import Judgement
 
 #: Anomaly fields that say what came before a failure in the job's history, not what the failure is: a signature
@@ -187,15 +189,22 @@ def explanations(known: list[Known], sut: str, judgement: Judgement) -> list[str
         return [legacy]
     if not judgement.anomalies:
         return None
-    found = {i: _closest(known, sut, a) for i, a in enumerate(judgement.anomalies)}
+    anomalies = judgement.anomalies
+
+    def matched(anomaly: Anomaly) -> list[Known]:
+        closest = _closest(known, sut, anomaly)
+        return [closest] if closest is not None else []
+
+    # what describes each anomaly (or each of its tensor differences) itself; then consequences, by their causes'
+    found = {i: matched(a) or _by_parts(a, matched) for i, a in enumerate(anomalies)}
     used: list[Known] = []
-    for i, anomaly in enumerate(judgement.anomalies):
-        ks = [found[i]] if found[i] is not None else (_consequence_of(anomaly, judgement.anomalies, found)
-                                                      or _by_parts(known, sut, anomaly))
+    for i, anomaly in enumerate(anomalies):
+        ks = found[i] or _consequence_of(anomaly, anomalies, found) or _by_parts(
+            anomaly, lambda part: _consequence_of(part, anomalies, found))
         if not ks:
             return None
         used.extend(k for k in ks if k not in used)
-    if not any(judgement.verdict.value in k.verdicts for k in used) and not cites_sut_error(judgement.anomalies[0]):
+    if not any(judgement.verdict.value in k.verdicts for k in used) and not cites_sut_error(anomalies[0]):
         return None
     return [k.case_file for k in used]
 
@@ -210,7 +219,7 @@ def _closest(known: list[Known], sut: str, anomaly: Anomaly) -> Known | None:
     return best
 
 
-def _consequence_of(anomaly: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, Known | None]) -> list[Known]:
+def _consequence_of(anomaly: Anomaly, anomalies: tuple[Anomaly, ...], found: dict[int, list[Known]]) -> list[Known]:
     """The known findings behind an anomaly that is another's consequence, not a bug of its own; empty (unexplained)
     for any other anomaly, or where what is behind it is not all known. Such an anomaly carries no error for a
     signature to match, and a signature that matched it would hide a new bug that shows the same way:
@@ -218,7 +227,8 @@ def _consequence_of(anomaly: Anomaly, anomalies: tuple[Anomaly, ...], found: dic
     * a ``no-complete-checkpoint`` gap whose checkpoints all failed to load afterwards (``gone``): the failed loads
       of its checkpoints that are anomalies (the others the checker excused: rotated away, corrupted) are its cause;
     * a train op's wrong tensor on a rank that trained on what a load gave (``state_from``): that load's anomalies
-      on the rank (or of the whole op: a wrong version, a failure) are its cause, when it has any. A train op that
+      on the rank (or of the whole op: a wrong version, a failure; a state none of the versions where it differs on
+      that rank) are its cause, when it has any. A train op that
       goes wrong from a load that gave every rank the right state stays a finding (an optimizer or EMA bug)."""
     data = anomaly.to_json()
     if data["anomaly"] == "no-complete-checkpoint" and data.get("gone"):
@@ -226,26 +236,29 @@ def _consequence_of(anomaly: Anomaly, anomalies: tuple[Anomaly, ...], found: dic
             return other.get("op_kind") == "load" and other.get("message") is not None \
                 and other.get("name") in data["gone"]
     elif data["anomaly"] == "tensor-differs" and data.get("op_kind") == "train" and data.get("state_from") is not None:
-        def causes(other: dict) -> bool:
-            return other.get("op") == data["state_from"] and other.get("rank") in (None, data["rank"])
+        def causes(other: dict) -> bool:  # a state none of the versions is wrong rank by rank: on this one?
+            return other.get("op") == data["state_from"] and other.get("rank") in (None, data["rank"]) and (
+                other["anomaly"] != "loaded-none-of-versions"
+                or any(d.get("rank") == data["rank"] for d in other["differences"]))
     else:
         return []
     behind = [i for i, a in enumerate(anomalies) if causes(a.to_json())]
-    if not behind or any(found[i] is None for i in behind):
+    if not behind or any(not found[i] for i in behind):
         return []
-    return [k for k in dict.fromkeys(found[i] for i in behind) if k is not None]
+    return list(dict.fromkeys(k for i in behind for k in found[i]))
 
 
-def _by_parts(known: list[Known], sut: str, anomaly: Anomaly) -> list[Known]:
-    """A load's state that is none of the versions it may give, wrong only in tensors whose every difference (all
-    of them shown) a known finding explains as a tensor difference of that load: those findings. Empty for any
-    other anomaly, or where a difference is not explained, or more were found than the anomaly shows."""
-    if not isinstance(anomaly, LoadedNoVersion) or not anomaly.shown_all or not anomaly.differences:
+def _by_parts(anomaly: Anomaly, explain: Callable[[Anomaly], list[Known]]) -> list[Known]:
+    """A state that is wrong tensor by tensor — a load that gave none of the versions it may give, a resumed run
+    that differs from the uninterrupted one — is explained by what ``explain`` finds behind each of its tensor
+    differences, taken as that op's: those findings. Empty for any other anomaly, or where one difference is not
+    explained."""
+    if not isinstance(anomaly, (LoadedNoVersion, ResumedRunDiffers)) or not anomaly.differences:
         return []
-    parts = [_closest(known, sut, dataclasses.replace(d, at=anomaly.at)) for d in anomaly.differences]
-    if any(k is None for k in parts):
+    parts = [explain(dataclasses.replace(d, at=anomaly.at)) for d in anomaly.differences]
+    if not all(parts):
         return []
-    return [k for k in dict.fromkeys(parts) if k is not None]
+    return list(dict.fromkeys(k for ks in parts for k in ks))
 
 
 def explained_by(known: list[Known], sut: str, judgement: Judgement) -> str | None:

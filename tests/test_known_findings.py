@@ -378,7 +378,7 @@ def test_a_load_that_serves_an_earlier_load_s_wrong_state_again_is_the_cache_s()
     case, judgement = _lifecycle([("s0", first), ("s2", first), ("s1", first)])
     wrong = [a for a in judgement.anomalies if a.kind == "loaded-none-of-versions"]
     assert [(a.at.op, a.repeats_load) for a in wrong] == [(3, None), (4, 3), (5, 4)]
-    assert all(a.shown_all for a in wrong)
+    assert [len(a.differences) for a in wrong] == [1, 2, 2]  # every difference kept, not only those shown
     assert "the state op 3 gave" in judgement.details[[d.startswith("op 4") for d in judgement.details].index(True)]
     known = read_known(REGRESSIONS)
     cache = [k for k in known if k.case_file == "paddle-dcp-version-cache.json"]
@@ -393,19 +393,41 @@ def test_a_load_that_serves_an_earlier_load_s_wrong_state_again_is_the_cache_s()
 def test_a_load_that_gave_no_version_is_known_by_its_parts() -> None:
     """A state that is none of the versions, wrong only in tensors a known finding explains as that load's tensor
     differences (a flattened tensor of unaligned pieces read back wrong), is that finding's; not where one part is
-    unexplained, or where more differences were found than the anomaly shows."""
-    from properties.anomalies import LoadedNoVersion
+    unexplained, even one past the lines a report shows."""
+    from properties.anomalies import SHOWN, LoadedNoVersion
     from properties.known import explanations
 
     at = At(3, "load", "s1", 2, ("sharded_weight",))
     flat = TensorDiffers("P-LIFECYCLE", None, 0, BitsDiffer("model/w", 3, 4, (1,), "0x7f", "0x00", "127", "0"),
                          layout="flat-unaligned")
-    mixed = LoadedNoVersion("P-LIFECYCLE", at, (1,), 1, (flat, dataclasses.replace(flat, rank=1)), shown_all=True)
+    mixed = LoadedNoVersion("P-LIFECYCLE", at, (1,), 1, (flat, dataclasses.replace(flat, rank=1)))
     known = [k for k in read_known(REGRESSIONS) if k.case_file == "paddle-dcp-flat-cross-rank-load.json"]
     assert explanations(known, "paddle-dcp", judged([mixed])) == ["paddle-dcp-flat-cross-rank-load.json"]
-    assert explanations(known, "paddle-dcp", judged([dataclasses.replace(mixed, shown_all=False)])) is None
     boxed = dataclasses.replace(flat, layout="flat")  # pieces that are boxes: not that bug
     assert explanations(known, "paddle-dcp", judged([dataclasses.replace(mixed, differences=(flat, boxed))])) is None
+    hidden = dataclasses.replace(mixed, differences=(flat,) * SHOWN + (boxed,))  # the unexplained one not rendered
+    assert len(hidden.lines()) == SHOWN + 1
+    assert explanations(known, "paddle-dcp", judged([hidden])) is None
+
+
+def test_a_resumed_run_that_trained_on_a_known_bad_load_is_that_bug_s() -> None:
+    """A resumed run that differs because the load it resumed from zeroed a dist tensor in a world of one (known)
+    is that bug's, difference by difference; a difference from the seeds, or on a rank the load got right, is not."""
+    from properties.anomalies import LoadedNoVersion, ResumedRunDiffers
+    from properties.known import explanations
+
+    zeros = BitsDiffer("master/w", 2, 2, (0,), "0xbf485189", "0x00000000", "-0.78", "0.0")
+    load = LoadedNoVersion("P-RESUME", At(3, "load", "step-1", 1, ("dist_from_local", "sharded_weight")), (1,), 1,
+                           (TensorDiffers("P-RESUME", None, 0, zeros),))
+    trained = TensorDiffers("P-RESUME", None, 0, BitsDiffer("master/w", 2, 2, (0,), "0x3f80", "0x3f81", "1.0", "1.0"),
+                            state_from=3)
+    resumed = ResumedRunDiffers("P-RESUME", At(4, "train", None, 1), 1, (trained,))
+    known = [k for k in read_known(REGRESSIONS) if k.case_file == "paddle-dcp-moe-ep2-to-ep1-dist-tensor-zeros.json"]
+    assert explanations(known, "paddle-dcp", judged([load, resumed])) == \
+        ["paddle-dcp-moe-ep2-to-ep1-dist-tensor-zeros.json"]
+    for part in (dataclasses.replace(trained, state_from=None), dataclasses.replace(trained, rank=1)):
+        other = dataclasses.replace(resumed, differences=(trained, part))
+        assert explanations(known, "paddle-dcp", judged([load, other])) is None
 
 
 def test_a_load_after_a_failed_load_of_the_same_processes_says_so() -> None:
