@@ -1,6 +1,7 @@
 """Judged crash points and power-loss states per second, per SUT, side by side in one run.
 
-For each SUT the case is the exploration's shape ``S`` (harness/explore.py: one save of the fixed small state — a
+For each SUT the case is the exploration's shape ``S`` (harness/campaign/explore.py: one save of the fixed small state
+— a
 zero-size tensor, an uneven shard, a replicated and a BF16 tensor, within the SUT's claims — then the recovery
 tail). The save is traced once; then crash points (a SIGKILL at each syscall of the save, each on a copy of the
 root before it, the ranks relaunched in the background while the point runs) and power-loss states (all
@@ -25,7 +26,7 @@ Measured on the project's 2-core VM, shared with other jobs (load average 5-8, s
   a relaunch of both ranks (about 5 CPU-seconds of Paddle start-up on this 2-core machine); the other 34 take
   0.12-0.3 s each.
   paddleformers-uc: 395 states, all judged in 278 s (1.42/s; target: <= 600 s)
-2026-11-27, lost pools replaced by ranks forked from a process with Paddle imported (harness/forkserver.py):
+2026-11-27, lost pools replaced by ranks forked from a process with Paddle imported (harness/ranks/forkserver.py):
   paddle-dcp: 41 states in 10.3 s, 3.99/s (target >= 2/s: met; full runs 0.10/s, 39x); 10 points in 9.3 s,
   1.07/s (full runs 0.05/s, 21.8x). A relaunch of 2 Paddle ranks now takes about 0.4 s.
   paddleformers-uc: 395 states in 142.5 s, 2.77/s (was 278 s; ranks also freeze what set-up left for the garbage
@@ -50,10 +51,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from faults import strace
-from harness.explore import shape_case
-from harness.faultrun import judge_points, judge_states, traced
-from harness.judge import Judge
-from harness.runners import Runners
+from harness.campaign.explore import shape_case
+from harness.judging.fault_runs import judge_points, judge_states, traced
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
 from harness.sut import UnknownSut, adapter_class
 
 ROOT = Path(__file__).resolve().parent.parent

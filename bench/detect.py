@@ -32,13 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.planted import DEFECTS  # noqa: E402
-from harness.campaign import Campaign, fuzz  # noqa: E402
-from harness.judge import Judge  # noqa: E402
-from harness.report import buckets  # noqa: E402
-from harness.runners import Runners  # noqa: E402
+from harness.campaign.fuzz import Campaign, fuzz  # noqa: E402
+from harness.judging.judge import Judge  # noqa: E402
+from harness.ranks.runners import Runners  # noqa: E402
+from harness.report.summary import buckets  # noqa: E402
 from harness.sut import UnknownSut, adapter_class  # noqa: E402
-from properties.known import read_known  # noqa: E402
 from properties.registry import drawable_properties  # noqa: E402
+from properties.triage.known import read_known  # noqa: E402
 
 KNOWN = read_known(ROOT / "tests" / "regressions")
 

@@ -18,12 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 
-from harness.run import run_case
-from harness.runners import Runners
+from harness.judging.run import run_case
+from harness.ranks.runners import Runners
 from harness.sut import adapter_class
-from properties.case import Case
-from properties.case_strategies import cases
-from properties.oracle import check_oracle
+from properties.check.oracle import check_oracle
+from properties.generate.cases import cases
+from properties.model.case import Case
 
 # The healthy path: features every SUT here handles, so the figures measure the pool, not the relaunches that
 # follow a finding (zero-size tensors, fp8/int16 and flat layouts fail on Paddle 3.3.1: see FINDINGS.md).

@@ -33,7 +33,7 @@ inside the timed loop cost the pool seconds, and the fork server's start decided
 and which launched (30 cases at 2 ranks measured anywhere from 13 to 37 cases/s). Warm, the ratio is 3.5-4.5.
 
 Measured again 2026-11-28 (later session; same VM, same arguments), after lost pools and virtual hosts got a spare
-started in the background while exploring (harness.runners): three runs gave virtual_2 30.0 / 43.3 / 43.6,
+started in the background while exploring (harness.ranks.runners): three runs gave virtual_2 30.0 / 43.3 / 43.6,
 pool_2 12.4 / 7.2 / 16.0, virtual_vs_pool 2.43 / 6.0 / 2.72 (a 40-case pool run swings with how many of its
 relaunches a spare hides); virtual_2_x2 55.6 / 70.2 / 81.6; virtual_16 6.5 / 6.9 / 6.0 (worst 0.36 s),
 virtual_16_x2 8.6 / 9.6 / 8.9; virtual_64 1.31 (worst 2.2 s); virtual_256 ten cases in 179 s, the same one at 113 s.
@@ -41,7 +41,8 @@ Alternating runs of the same 80 two-rank cases put the virtual side at 39.7 case
 after: the spread between runs (30-48) is the VM's, not the change's.
 
 Measured again 2026-11-28 (later session), after virtual ranks began to share what is identical across them from 8
-ranks on (harness.shared_objects: a gather's payloads unpickled once, Paddle's pure read-item planners run once per
+ranks on (harness.ranks.virtual.shared_objects: a gather's payloads unpickled once, Paddle's pure read-item planners
+run once per
 collective epoch, deep copies of immutable metadata kept): virtual_2 40.1, pool_2 6.1, virtual_vs_pool 6.57;
 virtual_16 6.45 (worst 0.34 s), virtual_16_x2 10.2; virtual_64 1.55 (worst 1.5 s; 1.16-1.31 before);
 virtual_256 ten cases in 86.6 s (179 s before), the 640-expert MoE case 40.9 s (113 s before; target <= 30 s: not
@@ -93,7 +94,8 @@ unpickles), the rest Paddle's per-rank planning over every rank's metadata — `
 the gathered metadata, a ProcessMesh per piece — quadratic per rank, so about W^3 for W virtual ranks in one
 process. Sharing gathered objects between ranks would cut the first part, but Paddle deep-copies and rewrites
 what it gathers, and a shared object one rank changes is another rank's false bug: not done that way. What is
-shared now is only what no rank can change (harness.shared_objects, docs/design.md §16): fresh containers per rank
+shared now is only what no rank can change (harness.ranks.virtual.shared_objects, docs/design.md §16): fresh containers
+per rank
 around immutable leaves, pure planners matched on identical immutable items. Profiled again after it: 143 s -> 65 s;
 what remains is Paddle's per-rank work (a ProcessMesh per piece, each scanning the process-wide mesh list: 11 s;
 CheckpointLoadBalancer.plan, which mutates its planner and is not shared: 8 s; metadata extraction: 5 s).
@@ -102,7 +104,8 @@ Measured again 2026-11-28 (later session), after a shared pure call began to mat
 arguments' objects at C speed (a snapshot of each list) instead of a tuple of ids and a set lookup of each, a
 gathered payload began to be found by its buffer object (hashed once) instead of slicing and hashing its bytes on
 every rank, and a virtual host that lost ranks began to start a fresh world in its own process instead of being
-killed and relaunched (harness.virtual_pool ``recover``). The 640-expert case alone, in one process, A/B of the two
+killed and relaunched (harness.ranks.virtual_pool ``recover``). The 640-expert case alone, in one process, A/B of the
+two
 checkouts back to back: load 25.5 -> 21.5 s, save 5.7 -> 4.3 s. ``--worlds 2,16,64,256 --cases 40 --streams 2``,
 one run: virtual_2 35.1 (x2 62.5); virtual_16 7.46 (worst 0.30 s), virtual_16_x2 11.24; virtual_64 1.40 (worst
 1.9 s); virtual_256 ten cases in 72.4 s, the 640-expert case 30.2 s (a run of 256 alone just before: 27.7 s;
@@ -114,7 +117,8 @@ tensors' construction 7%, dataclass reprs its log lines format 3%), the sharing'
 (comparing each rank's read items with the first's 5%, the immutability proofs 5%, fresh containers 4%).
 
 Measured 2026-11-28 (a new 2-core VM of the same kind, faster than the last: the same checkout's virtual_16 went
-from 7.5 to 11.4-13.2), after a woken virtual rank began to run on its waker's core (harness.cores: a handoff 9 us
+from 7.5 to 11.4-13.2), after a woken virtual rank began to run on its waker's core (harness.ranks.virtual.cores: a
+handoff 9 us
 instead of 22; a 16-rank case makes about 210), a fresh world began to reuse the compiled switch and the checkpoint
 modules' imports (a 16-rank world 10.5 -> 7 ms, 2 ranks 5.5 -> 2.4 ms: a third of 16-rank cases lose a rank and
 need one), and the all_gather_object padding stopped going through np.resize. The 16-rank ops alone, in one
@@ -143,10 +147,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness.judge import Judge
-from harness.runners import Runners
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
 from harness.sut import adapter_class
-from properties.case import Case
+from properties.model.case import Case
 from properties.registry import property_cases
 
 SUT = "paddle-dcp"
@@ -174,7 +178,7 @@ def judge_all(mode: str, cases: list[Case], start: Any = None) -> dict:
     """Judge ``cases`` on one runner set, warm: the rate and the slowest case. ``start``: a barrier the timed loop
     waits at (streams judged side by side start together)."""
     runners = Runners(SUT, mode)
-    runners.spare_lost = True  # as a campaign's runner set (harness.campaign.fuzz)
+    runners.spare_lost = True  # as a campaign's runner set (harness.campaign.fuzz.fuzz)
     judge = Judge(runners, exploring=True)
     try:
         judge(cases[0])  # the first host or pool starts, and the fork server behind later ones

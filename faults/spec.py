@@ -3,7 +3,7 @@
 The JSON keys are the field names, and ``to_json`` gives back exactly the object that was parsed (the same keys,
 the same values, an explicit ``null`` kept), so case and finding files round-trip unchanged. Like the rest of
 ``faults/`` this knows ops by index, ranks, syscalls, paths and errnos, never a checkpoint format; how a fault is
-armed on live ranks is the harness's business (harness.inject).
+armed on live ranks is the harness's business (harness.judging.inject).
 """
 
 from __future__ import annotations

@@ -20,20 +20,19 @@ import time
 from pathlib import Path
 
 from faults.strace import ERRNO_NAMES
+from harness.campaign.corpus import Corpus
+from harness.campaign.fuzz import Campaign, default_seed, fuzz
+from harness.fleet.driver import FleetError
+from harness.fleet.plan import PlanError
+from harness.judging.judge import EXHAUSTIVE_BOUND, Judge
+from harness.ranks.runner import PoolFailure
+from harness.ranks.runners import DEVICES, MODES, Runners
+from harness.report.summary import buckets, buckets_table, write_results
+from harness.sut import REGISTRY, UnknownSut, adapter_class
 from properties import registry as catalogue
-from properties.case import CaseError, read_case_file
-from properties.fault_strategies import has_latest
-from properties.known import KnownFindingsError, read_known
-
-from .campaign import Campaign, default_seed, fuzz
-from .corpus import Corpus
-from .fleet import FleetError
-from .judge import EXHAUSTIVE_BOUND, Judge
-from .plan import PlanError
-from .report import buckets, buckets_table, write_results
-from .runner import PoolFailure
-from .runners import DEVICES, MODES, Runners
-from .sut import REGISTRY, UnknownSut, adapter_class
+from properties.generate.fault_cases import has_latest
+from properties.model.case import CaseError, read_case_file
+from properties.triage.known import KnownFindingsError, read_known
 
 KNOWN_DIR = Path(__file__).resolve().parent.parent / "tests" / "regressions"  # fuzz's known set by default
 DEBUG_VAR = "CKPT_HARNESS_DEBUG"
@@ -74,18 +73,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not write a standalone repro (OUT/repro/) for each new finding")
     f.add_argument("--corpus", type=Path, default=None, metavar="DIR",
                    help="keep what campaigns learn here: replay every bucket case it holds first, store each new "
-                   "bucket's smallest case (harness/corpus.py)")
+                   "bucket's smallest case (harness/campaign/corpus.py)")
     f.add_argument("--corpus-readonly", type=Path, default=None, metavar="DIR",
                    help="with --corpus: also read this shared corpus, never writing to it (CI)")
     f.add_argument("--no-swarm", action="store_false", dest="swarm",
                    help="draw every batch from all the SUT can hold (default: each batch leaves a random subset of "
-                   "optional capabilities out, properties/swarm.py)")
+                   "optional capabilities out, properties/generate/swarm.py)")
     f.add_argument("--fail-on-known", action="store_true",
                    help="exit 1 when known bugs were met too (default: only new buckets exit 1)")
     f.add_argument(
         "--launch", choices=MODES, default="pool",
         help="warm rank pool (default), fresh launch per case, in-process, or virtual (the ranks as threads of one "
-        "process, harness/virtual_paddle.py: paddle-dcp; fault properties still get real ranks)"
+        "process, harness/ranks/virtual/paddle_world.py: paddle-dcp; fault properties still get real ranks)"
     )
     f.add_argument(
         "--op-timeout",
@@ -141,7 +140,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
     fl = sub.add_parser("fleet", help="run a plan of campaigns (shards) as Ray tasks and merge their results "
                         "(docs/fleet.md; needs the fleet extra)")
-    fl.add_argument("--plan", type=Path, required=True, help="the plan: TOML, [fleet] and [[shard]] (harness/plan.py)")
+    fl.add_argument("--plan", type=Path, required=True, help="the plan: TOML, [fleet] and [[shard]] "
+                    "(harness/fleet/plan.py)")
     fl.add_argument("--time", type=float, required=True, help="seconds of each shard's campaign (a shard's own "
                     "'time' overrides it)")
     fl.add_argument("--out", type=Path, required=True, help="output directory (shards/<id>/, findings/, "
@@ -264,8 +264,8 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
 def _fleet(args: argparse.Namespace) -> int:
     """A night of shards on Ray: exit 1 with a new bucket, 2 when a shard failed for good (after its retry) or the
     plan is bad; the merged report is written either way."""
-    from .fleet import print_line, run_fleet
-    from .plan import read_plan
+    from harness.fleet.driver import print_line, run_fleet
+    from harness.fleet.plan import read_plan
 
     if args.time <= 0:
         raise HarnessError("--time must be positive")
@@ -285,8 +285,8 @@ def _fleet(args: argparse.Namespace) -> int:
 def _repro_of(path: Path, launch: str) -> dict:
     """The standalone repro of one new finding, beside the findings (simplified, then verified in fresh processes
     where its world fits real ranks here); its folder and verification go into the finding file and its row."""
-    from .fidelity import REAL_MAX
-    from .repro import make_repro
+    from harness.judging.fidelity import REAL_MAX
+    from harness.repro import make_repro
 
     try:
         summary = make_repro(path, path.parent.parent / "repro" / path.stem,
@@ -333,7 +333,7 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _repro(args: argparse.Namespace) -> int:
     """Write the repro; exit 0 when it was verified standalone (or not asked to be), 1 when not."""
-    from .repro import make_repro
+    from harness.repro import make_repro
 
     _read_case(args.case)  # a malformed file is the user's error, said in one line
     summary = make_repro(args.case, args.out, simplify_first=args.simplify, verify=args.verify)
@@ -348,7 +348,7 @@ def _repro(args: argparse.Namespace) -> int:
 
 
 def _check_repro(folder: Path) -> int:
-    from .repro import check_repro
+    from harness.repro import check_repro
 
     try:
         result = check_repro(folder)
@@ -364,8 +364,7 @@ def _check_repro(folder: Path) -> int:
 
 def _crashpoints(args: argparse.Namespace) -> int:
     from faults import strace
-
-    from .faultrun import as_fault_case, crashpoints, crashstates
+    from harness.judging.fault_runs import as_fault_case, crashpoints, crashstates
 
     if not strace.available():
         raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace); "
@@ -408,7 +407,7 @@ def _crashpoints(args: argparse.Namespace) -> int:
 
 def _timeline(t, sut: str, out: Path | None) -> tuple[dict, list, str] | None:
     """What the crash-point map needs of the traced run, taken while it exists (only when a report is written)."""
-    from .iomap import timeline
+    from harness.judging.iomap import timeline
 
     return (timeline(t, sut), list(t.recording.all_calls), t.root) if out is not None else None
 
@@ -417,8 +416,8 @@ def _write_crash_report(args: argparse.Namespace, case, results: list, traced: l
                         wall: float) -> None:
     """``crashpoints --out DIR``: summary.json (every point or state with its verdict, and the crash-point map),
     report.md (the table printed) and report.html (the map drawn)."""
-    from .iomap import crash_rows, place
-    from .report import write_reports
+    from harness.judging.iomap import crash_rows, place
+    from harness.report.summary import write_reports
 
     rows = crash_rows(results)
     io_map = place(traced[0][0], results, traced[0][1], traced[0][2]) if traced and traced[0] else None
@@ -439,7 +438,7 @@ def _write_crash_report(args: argparse.Namespace, case, results: list, traced: l
 
 def _explore(args: argparse.Namespace) -> int:
     """``crashpoints --exhaustive``: explore every shape, print shape -> judged / total / failing, write findings."""
-    from .explore import explore, shapes
+    from harness.campaign.explore import explore, shapes
 
     if args.sut is None:
         raise HarnessError("crashpoints --exhaustive needs --sut")
@@ -475,8 +474,8 @@ def _explore(args: argparse.Namespace) -> int:
 def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> int:
     import dataclasses
 
-    from .campaign import Finding
-    from .report import finding_json
+    from harness.campaign.fuzz import Finding
+    from harness.report.summary import finding_json
 
     print("| shape | ops | without fault | crash points judged/total | power-loss states judged/total | "
           "judged/total | failing | unconfirmed | flaky | excused |")
@@ -520,8 +519,8 @@ def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> 
 def _write_explore_report(args: argparse.Namespace, explored: dict, reports: list) -> None:
     """report.md and report.html of an exploration: the shapes table, and every crash point or state that failed
     or could not run (those that passed are counted per shape)."""
-    from .iomap import crash_rows
-    from .report import write_reports
+    from harness.judging.iomap import crash_rows
+    from harness.report.summary import write_reports
 
     rows = [{**row, "label": f"{rep.shape} op {r.fault.op}: {row['label']}"} for rep in reports
             for r, row in zip(rep.results, crash_rows(rep.results)) if row["verdict"] != "pass"]

@@ -16,12 +16,12 @@ from enum import Enum
 
 from hypothesis import strategies as st
 
-from .case import Case, CaseError
-from .case_strategies import cases
-from .fault_strategies import fault_cases
-from .lifecycle_strategies import lifecycle_cases
-from .strategies import world_sizes
-from .training_strategies import trainable, training_cases
+from properties.generate.cases import cases
+from properties.generate.fault_cases import fault_cases
+from properties.generate.layouts import world_sizes
+from properties.generate.lifecycle import lifecycle_cases
+from properties.generate.training_cases import trainable, training_cases
+from properties.model.case import Case, CaseError
 
 NO_TRAINING_STATE = "SUT cannot hold a training state (needs F32, I64 and a parameter dtype)"
 
@@ -29,9 +29,9 @@ NO_TRAINING_STATE = "SUT cannot hold a training state (needs F32, I64 and a para
 class Checker(str, Enum):
     """Which checker judges a property's fault-free, single-job cases."""
 
-    ORACLE = "oracle"  # properties.oracle.check_oracle: the loaded state against the reference's expectation
-    DIFF = "diff"  # properties.oracle.check_diff: against the reference engine run on the same case
-    HISTORY = "history"  # properties.atomic.check_history: every load against the history of saves
+    ORACLE = "oracle"  # properties.check.oracle.check_oracle: the loaded state against the reference's expectation
+    DIFF = "diff"  # properties.check.oracle.check_diff: against the reference engine run on the same case
+    HISTORY = "history"  # properties.check.history.check_history: every load against the history of saves
 
 
 #: Draws one property's cases: (property id, sut, ranks, capabilities, faults on, ptrace available).

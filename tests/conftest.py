@@ -10,7 +10,7 @@ import tempfile
 import psutil
 import pytest
 
-from properties.profiles import register
+from properties.generate.profiles import register
 
 PROFILE = register()
 # Fixtures that keep a warm rank pool across tests (closed when their scope ends): the leak guard leaves them be.
@@ -82,8 +82,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def sut_judge(request: pytest.FixtureRequest):
     """A warm rank pool (per xdist worker) running the SUT chosen with --sut, closed at the end of the session."""
-    from harness.judge import Judge
-    from harness.runners import Runners
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
     from harness.sut import UnknownSut
 
     name = request.config.getoption("--sut")

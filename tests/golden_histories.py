@@ -13,11 +13,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from properties.atomic import check_history
-from properties.case import Case, Op, TensorCase
-from properties.oracle import check_diff, check_oracle
-from properties.outcome import OpRecord, Outcome
-from properties.verdicts import Judgement
+from properties.check.history import check_history
+from properties.check.oracle import check_diff, check_oracle
+from properties.model.case import Case, Op, TensorCase
+from properties.model.outcome import OpRecord, Outcome
+from properties.model.verdicts import Judgement
 from reference.engine import local_tensors
 from reference.layout import Box, Mesh, Replicate, Shard, Sharded
 from reference.tensor import Tensor

@@ -4,7 +4,7 @@ FINDINGS.md), so that a test meant to find new bugs does not stop at an old one.
 from __future__ import annotations
 
 from faults.spec import KillWhenFault
-from properties.case import Case
+from properties.model.case import Case
 
 
 def survivable(case: Case) -> bool:

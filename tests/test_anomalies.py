@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from properties.anomalies import (
+from properties.check.anomalies import (
     TYPES,
     AcknowledgedLost,
     Anomaly,

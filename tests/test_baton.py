@@ -9,8 +9,8 @@ import threading
 
 import pytest
 
-from harness.baton import Baton, Entry
-from harness.cores import SameCore
+from harness.ranks.virtual.baton import Baton, Entry
+from harness.ranks.virtual.cores import SameCore
 
 #: The cores this process may use, read before any test ran a baton (a thread left pinned would shrink its own).
 ALLOWED = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()

@@ -1,4 +1,4 @@
-"""Root-cause buckets (properties.buckets) and campaigns that keep exploring: one finding per bucket, later cases
+"""Root-cause buckets (properties.triage.buckets) and campaigns that keep exploring: one finding per bucket, later cases
 of a bucket counted, known bugs counted apart, exit 1 only for new buckets."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from pathlib import Path
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from harness.cli import main
-from properties.anomalies import At, OpFailed, RankDied, SutError, TensorDiffers
-from properties.buckets import Bucket, abstract, bucket_of, innermost_frame
-from properties.case import Case, Op, TensorCase
+from properties.check.anomalies import At, OpFailed, RankDied, SutError, TensorDiffers
+from properties.model.case import Case, Op, TensorCase
+from properties.triage.buckets import Bucket, abstract, bucket_of, innermost_frame
 from reference.layout import Mesh, replicated
 from reference.tensor import BitsDiffer, DtypeDiffers
 

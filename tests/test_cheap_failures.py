@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from harness.judge import Judge
-from harness.runners import Runners
-from properties.case import Case, Op, TensorCase
-from properties.known import Known, Signature
-from properties.verdicts import Excuse
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
+from properties.model.case import Case, Op, TensorCase
+from properties.model.verdicts import Excuse
+from properties.triage.known import Known, Signature
 from reference.layout import Mesh, replicated
 
 SUT = "tests.suts.buggy:RaisesWhilePeerTimesOutSut"

@@ -13,10 +13,10 @@ import pytest
 
 from faults import strace
 from faults.spec import ErrorFault, StateFault
-from harness.faultrun import concrete_fault, crashpoints, crashstates, standard_case
-from harness.judge import Judge
-from harness.runners import Runners
-from properties.case import read_case_file
+from harness.judging.fault_runs import concrete_fault, crashpoints, crashstates, standard_case
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
+from properties.model.case import read_case_file
 
 needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
 FAULT_CASES = sorted((Path(__file__).parent / "fault_cases").glob("*.json"))
@@ -136,8 +136,8 @@ def test_a_job_life_keeps_its_own_ops_and_crashes_the_op_asked_for() -> None:
     import dataclasses
 
     from faults.spec import RecordFault
-    from harness.faultrun import as_fault_case, fault_op_of, standard_case
-    from properties.case import Op
+    from harness.judging.fault_runs import as_fault_case, fault_op_of, standard_case
+    from properties.model.case import Op
 
     ops = (Op("save", "step-0", 0), Op("save", "step-1", 1), Op("restart"), Op("save", "step-1", 2),
            Op("load", None, 2))

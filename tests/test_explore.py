@@ -1,4 +1,4 @@
-"""Bounded-exhaustive crash exploration (harness/explore.py): the shapes and their cases, the reference passing
+"""Bounded-exhaustive crash exploration (harness/campaign/explore.py): the shapes and their cases, the reference passing
 every crash point and power-loss state of every shape (CI: every state of the shapes of up to 2 ops; nightly:
 points too, and shapes of 3 ops), a broken SUT caught with the exact state named, and ``fuzz --faults`` judging
 every crash point or state of a drawn fault where there are few."""
@@ -14,16 +14,16 @@ from hypothesis import settings
 
 from faults import strace
 from faults.spec import KillFault, PointFault, PowerFault, StateFault
-from harness.campaign import Finding
+from harness.campaign.explore import explore, family, shape_case, shape_ops, shapes
+from harness.campaign.fuzz import Finding
 from harness.cli import main
-from harness.explore import explore, family, shape_case, shape_ops, shapes
-from harness.faultrun import standard_case
-from harness.html_report import render
-from harness.judge import Judge
-from harness.report import finding_json
-from harness.runners import Runners
+from harness.judging.fault_runs import standard_case
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
+from harness.report.html import render
+from harness.report.summary import finding_json
 from harness.sut import adapter_class
-from properties.case import Op, read_case_file
+from properties.model.case import Op, read_case_file
 from reference.layout import layout_from_json
 
 needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")

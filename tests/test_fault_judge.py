@@ -1,4 +1,4 @@
-"""The one rule fault cases are judged by (properties.atomic.check_history), on synthetic outcomes, and the typed
+"""The one rule fault cases are judged by (properties.check.history.check_history), on synthetic outcomes, and the typed
 errors a malformed fault gets (faults.spec.parse_fault, the CLI)."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 
 from faults.errors import FaultSpecError
 from faults.spec import parse_fault
-from harness.faultrun import standard_case
-from properties.atomic import check_history
-from properties.outcome import OpRecord, Outcome
+from harness.judging.fault_runs import standard_case
+from properties.check.history import check_history
+from properties.model.outcome import OpRecord, Outcome
 from reference.engine import local_tensors
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,5 +1,5 @@
 """Typed faults (faults.spec): every fault in a case or finding file parses to its kind's type and serialises back to
-exactly the JSON object it came from; every type is armed (harness.inject.ARMING); a malformed fault is one line
+exactly the JSON object it came from; every type is armed (harness.judging.inject.ARMING); a malformed fault is one line
 naming the problem; the ``corrupt`` op and the ``corrupt`` fault are one mechanism."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from faults.corrupt import corrupt
 from faults.errors import FaultSpecError
 from faults.spec import FAULT_TYPES, CorruptFault, Fault, KillFault, KillWhenFault, parse_fault
-from harness.faultrun import standard_case
-from harness.inject import ARMING
-from properties.case import Case, CaseError, Op, read_case_file
-from properties.fault_strategies import faults
+from harness.judging.fault_runs import standard_case
+from harness.judging.inject import ARMING
+from properties.generate.fault_cases import faults
+from properties.model.case import Case, CaseError, Op, read_case_file
 from properties.registry import FAULT_PROPERTIES
 
 TESTS = Path(__file__).parent
@@ -114,7 +114,7 @@ def _kinds(cls: type) -> set[type]:
 
 def test_every_fault_type_has_a_kind_and_an_arming() -> None:
     assert _kinds(Fault) == set(FAULT_TYPES.values())
-    assert set(ARMING) == _kinds(Fault), "a fault type without an entry in harness.inject.ARMING"
+    assert set(ARMING) == _kinds(Fault), "a fault type without an entry in harness.judging.inject.ARMING"
 
 
 def test_a_case_keeps_working_with_dataclasses_replace() -> None:

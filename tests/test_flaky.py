@@ -1,4 +1,5 @@
-"""A failure that is only ranks dying or hanging runs once more while fuzzing (harness.judge): one the same ops do
+"""A failure that is only ranks dying or hanging runs once more while fuzzing (harness.judging.judge): one the same ops
+do
 not repeat is a pass excused as flaky and listed in the campaign's report; one that repeats, any failure about
 data, a fault case and a replay stand as they are."""
 
@@ -10,12 +11,21 @@ import json
 import pytest
 
 from faults.spec import KillFault
-from harness.judge import Judge
-from harness.runners import Runners
-from properties.anomalies import At, OpsMissing, OutcomeDiffers, RankDied, RankHung, SutError, TensorDiffers, judged
-from properties.case import Case, Op, TensorCase
-from properties.outcome import Outcome
-from properties.verdicts import Excuse, Judgement, Verdict, worst
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
+from properties.check.anomalies import (
+    At,
+    OpsMissing,
+    OutcomeDiffers,
+    RankDied,
+    RankHung,
+    SutError,
+    TensorDiffers,
+    judged,
+)
+from properties.model.case import Case, Op, TensorCase
+from properties.model.outcome import Outcome
+from properties.model.verdicts import Excuse, Judgement, Verdict, worst
 from reference.layout import Mesh, replicated
 from reference.tensor import Missing
 
@@ -74,8 +84,8 @@ def test_other_failures_are_not_run_again(exploring: bool, fault, first: Judgeme
 
 
 def test_a_campaign_reports_its_flaky_failures_and_goes_on(tmp_path) -> None:
-    from harness.campaign import Campaign, fuzz
-    from harness.report import write_results
+    from harness.campaign.fuzz import Campaign, fuzz
+    from harness.report.summary import write_results
     from harness.sut import adapter_class
 
     class FirstRunDies(Judge):

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from harness.cli import main
-from harness.shard import SHARD_VAR
+from harness.fleet.shard import SHARD_VAR
 
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="Ray is not installed (pip install -e '.[fleet]'; CI installs it)")
@@ -151,7 +151,7 @@ def test_a_bad_plan_is_one_line_exit_2(tmp_path: Path, capsys, plan: str | None,
 
 
 def test_the_example_plan_is_valid() -> None:
-    from harness.plan import read_plan
+    from harness.fleet.plan import read_plan
 
     plan = read_plan(Path(__file__).resolve().parent.parent / "examples" / "nightly-cpu.toml")
     assert len(plan.runs) >= 2 and {r.sut for r in plan.runs} >= {"reference", "paddle-dcp"}

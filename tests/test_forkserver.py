@@ -1,4 +1,4 @@
-"""Pools forked from a process with the framework imported (harness.forkserver): only while exploring, only after
+"""Pools forked from a process with the framework imported (harness.ranks.forkserver): only while exploring, only after
 a real launch of the same shape taught them what the launcher gives each rank, and judged like launched ones."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import os
 import psutil
 import pytest
 
-from harness.forkserver import Template
-from harness.judge import Judge
-from harness.runners import Runners
-from properties.case import Case, Op, TensorCase
+from harness.judging.judge import Judge
+from harness.ranks.forkserver import Template
+from harness.ranks.runners import Runners
+from properties.model.case import Case, Op, TensorCase
 from reference.layout import Mesh, Shard, Sharded, replicated
 
 

@@ -1,4 +1,5 @@
-"""The virtual gloo (harness.gloo_model on harness.virtual_paddle) against what real gloo did: every scenario of
+"""The virtual gloo (harness.ranks.virtual.gloo on harness.ranks.virtual.paddle_world) against what real gloo did:
+every scenario of
 docs/gloo/measure.py runs on virtual ranks and must give what docs/gloo/semantics.json recorded on real ones.
 
 Compared, per rank and step: whether the call returned, raised or ended the process; for the first measured call,
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.gloo_model import VirtualUnsupported
+from harness.ranks.virtual.gloo import VirtualUnsupported
 from harness.sut import adapter_class
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "gloo"

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from harness.judge import Judge
-from harness.runners import Runners
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
 from harness.sut import adapter_class
-from properties.case import Case
-from properties.fault_strategies import fault_cases
+from properties.generate.fault_cases import fault_cases
+from properties.model.case import Case
 from properties.registry import property_cases
 from tests.regressions_known import survivable
 

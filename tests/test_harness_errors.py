@@ -16,8 +16,9 @@ import pytest
 
 from harness import cli
 from harness.cli import main
-from harness.launch import REPO_ROOT, SHM_VAR, child_env, launch_commands, rank_pythonpath
-from properties.case import Case, Op, TensorCase
+from harness.ranks.launch import REPO_ROOT, child_env, launch_commands, rank_pythonpath
+from harness.sut.shm import SHM_VAR
+from properties.model.case import Case, Op, TensorCase
 from reference.layout import Mesh, Shard, Sharded
 
 ADAPTER = """from harness.sut.reference import ReferenceSut
@@ -147,11 +148,11 @@ def test_an_adapter_the_ranks_cannot_import_is_exit_2_and_one_line(adapter_dir: 
 
 
 def test_ranks_that_cannot_start_end_the_campaign_at_once(tmp_path: Path) -> None:
-    """The rule (harness/campaign.py): a rank start-up failure is fatal at once; the cases before it stand."""
-    from harness.campaign import Campaign, fuzz
-    from harness.judge import Judge
-    from harness.runner import PoolFailure
-    from harness.runners import Runners
+    """The rule (harness/campaign/fuzz.py): a rank start-up failure is fatal at once; the cases before it stand."""
+    from harness.campaign.fuzz import Campaign, fuzz
+    from harness.judging.judge import Judge
+    from harness.ranks.runner import PoolFailure
+    from harness.ranks.runners import Runners
     from harness.sut import adapter_class
 
     class CannotStart(Judge):
@@ -175,7 +176,7 @@ def test_ranks_that_cannot_start_end_the_campaign_at_once(tmp_path: Path) -> Non
 
 def test_a_campaign_stopped_by_ranks_that_cannot_start_keeps_its_results_and_exits_2(tmp_path: Path, capsys,
                                                                                      monkeypatch) -> None:
-    from harness.runner import PoolFailure
+    from harness.ranks.runner import PoolFailure
 
     def stopped(judge, campaign, capabilities, progress=False):
         campaign.cases_run["P-ROUNDTRIP"] = 2
@@ -207,7 +208,7 @@ def _fails(monkeypatch: pytest.MonkeyPatch, target: str) -> None:
           "--property", "P-ROUNDTRIP"], "harness.cli.write_results"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}/out"], "harness.cli.Judge"),
         (["replay", "{tmp}/case.json"], "harness.cli.read_case_file"),
-        (["crashpoints", "--exhaustive", "--sut", "reference"], "harness.explore.explore"),
+        (["crashpoints", "--exhaustive", "--sut", "reference"], "harness.campaign.explore.explore"),
         (["list"], "harness.cli.adapter_class"),
     ],
 )

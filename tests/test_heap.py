@@ -1,11 +1,11 @@
-"""harness.heap: what outlives a case is frozen for the collector, and thawed now and then."""
+"""harness.ranks.heap: what outlives a case is frozen for the collector, and thawed now and then."""
 
 from __future__ import annotations
 
 import gc
 import weakref
 
-from harness.heap import THAW_EVERY, Heap
+from harness.ranks.heap import THAW_EVERY, Heap
 
 
 class _Node:

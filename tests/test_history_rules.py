@@ -1,5 +1,5 @@
 """The history rules a training job would sign: resume never lost, never without a complete checkpoint, looks
-complete => is complete (properties.atomic). Each is proven by a broken SUT of tests/suts/buggy.py that only its
+complete => is complete (properties.check.history). Each is proven by a broken SUT of tests/suts/buggy.py that only its
 rule catches — every other rule, old and new, passes it, so the checker before these rules passed it too — while
 the reference passes the same ops. The ops need no ptrace: an async save left unfinished by a ``restart``."""
 
@@ -9,14 +9,14 @@ import dataclasses
 
 import pytest
 
-from harness.faultrun import standard_case
-from harness.judge import Judge
-from harness.runners import Runners
+from harness.judging.fault_runs import standard_case
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
 from harness.sut import adapter_class
-from properties.atomic import anomalies
-from properties.case import Case, Op
-from properties.history import history
-from properties.outcome import OpRecord, Outcome
+from properties.check.facts import history
+from properties.check.history import anomalies
+from properties.model.case import Case, Op
+from properties.model.outcome import OpRecord, Outcome
 
 BUGGY = "tests.suts.buggy:"
 
@@ -103,8 +103,8 @@ def test_ranks_replaced_after_a_failed_op_lose_what_they_had_in_flight() -> None
     """After a fault the harness replaces the ranks of any op that failed (a wedged group must not be charged to
     the next op): a detached save in flight dies with them, so a later ``wait`` acknowledges nothing and an older
     latest is no data loss — found by P-LIFECYCLE, where a failed load after a power loss hid the restart."""
-    from properties.atomic import check_history
-    from properties.outcome import OpRecord
+    from properties.check.history import check_history
+    from properties.model.outcome import OpRecord
     from reference.engine import local_tensors
 
     case = dataclasses.replace(standard_case(), property="P-LIFECYCLE", ops=(
@@ -141,8 +141,8 @@ def test_a_load_of_a_name_never_saved_says_whether_an_earlier_load_gave_its_data
     and on 2 real ones), and the known finding of that cache explains only that way."""
     from pathlib import Path
 
-    from properties.atomic import check_history
-    from properties.known import explained_by, read_known
+    from properties.check.history import check_history
+    from properties.triage.known import explained_by, read_known
     from reference.engine import local_tensors
 
     case = dataclasses.replace(_ops(save(0), save(1), load(0), Op("load", "step-999", 0)), property="P-LIFECYCLE",
@@ -185,8 +185,8 @@ def _last_load_lost(case: Case, records: list[OpRecord], files: str) -> tuple:
     naming ``files``, and the known finding that explains the whole failure."""
     from pathlib import Path
 
-    from properties.atomic import check_history
-    from properties.known import explained_by, read_known
+    from properties.check.history import check_history
+    from properties.triage.known import explained_by, read_known
 
     error = f"rank 0: The checkpoint files are not complete. Please check the checkpoint directory. {files}"
     records[-1] = dataclasses.replace(records[-1], ok=False, error_type="AssertionError", error=error)

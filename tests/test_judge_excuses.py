@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harness.judge import Judge
-from harness.runners import Runners
-from properties.case import Case, Op, TensorCase
-from properties.fault_strategies import fault_ops
-from properties.known import read_known
-from properties.verdicts import Excuse, Verdict
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
+from properties.generate.fault_cases import fault_ops
+from properties.model.case import Case, Op, TensorCase
+from properties.model.verdicts import Excuse, Verdict
+from properties.triage.known import read_known
 from reference.layout import Mesh, Replicate, Sharded
 
 FLIPS = "tests.suts.buggy:FlipsLastElementSut"

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from properties.anomalies import At, TensorDiffers, judged
-from properties.known import KnownFindingsError, explained_by, read_known
-from properties.verdicts import Judgement, Verdict
+from properties.check.anomalies import At, TensorDiffers, judged
+from properties.model.verdicts import Judgement, Verdict
+from properties.triage.known import KnownFindingsError, explained_by, read_known
 from reference.tensor import BitsDiffer
 
 REGRESSIONS = Path(__file__).parent / "regressions"
@@ -84,7 +84,7 @@ SUFFIX = At(3, "load", "step-1")
 
 
 def _assert_fails(at: At, message: str):
-    from properties.anomalies import OpFailed, SutError
+    from properties.check.anomalies import OpFailed, SutError
     return OpFailed("P-REPEAT", at, SutError("AssertionError", f"rank 0: {message}"))
 
 
@@ -96,7 +96,7 @@ def _known(tmp_path: Path, name: str, signature: object, verdict: str = "loud-fa
 def test_a_lesser_unknown_anomaly_behind_a_known_one_still_counts(tmp_path: Path) -> None:
     """The worst failure carries every other one, so a known bug at the first load cannot hide a new bug at a
     later load of the same verdict (or a lesser one)."""
-    from properties.verdicts import worst
+    from properties.model.verdicts import worst
     _known(tmp_path, "latest.json", {"anomaly": "op-failed", "name": None, "message": {"regex": "one metadata"}})
     known = read_known(tmp_path)
     latest, suffix = _assert_fails(LATEST, "one metadata file"), _assert_fails(SUFFIX, "single metadata list")
@@ -112,8 +112,8 @@ def test_a_lesser_unknown_anomaly_behind_a_known_one_still_counts(tmp_path: Path
 def test_several_known_findings_explain_a_failure_together(tmp_path: Path) -> None:
     """Each anomaly by some finding of the same SUT whose verdict is the anomaly's; a signature may list the ways
     one bug shows."""
-    from properties.known import explanations
-    from properties.verdicts import worst
+    from properties.model.verdicts import worst
+    from properties.triage.known import explanations
     _known(tmp_path, "a-latest.json", {"anomaly": "op-failed", "name": None, "message": {"regex": "one metadata"}})
     _known(tmp_path, "b-cache.json", [{"anomaly": "tensor-differs", "op_kind": "load"},
                                       {"anomaly": "op-failed", "name": {"regex": "^step-"},
@@ -135,9 +135,9 @@ def test_several_known_findings_explain_a_failure_together(tmp_path: Path) -> No
 
 def test_a_load_failing_because_its_save_failed_is_not_a_second_bug() -> None:
     """Loads of ``s`` and of "latest" fail because the save of ``s`` did: one anomaly; ``t`` was never saved."""
-    from properties.case import Case, Op
-    from properties.oracle import check_oracle
-    from properties.outcome import OpRecord, Outcome
+    from properties.check.oracle import check_oracle
+    from properties.model.case import Case, Op
+    from properties.model.outcome import OpRecord, Outcome
     ops = (Op("save", "s", 0), Op("load", "s", 0), Op("load", None, 0), Op("load", "t", 0))
     case = Case("P-ROUNDTRIP", "x", (), {}, {}, ops)
     recs = [OpRecord(0, "save", "s", ok=False, error_type="ValueError", error="no"),
@@ -152,8 +152,8 @@ def test_a_known_sut_error_is_known_whichever_rule_it_breaks() -> None:
     """A load that fails with a known error is op-failed to the oracle, but an acknowledged checkpoint lost or a
     listed one that does not load in a job's history: the error names the bug, so the finding explains it there
     too (whatever verdict that rule gives); what the SUT did not say (wrong bits) it never explains."""
-    from properties.anomalies import AcknowledgedLost, ListedIncomplete, OpFailed, SutError
-    from properties.known import Known, Signature
+    from properties.check.anomalies import AcknowledgedLost, ListedIncomplete, OpFailed, SutError
+    from properties.triage.known import Known, Signature
 
     sig = Signature.parse({"anomaly": "op-failed", "op_kind": "load", "error_type": "ValueError",
                            "message": {"regex": "strides"}})
@@ -177,8 +177,8 @@ def test_the_finding_that_names_the_error_explains_it_before_one_that_names_hist
     """A bug may strike after another (a group wedged after a failed load): a finding recognised by facts of the
     history (a load after a failed load) and one that describes the failure itself both match; the latter explains
     it, in whichever order the findings are listed."""
-    from properties.anomalies import AcknowledgedLost, SutError
-    from properties.known import Known, Signature, explanations
+    from properties.check.anomalies import AcknowledgedLost, SutError
+    from properties.triage.known import Known, Signature, explanations
 
     by_fact = Known("cache.json", "paddle-dcp", "data-loss", Signature.parse(
         {"anomaly": "acknowledged-lost", "op_kind": "load", "after_failed_load": True}))
@@ -196,9 +196,9 @@ def test_a_gap_is_known_when_each_of_its_failed_loads_is(tmp_path: Path) -> None
     """"No complete checkpoint" cites no error: it is the consequence of loads that failed. When the failed loads of
     the checkpoints it names (those not excused) are known bugs, the gap is those bugs'; one whose failure is not
     known keeps it a finding, and so does a gap the SUT's listing showed or one with no failed load behind it."""
-    from properties.anomalies import AcknowledgedLost, NoCompleteCheckpoint, SutError
-    from properties.known import explanations
-    from properties.verdicts import worst
+    from properties.check.anomalies import AcknowledgedLost, NoCompleteCheckpoint, SutError
+    from properties.model.verdicts import worst
+    from properties.triage.known import explanations
     _known(tmp_path, "wedge.json", {"anomaly": "acknowledged-lost", "message": {"regex": "pair closure"}},
            verdict="data-loss")
     known = read_known(tmp_path)
@@ -224,7 +224,7 @@ def test_a_gap_is_known_when_each_of_its_failed_loads_is(tmp_path: Path) -> None
 def test_a_pattern_reads_the_json_text_of_a_field_that_is_not_a_string(tmp_path: Path) -> None:
     """``versions`` is a list: a pattern over its JSON text tells a mix of a re-saved name's two versions from a
     wrong state of a name saved once."""
-    from properties.anomalies import LoadedNoVersion
+    from properties.check.anomalies import LoadedNoVersion
     _known(tmp_path, "mix.json", {"anomaly": "loaded-none-of-versions", "versions": {"regex": r"\d+, \d+"}},
            verdict="silent-corruption")
     known = read_known(tmp_path)
@@ -239,9 +239,9 @@ def test_a_mangled_tensor_does_not_hide_the_wrong_version_of_the_rest() -> None:
     signature can explain) beside the mangled tensor's own difference, never one diff of everything."""
     import numpy as np
 
-    from properties.case import Case, Op, TensorCase
-    from properties.oracle import check_oracle
-    from properties.outcome import OpRecord, Outcome
+    from properties.check.oracle import check_oracle
+    from properties.model.case import Case, Op, TensorCase
+    from properties.model.outcome import OpRecord, Outcome
     from reference.dtypes import dtype
     from reference.tensor import Tensor
 
@@ -301,7 +301,7 @@ def test_a_wrong_unaligned_flat_tensor_is_known_under_any_property_but_corruptio
 
 
 def test_the_job_an_op_ran_in_survives_the_json_round_trip() -> None:
-    from properties.anomalies import from_json
+    from properties.check.anomalies import from_json
 
     anomaly = TensorDiffers("P-DIFF", At(3, "load", None, 7, ("dist_from_local", "sharded_weight"), "safetensors"),
                             0, BitsDiffer("w", 1, 2, (0,), "0x01", "0x00", "1", "0"))
@@ -320,7 +320,7 @@ def test_what_training_carries_on_from_a_known_bad_load_is_that_bugs() -> None:
     """A load that gave a rank wrong bits (its RNG state zeroed, say) sends every tensor that rank trains
     afterwards astray: those differences are the load's known bug. Training that goes wrong on a rank the load gave
     the right state, or from a load that went right everywhere, or from the seeds, is a finding of its own."""
-    from properties.known import Known, Signature, explanations
+    from properties.triage.known import Known, Signature, explanations
     zeros = Known("zeros.json", "paddle-dcp", "silent-corruption", Signature.parse(
         {"anomaly": "tensor-differs", "op_kind": "load", "rank": 0, "got_bits": "0x0000"}))
     bad_load = TensorDiffers("P-RESUME", At(2, "load", "step-5"), 0,
@@ -341,7 +341,7 @@ def test_what_training_carries_on_from_a_known_bad_load_is_that_bugs() -> None:
 
 def test_a_train_op_names_the_load_its_state_came_from() -> None:
     """The last load of the job before it; none after a restart (fresh ranks train from the seeds)."""
-    from properties.case import Case, Op
+    from properties.model.case import Case, Op
     ops = (Op("train", None, 1), Op("save", "a", 1), Op("load", "a", 1), Op("train", None, 2), Op("train", None, 3),
            Op("restart"), Op("train", None, 1))
     case = Case("P-RESUME", "paddle-dcp", (), {}, {}, ops)
@@ -350,9 +350,9 @@ def test_a_train_op_names_the_load_its_state_came_from() -> None:
 
 def _lifecycle(loads: list[tuple[str, dict]]):
     """A P-LIFECYCLE job: saves of versions 0..2 under s0..s2, then loads by name, each giving the given state."""
-    from properties.atomic import check_history
-    from properties.case import Case, Op, TensorCase
-    from properties.outcome import OpRecord, Outcome
+    from properties.check.history import check_history
+    from properties.model.case import Case, Op, TensorCase
+    from properties.model.outcome import OpRecord, Outcome
 
     tensors = (TensorCase("a", "F32", (2, 3), 1), TensorCase("b", "I8", (4,), 2))
     saves = [Op("save", f"s{v}", v) for v in range(3)]
@@ -369,7 +369,7 @@ def test_a_load_that_serves_an_earlier_load_s_wrong_state_again_is_the_cache_s()
     repeat: the version-cache finding explains them, the first wrong state stays its own bug's (here unknown)."""
     import numpy as np
 
-    from properties.known import explanations
+    from properties.triage.known import explanations
     from reference.dtypes import dtype
     from reference.tensor import Tensor
 
@@ -394,8 +394,8 @@ def test_a_load_that_gave_no_version_is_known_by_its_parts() -> None:
     """A state that is none of the versions, wrong only in tensors a known finding explains as that load's tensor
     differences (a flattened tensor of unaligned pieces read back wrong), is that finding's; not where one part is
     unexplained, even one past the lines a report shows."""
-    from properties.anomalies import SHOWN, LoadedNoVersion
-    from properties.known import explanations
+    from properties.check.anomalies import SHOWN, LoadedNoVersion
+    from properties.triage.known import explanations
 
     at = At(3, "load", "s1", 2, ("sharded_weight",))
     flat = TensorDiffers("P-LIFECYCLE", None, 0, BitsDiffer("model/w", 3, 4, (1,), "0x7f", "0x00", "127", "0"),
@@ -413,8 +413,8 @@ def test_a_load_that_gave_no_version_is_known_by_its_parts() -> None:
 def test_a_resumed_run_that_trained_on_a_known_bad_load_is_that_bug_s() -> None:
     """A resumed run that differs because the load it resumed from zeroed a dist tensor in a world of one (known)
     is that bug's, difference by difference; a difference from the seeds, or on a rank the load got right, is not."""
-    from properties.anomalies import LoadedNoVersion, ResumedRunDiffers
-    from properties.known import explanations
+    from properties.check.anomalies import LoadedNoVersion, ResumedRunDiffers
+    from properties.triage.known import explanations
 
     zeros = BitsDiffer("master/w", 2, 2, (0,), "0xbf485189", "0x00000000", "-0.78", "0.0")
     load = LoadedNoVersion("P-RESUME", At(3, "load", "step-1", 1, ("dist_from_local", "sharded_weight")), (1,), 1,
@@ -434,11 +434,11 @@ def test_a_load_after_a_failed_load_of_the_same_processes_says_so() -> None:
     """The oracle marks a failed load that follows a failed load of the same processes (what the first left in a
     module-global may have broken it), not one after a restart between; the poisoned-metadata finding then explains
     whatever such a safetensors load raises, on every rank or on one while the others wait."""
-    from properties.anomalies import SutError, op_failure
-    from properties.case import Case, Op
-    from properties.known import explanations
-    from properties.oracle import check_oracle, failed_load_before
-    from properties.outcome import OpRecord, Outcome
+    from properties.check.anomalies import SutError, op_failure
+    from properties.check.oracle import check_oracle, failed_load_before
+    from properties.model.case import Case, Op
+    from properties.model.outcome import OpRecord, Outcome
+    from properties.triage.known import explanations
 
     ops = (Op("save", "s", 0), Op("load", "s", 0), Op("load", "s", 0), Op("restart"), Op("load", "s", 0))
     case = Case("P-REPEAT", "paddle-dcp", (), {}, {}, ops, {"format": "safetensors"})
@@ -461,10 +461,10 @@ def test_a_load_that_fails_as_an_earlier_load_of_another_checkpoint_failed_is_th
     """A corruption breaks checkpoint s0 and its load fails (excused); a cache keyed without the version then makes
     the load of s1, saved later, fail with s0's very error: the history names the load it repeats, and the
     version-cache finding explains it. A load of s1 that fails otherwise stays a finding."""
-    from properties.atomic import check_history
-    from properties.case import Case, Op
-    from properties.known import explanations
-    from properties.outcome import OpRecord, Outcome
+    from properties.check.history import check_history
+    from properties.model.case import Case, Op
+    from properties.model.outcome import OpRecord, Outcome
+    from properties.triage.known import explanations
 
     ops = (Op("save", "s0", 0), Op("corrupt"), Op("load", "s0", 0), Op("save", "s1", 1), Op("load", "s1", 1))
     case = Case("P-LIFECYCLE", "paddle-dcp", (), {}, {}, ops, {"same_dir": True})

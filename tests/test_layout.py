@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from properties.strategies import factorizations, meshes, shapes, sharded_layouts
+from properties.generate.layouts import factorizations, meshes, shapes, sharded_layouts
 from reference import Box, FlatRange, LayoutError, Mesh, Replicate, Shard, Sharded, check_exact_cover, split_range
 from reference.layout import Flat, flat_group
 from reference.moe import global_expert_id, keyed_layouts, local_expert_ids, stacked_layout

@@ -8,11 +8,11 @@ import importlib.util
 
 import pytest
 
-from harness.judge import Judge
-from harness.launch import launch_commands
-from harness.pool import RankPool
-from harness.runners import Runners
-from properties.case import Case, Op, TensorCase
+from harness.judging.judge import Judge
+from harness.ranks.launch import launch_commands
+from harness.ranks.pool import RankPool
+from harness.ranks.runners import Runners
+from properties.model.case import Case, Op, TensorCase
 from reference.layout import Mesh, Shard, Sharded, replicated
 
 FRAMEWORK = {"reference": None, "torch-dcp": "torch", "paddle-dcp": "paddle"}

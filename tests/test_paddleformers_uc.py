@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from harness.sut import REGISTRY, framework_available
 from harness.sut.paddleformers_uc import PARAM_DTYPES, PaddleFormersUcSut, UcStateError, param_specs
-from properties.case import Case, Op, TensorCase
-from properties.known import read_known
+from properties.model.case import Case, Op, TensorCase
 from properties.registry import drawable_properties, property_cases
+from properties.triage.known import read_known
 from reference.dtypes import dtype
 from reference.layout import Mesh, replicated
 from reference.tensor import Tensor
@@ -81,8 +81,8 @@ def test_strategies_draw_whole_trainer_states(data: st.DataObject) -> None:
 
 @pytest.fixture(scope="module")
 def uc_judge():
-    from harness.judge import Judge
-    from harness.runners import Runners
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
 
     judge = Judge(Runners(SUT, mode="pool"), exploring=True, known=read_known(REGRESSIONS))
     yield judge

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import reference.stio as stio
-from properties.case import seeded_tensor
+from properties.model.case import seeded_tensor
 from reference import DTYPES, Box, FlatRange, Mesh, Shard, Sharded, Target, load, save
 
 

@@ -1,6 +1,7 @@
-"""Reducing a finding past Hypothesis (harness.reduce): smaller worlds first, then fewer ops, each kept only where
+"""Reducing a finding past Hypothesis (harness.campaign.reduce): smaller worlds first, then fewer ops, each kept only
+where
 the case still fails the same way; and a virtual campaign's finding too big for real ranks reduced to one they can
-confirm (harness.campaign._reduced)."""
+confirm (harness.campaign.fuzz._reduced)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ import time
 
 import pytest
 
-from harness.fidelity import max_world
-from harness.reduce import capped, fewer_ops, reduce_case, smaller_worlds
-from properties.case import Case, Op, TensorCase
+from harness.campaign.reduce import capped, fewer_ops, reduce_case, smaller_worlds
+from harness.judging.fidelity import max_world
+from properties.model.case import Case, Op, TensorCase
 from reference.layout import Flat, Mesh, Replicate, Shard, Sharded
 
 SAVE_MESH, LOAD_MESH = Mesh((3, 2, 4)), Mesh((3, 1, 7))
@@ -67,9 +68,9 @@ def test_a_fault_case_keeps_its_ops_and_a_spent_budget_keeps_the_case() -> None:
 def test_a_virtual_finding_too_big_for_real_ranks_is_reduced_to_one_they_hold() -> None:
     """Paddle's unique_id-blind cache met at 8 virtual ranks (a load of a version never saved gives the previous
     load's data): reduced to one rank, and only the ops that show it."""
-    from harness.campaign import Finding, _reduced
-    from harness.judge import Judge
-    from harness.runners import Runners
+    from harness.campaign.fuzz import Finding, _reduced
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
 
     mesh = Mesh((2, 2, 2))
     layout = {"w": Sharded(mesh, (Shard(0), Replicate(), Replicate())).to_json()}

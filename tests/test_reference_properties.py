@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from properties.checkers import judge_states
-from properties.strategies import SPECIAL_BITS, meshes, moe_cases, seeded_tensor, state_layouts, states
+from properties.check.states import judge_states
+from properties.generate.layouts import SPECIAL_BITS, meshes, moe_cases, seeded_tensor, state_layouts, states
 from reference import (
     DTYPES,
     Box,

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from harness.cli import _faults_note, main
 from harness.sut import adapter_class
 from harness.sut.reference import ReferenceSut
-from properties.case import Case, Op, TensorCase
+from properties.model.case import Case, Op, TensorCase
 from properties.registry import (
     FAULT_PROPERTIES,
     NO_TRAINING_STATE,

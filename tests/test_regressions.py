@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.judge import Judge
-from harness.runners import Runners
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
 from harness.sut import REGISTRY, framework_available
-from properties.case import Case, CaseError, read_case_file
-from properties.known import explanations, read_known
-from properties.verdicts import Judgement
+from properties.model.case import Case, CaseError, read_case_file
+from properties.model.verdicts import Judgement
+from properties.triage.known import explanations, read_known
 
 CASES = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 

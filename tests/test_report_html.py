@@ -77,7 +77,7 @@ def test_fuzz_report_page_shows_the_buckets_of_the_json(tmp_path: Path) -> None:
 @needs_chromium
 @pytest.mark.multirank
 def test_crashpoints_page_draws_the_crash_point_map(tmp_path: Path) -> None:
-    from harness.faultrun import standard_case
+    from harness.judging.fault_runs import standard_case
 
     case = tmp_path / "case.json"
     case.write_text(json.dumps(standard_case(4, "reference").to_json()))
@@ -103,8 +103,8 @@ def test_crashpoints_page_draws_the_crash_point_map(tmp_path: Path) -> None:
 def test_trends_and_standalone_repro_links_are_rendered_from_the_json(tmp_path: Path) -> None:
     """Nights recorded in a corpus become opened/closed per night; a finding's standalone reproducer (issue 17's
     ``repro`` and ``standalone_verified``) is linked from its bucket row when the summary carries it."""
-    from harness.corpus import record_night, trends
-    from harness.html_report import render
+    from harness.campaign.corpus import record_night, trends
+    from harness.report.html import render
 
     for failing in (["a", "b"], ["b", "c"]):
         record_night(tmp_path, {"sut": "s", "buckets": [{"bucket": x} for x in failing], "cases_run": {"P": 3}})

@@ -16,7 +16,7 @@ from harness.repro.render import repro_py, run_sh
 from harness.repro.simplify import simplify
 from harness.repro.verify import judge_run
 from harness.sut import REGISTRY, framework_available
-from properties.case import Op, read_case_file
+from properties.model.case import Op, read_case_file
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 CASES = sorted(REGRESSIONS.glob("*.json"))

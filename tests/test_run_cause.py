@@ -1,4 +1,4 @@
-"""Which rank's error an op's record cites when ranks fail differently (harness.run.cause)."""
+"""Which rank's error an op's record cites when ranks fail differently (harness.judging.run.cause)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from harness.run import CAUSE_MARGIN_S, _merge
-from harness.runner import PoolFailure
-from properties.outcome import OpRecord
+from harness.judging.run import CAUSE_MARGIN_S, _merge
+from harness.ranks.runner import PoolFailure
+from properties.model.outcome import OpRecord
 
 TIMEOUT = "[/paddle/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:80] TIMEOUT"
 
@@ -51,8 +51,8 @@ def test_an_op_every_rank_finished_stays_ok() -> None:
 def test_a_warm_fault_pass_does_not_wait_out_a_peer_stuck_on_the_rank_that_raised(tmp_path) -> None:
     """With ``stuck_after`` the op returns that long after rank 0 raised, rank 1 answered for as "Stuck" (and the
     record cites rank 0); without it the same op is a hang at the op's timeout."""
-    from harness.pool import RankPool
-    from properties.case import Case, Op, TensorCase
+    from harness.ranks.pool import RankPool
+    from properties.model.case import Case, Op, TensorCase
     from reference.layout import Mesh, replicated
 
     layout = {"w": replicated(Mesh((2,))).to_json()}
@@ -86,8 +86,8 @@ def test_a_warm_fault_pass_does_not_wait_out_a_peer_stuck_on_the_rank_that_raise
 def test_a_peer_that_computes_after_a_rank_raised_is_waited_for(tmp_path) -> None:
     """Only a rank that uses no CPU counts as stuck: one still computing two seconds after its peer raised gets
     to finish its op (stuck_after is the bound, not the guess)."""
-    from harness.pool import RankPool
-    from properties.case import Case, Op, TensorCase
+    from harness.ranks.pool import RankPool
+    from properties.model.case import Case, Op, TensorCase
     from reference.layout import Mesh, replicated
 
     layout = {"w": replicated(Mesh((2,))).to_json()}
@@ -108,8 +108,8 @@ def test_a_peer_that_computes_after_a_rank_raised_is_waited_for(tmp_path) -> Non
 def test_an_idle_limit_cuts_a_stalled_op_short_and_never_a_busy_one(tmp_path, sut: str, stalls: bool) -> None:
     """``idle_limit`` (what bounds virtual ranks, whose op may take the bound times W over the cores): a rank whose
     processes use no CPU for that long hangs well before the op's timeout; one computing longer than that does not."""
-    from harness.pool import RankPool
-    from properties.case import Case, Op, TensorCase
+    from harness.ranks.pool import RankPool
+    from properties.model.case import Case, Op, TensorCase
     from reference.layout import Mesh, replicated
 
     layout = {"w": replicated(Mesh((2,))).to_json()}
@@ -134,7 +134,7 @@ def test_an_idle_limit_cuts_a_stalled_op_short_and_never_a_busy_one(tmp_path, su
 
 
 def test_virtual_ranks_share_the_cores_they_are_bounded_by() -> None:
-    from harness.virtual_pool import shared_cores_factor
+    from harness.ranks.virtual_pool import shared_cores_factor
 
     cores = len(os.sched_getaffinity(0))
     assert shared_cores_factor(1) == 1 and shared_cores_factor(cores) == 1

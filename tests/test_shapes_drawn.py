@@ -8,9 +8,9 @@ import math
 from hypothesis import HealthCheck, find, settings
 
 from harness.sut import adapter_class
-from properties.case import Case
+from properties.generate.layouts import shapes
+from properties.model.case import Case
 from properties.registry import property_cases
-from properties.strategies import shapes
 
 CAPS = frozenset(adapter_class("reference").capabilities)
 FIND = settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck), database=None)

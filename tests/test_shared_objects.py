@@ -10,7 +10,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from harness.shared_objects import SHARE, UNSHAREABLE, GatherCopies, recipe
+from harness.ranks.virtual.shared_objects import SHARE, UNSHAREABLE, GatherCopies, recipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ def test_a_new_gather_forgets_the_last() -> None:
 
 
 def test_a_pure_call_on_the_same_immutable_items_is_made_once_per_epoch() -> None:
-    from harness.shared_objects import SharedCalls
+    from harness.ranks.virtual.shared_objects import SharedCalls
 
     epoch, calls = [1], []
 
@@ -98,7 +98,7 @@ def test_deepcopy_keeps_an_immutable_frozen_dataclass_and_copies_one_that_holds_
     import copy
     import sys
 
-    from harness.shared_objects import deepcopy_keeping_immutable, frozen_classes
+    from harness.ranks.virtual.shared_objects import deepcopy_keeping_immutable, frozen_classes
 
     assert set(frozen_classes([sys.modules[__name__]])) == {Index, HoldsList}
     kept, held = Index("w", (1, 2)), HoldsList([1])

@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from properties import anomalies
-from properties.anomalies import cites_sut_error
-from properties.atomic import check_history
-from properties.case import Case, read_case_file
-from properties.known import Known, explained_by, explanations, read_known, read_signature
-from properties.oracle import check_diff, check_oracle
-from properties.outcome import OpRecord, Outcome
-from properties.verdicts import Judgement
+from properties.check import anomalies
+from properties.check.anomalies import cites_sut_error
+from properties.check.history import check_history
+from properties.check.oracle import check_diff, check_oracle
+from properties.model.case import Case, read_case_file
+from properties.model.outcome import OpRecord, Outcome
+from properties.model.verdicts import Judgement
+from properties.triage.known import Known, explained_by, explanations, read_known, read_signature
 from reference.engine import local_tensors
 from reference.tensor import Tensor
 

@@ -1,8 +1,9 @@
 """A training job as a Hypothesis state machine on 2 in-process ranks: P-LIFECYCLE's grammar
-(properties.lifecycle_strategies.JobModel: train, sync / async / detached / held saves, waits, resumes, writer kills,
+(properties.generate.lifecycle.JobModel: train, sync / async / detached / held saves, waits, resumes, writer kills,
 restarts, loads of the latest, of a name and of a name never saved, rotation, corruption) driven one step per rule.
 
-Invariant (checked after every step that loads, over the whole history so far by properties.atomic.check_history): the
+Invariant (checked after every step that loads, over the whole history so far by
+properties.check.history.check_history): the
 latest checkpoint loads back as the last acknowledged state bitwise (or a save whose fate was still open), or
 fails clearly where a crash or a corruption explains it; never a mix, never an older state, never wrong data.
 The machine's ops are a Case: a failing sequence is written as a case file (``CKPT_HARNESS_CASE_DIR`` or the test's
@@ -29,18 +30,18 @@ from hypothesis import HealthCheck, Phase, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
-from harness.faultrun import standard_case
-from harness.judge import Judge
-from harness.run import run_ops
-from harness.runners import Runners
+from harness.judging.fault_runs import standard_case
+from harness.judging.judge import Judge
+from harness.judging.run import run_ops
+from harness.ranks.runners import Runners
 from harness.sut import adapter_class
-from properties.atomic import check_history
-from properties.case import Case, CaseError, Op
-from properties.case_strategies import Caps, tensor_cases
-from properties.fault_strategies import has_latest
-from properties.lifecycle_strategies import JobModel
-from properties.outcome import OpRecord, Outcome
-from properties.strategies import sharded_layouts
+from properties.check.history import check_history
+from properties.generate.cases import Caps, tensor_cases
+from properties.generate.fault_cases import has_latest
+from properties.generate.layouts import sharded_layouts
+from properties.generate.lifecycle import JobModel
+from properties.model.case import Case, CaseError, Op
+from properties.model.outcome import OpRecord, Outcome
 from reference.engine import local_tensors
 from reference.layout import Mesh
 
@@ -71,8 +72,9 @@ def write_case(case: Case, directory: Path) -> Path:
 
 
 def job_machine(sut: str, case_dir: Path, stats: dict | None = None) -> type[RuleBasedStateMachine]:
-    """The machine for ``sut``: a thin driver of P-LIFECYCLE's grammar (properties.lifecycle_strategies.JobModel),
-    one drawn step per rule, each run at once (harness.run.run_ops, incrementally, on one root and live in-process
+    """The machine for ``sut``: a thin driver of P-LIFECYCLE's grammar (properties.generate.lifecycle.JobModel),
+    one drawn step per rule, each run at once (harness.judging.run.run_ops, incrementally, on one root and live
+    in-process
     ranks) so a detached save is really in flight, or held, while later steps run. After every step that loads
     the whole history so far is judged."""
     caps = frozenset(adapter_class(sut).capabilities)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 
 from harness.sut import adapter_class
-from properties.case import Case
+from properties.model.case import Case
 from properties.registry import REGISTRY, default_properties, property_cases
 
 

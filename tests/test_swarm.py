@@ -1,4 +1,4 @@
-"""Swarm configurations (properties.swarm): deterministic per seed, never leave out what a property needs, and
+"""Swarm configurations (properties.generate.swarm): deterministic per seed, never leave out what a property needs, and
 every drawable property of every SUT still draws cases under any of them."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.sut import REGISTRY
+from properties.generate.swarm import FLOATS, GROUPS, swarm
 from properties.registry import REGISTRY as PROPERTIES
 from properties.registry import drawable_properties, property_cases
-from properties.swarm import FLOATS, GROUPS, swarm
 
 
 def _caps(name: str) -> frozenset[str]:

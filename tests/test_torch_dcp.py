@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 
-from harness.judge import Judge
-from harness.runners import Runners
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
 from harness.sut import adapter_class
-from properties.case import Case, Op, TensorCase
-from properties.fault_strategies import fault_cases
-from properties.known import read_known
+from properties.generate.fault_cases import fault_cases
+from properties.model.case import Case, Op, TensorCase
 from properties.registry import drawable_properties, property_cases
+from properties.triage.known import read_known
 from reference.layout import Mesh, Shard, Sharded, replicated
 from tests.regressions_known import survivable
 

@@ -15,14 +15,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
-from harness.judge import Judge
-from harness.run import run_ops
-from harness.runners import Runners
+from harness.judging.judge import Judge
+from harness.judging.run import run_ops
+from harness.ranks.runners import Runners
 from harness.sut.reference import ReferenceSut
-from properties.case import Case, CaseError, Op, TensorCase
-from properties.case_strategies import Caps
-from properties.outcome import Outcome
-from properties.training_strategies import _layouts, specs, training_cases
+from properties.generate.cases import Caps
+from properties.generate.training_cases import _layouts, specs, training_cases
+from properties.model.case import Case, CaseError, Op, TensorCase
+from properties.model.outcome import Outcome
 from reference.engine import local_tensors, rank_file
 from reference.index import read_index
 from reference.layout import Mesh, Shard, Sharded, replicated

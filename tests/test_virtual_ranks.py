@@ -1,4 +1,5 @@
-"""Virtual ranks (harness.virtual_paddle): Paddle's own flex checkpoint on W threads of one process, held to a
+"""Virtual ranks (harness.ranks.virtual.paddle_world): Paddle's own flex checkpoint on W threads of one process, held
+to a
 real launch by a differential test, and run at world sizes no machine here launches."""
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness.fidelity import differences, run_side
-from harness.judge import Judge
-from harness.runners import Runners
+from harness.judging.fidelity import differences, run_side
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
 from harness.sut import adapter_class
-from properties.case import Case, Op, TensorCase
-from properties.known import explanations, read_known
+from properties.model.case import Case, Op, TensorCase
 from properties.registry import REGISTRY, property_cases
+from properties.triage.known import explanations, read_known
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
 SUT = "paddle-dcp"
@@ -57,7 +58,8 @@ _SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "phas
 @settings(max_examples=10, derandomize=True, **_SETTINGS)
 @given(case=_cases(QUICK, 3))
 def test_virtual_ranks_give_what_real_ranks_give(virtual_sides, case: Case) -> None:
-    """Same bits on every rank, same exceptions on the same ranks, same listing, same files (harness.fidelity)."""
+    """Same bits on every rank, same exceptions on the same ranks, same listing, same files
+    (harness.judging.fidelity)."""
     _same(virtual_sides, case)
 
 
@@ -197,8 +199,8 @@ def test_a_virtual_campaign_reaches_256_ranks(tmp_path) -> None:
 def test_what_the_virtual_world_does_not_emulate_is_the_harness_s_failure_not_a_finding() -> None:
     """A rank that meets a call virtual ranks do not emulate (a sub-group) raises VirtualUnsupported out of the op,
     so a campaign counts a harness error and replay exits 2: never a finding."""
-    from harness.gloo_model import VirtualUnsupported
-    from harness.virtual_pool import VirtualPool
+    from harness.ranks.virtual.gloo import VirtualUnsupported
+    from harness.ranks.virtual_pool import VirtualPool
 
     pool = VirtualPool("tests.suts.buggy:NewGroupSut", 2, {"shims": True, "device": "auto"})
     try:
@@ -255,12 +257,13 @@ def two_processes():
 @given(case=_cases(("P-RESHARD", "P-MOE", "P-FLAT", "P-ROUNDTRIP", "P-EDGE"), 12))
 def test_what_virtual_ranks_share_changes_nothing(two_processes, case: Case) -> None:
     """From SHARE_FROM ranks on, gathered objects, pure planners and deep copies of immutable metadata are shared
-    between virtual ranks (harness.shared_objects): every op gives the same records and the same files as the same
+    between virtual ranks (harness.ranks.virtual.shared_objects): every op gives the same records and the same files as
+    the same
     world with nothing shared."""
     from hypothesis import assume
 
-    from harness.fidelity import max_world
-    from harness.virtual_paddle import SHARE_FROM
+    from harness.judging.fidelity import max_world
+    from harness.ranks.virtual.paddle_world import SHARE_FROM
 
     assume(max_world(case) >= SHARE_FROM)
     data = case.to_json()
@@ -271,12 +274,12 @@ def test_what_virtual_ranks_share_changes_nothing(two_processes, case: Case) -> 
 
 def run_in_process(case_json: dict, share: bool) -> tuple[list, dict]:
     """Every rank op of the case on virtual ranks of this process (a world per op), and the files it left, as
-    harness.fidelity compares them (the root's path and Paddle's per-process name counters left out; a pickle as
+    harness.judging.fidelity compares them (the root's path and Paddle's per-process name counters left out; a pickle as
     its opcodes, so an object written once and referenced twice differs from two equal objects)."""
     import shutil
     import tempfile
 
-    from harness.fidelity import file_form
+    from harness.judging.fidelity import file_form
 
     case = Case.from_json(case_json)
     root = Path(tempfile.mkdtemp(prefix="ckh-share-"))
@@ -290,9 +293,9 @@ def run_in_process(case_json: dict, share: bool) -> tuple[list, dict]:
 
 
 def _op_in_process(case: Case, root: Path, index: int, share: bool) -> list:
-    from harness.rankops import RankExecutor
+    from harness.ranks.rankops import RankExecutor
+    from harness.ranks.virtual.paddle_world import PaddleWorld
     from harness.sut import _paddle_common
-    from harness.virtual_paddle import PaddleWorld
 
     cls, size = adapter_class(SUT), case.world_size(case.op_layouts(index))
     world = PaddleWorld(size, _paddle_common, share)
@@ -350,7 +353,7 @@ def test_a_gathered_payload_is_padded_as_paddle_pads_it(data: bytes, extra: int)
     zeros after an empty one (the padding is gathered, so it is part of what a rank receives)."""
     import numpy as np
 
-    from harness.virtual_paddle import _resized
+    from harness.ranks.virtual.paddle_world import _resized
 
     size = len(data) + extra
     assert _resized(data, size) == np.resize(np.frombuffer(data, np.uint8), [size]).tobytes()

@@ -16,13 +16,12 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from properties.case import Case, Op, read_case_file
-
-from .plan import ReproUnsupported, check_supported, plan_case
-from .render import emitter, repro_py, run_sh
-from .report import report_md
-from .simplify import judged, simplify
-from .verify import Verification, judge_run, run_repro
+from harness.repro.plan import ReproUnsupported, check_supported, plan_case
+from harness.repro.render import emitter, repro_py, run_sh
+from harness.repro.report import report_md
+from harness.repro.simplify import judged, simplify
+from harness.repro.verify import Verification, judge_run, run_repro
+from properties.model.case import Case, Op, read_case_file
 
 __all__ = ["ReproUnsupported", "check_repro", "make_repro"]
 
@@ -118,8 +117,8 @@ def reference_failures(case: Case) -> frozenset[int]:
     """Indices of ops the reference engine fails too (a load of a name never saved): there an error is right. The
     reference runs the case undamaged (no fault, a ``corrupt`` op kept only as a place): after damage, what is right
     is the data or an error, and the script's tolerance of earlier failures covers the error."""
-    from ..run import run_case
-    from ..runners import Runners
+    from harness.judging.run import run_case
+    from harness.ranks.runners import Runners
 
     ops = tuple(Op("wait") if op.kind == "corrupt" else op for op in case.ops)
     runners = Runners("reference", mode="in-process")

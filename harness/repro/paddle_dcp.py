@@ -7,9 +7,9 @@ given; the script spells out which, from the case's options.
 
 from __future__ import annotations
 
-from . import paddle_text
-from .plan import Plan, ReproUnsupported
-from .render import HOLD_PROCESSES
+from harness.repro import paddle_text
+from harness.repro.plan import Plan, ReproUnsupported
+from harness.repro.render import HOLD_PROCESSES
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)

@@ -3,9 +3,9 @@ to one file per checkpoint name and reads the same file back, as harness/sut/pad
 
 from __future__ import annotations
 
-from . import paddle_text
-from .plan import Plan, ReproUnsupported
-from .render import HOLD_THREADS
+from harness.repro import paddle_text
+from harness.repro.plan import Plan, ReproUnsupported
+from harness.repro.render import HOLD_THREADS
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sut._paddle_common import carriers as paddle_carriers
+from harness.sut._paddle_common import carriers as paddle_carriers
 
 IMPORTS = """import os
 import sys

@@ -5,8 +5,8 @@ weights as ``optimizer/<p>.m1|.m2`` and ``master/<p>``; a save is the Trainer's 
 
 from __future__ import annotations
 
-from . import uc_text
-from .plan import Plan, ReproUnsupported
+from harness.repro import uc_text
+from harness.repro.plan import Plan, ReproUnsupported
 
 FRAMEWORK = "paddleformers"
 TEXT = uc_text

@@ -13,7 +13,7 @@ import numpy as np
 
 from faults.corrupt import Corruption, garbage
 from faults.spec import CorruptFault, ErrorFault, KillFault, KillWhenFault, StateFault
-from properties.case import Case
+from properties.model.case import Case
 from reference.engine import local_tensors
 from reference.layout import Box, Flat, FlatRange, Sharded
 from reference.layout import Shard as ShardPlacement

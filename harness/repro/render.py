@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from .plan import Piece, Plan, ReproUnsupported, Step
+from harness.repro.plan import Piece, Plan, ReproUnsupported, Step
 
 EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp": "torch_dcp",
             "paddleformers-uc": "paddleformers_uc"}

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from properties.case import Case
-from properties.outcome import Outcome
-from properties.verdicts import Judgement
+from properties.model.case import Case
+from properties.model.outcome import Outcome
+from properties.model.verdicts import Judgement
 
 Variant = tuple[str, Callable[[Case], Case | None]]
 
@@ -42,8 +42,8 @@ VARIANTS: tuple[Variant, ...] = (
 
 def judged(case: Case, launch: str = "fresh") -> tuple[Judgement, Outcome]:
     """The harness's judgement of ``case`` in fresh processes, and what each op did."""
-    from ..judge import Judge
-    from ..runners import Runners
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
 
     judge = Judge(Runners(case.sut, mode=launch))
     try:

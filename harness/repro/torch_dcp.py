@@ -6,8 +6,8 @@ mesh with the global shape and stride given, or the plain tensor for one that li
 
 from __future__ import annotations
 
-from . import torch_text
-from .plan import Plan, ReproUnsupported
+from harness.repro import torch_text
+from harness.repro.plan import Plan, ReproUnsupported
 
 FRAMEWORK = "torch"
 TEXT = torch_text  # the framework's part of the script (set-up, tensors, launcher)

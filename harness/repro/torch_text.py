@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..sut.torch_dcp import carriers as torch_carriers
+from harness.sut.torch_dcp import carriers as torch_carriers
 
 IMPORTS = """import datetime
 import os

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from faults.procs import kill_tree
-
-from ..launch import child_env
-from .render import MARK, STEP_TIMEOUT_S
+from harness.ranks.launch import child_env
+from harness.repro.render import MARK, STEP_TIMEOUT_S
 
 SLACK_S = 60  # beyond the script's own bounds: start-up, and the kill of a hung launch
 

@@ -18,10 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from harness.sut.base import SutAdapter
 from reference.dtypes import DType, dtype
 from reference.tensor import Tensor
-
-from .base import SutAdapter
 
 # dtype code -> (paddle dtype name, numpy carrier Paddle ingests bitwise, paddle dtype to view the carrier as).
 # U16 is absent: paddle.uint16 *is* bfloat16. U32/U64: Paddle 3.3.1 cannot build tensors from them.
@@ -198,7 +197,7 @@ class PaddleAdapter(SutAdapter):
 
     @classmethod
     def virtual_world(cls, size: int) -> Any:
-        from ..virtual_paddle import PaddleWorld
+        from harness.ranks.virtual.paddle_world import PaddleWorld
 
         cls.preload()
         return PaddleWorld(size, sys.modules[__name__])

@@ -56,16 +56,16 @@ class SutAdapter:
 
     @classmethod
     def preload(cls) -> None:
-        """Import what every rank imports before ``setup`` (harness.forkserver forks fresh ranks from a process
+        """Import what every rank imports before ``setup`` (harness.ranks.forkserver forks fresh ranks from a process
         that did): imports only, never a device, a thread pool or a process group."""
         if cls.framework:
             importlib.import_module(cls.framework)
 
     @classmethod
     def virtual_world(cls, size: int) -> Any:
-        """``size`` virtual ranks of this SUT inside this process (capability "virtual"; harness.virtual_host):
+        """``size`` virtual ranks of this SUT inside this process (capability "virtual"; harness.ranks.virtual_host):
         an object with ``run(tasks)`` (one callable per rank, run under a baton), ``envs`` (each rank's
-        environment), ``baton``, ``broken`` and ``close()``, as harness.virtual_paddle.PaddleWorld."""
+        environment), ``baton``, ``broken`` and ``close()``, as harness.ranks.virtual.paddle_world.PaddleWorld."""
         raise NotImplementedError(f"{cls.name} has no virtual ranks")
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
@@ -111,7 +111,7 @@ class SutAdapter:
 
     def read_plan(self) -> dict | None:
         """After a load: the SUT's own plan of what this rank read (the plan-level check,
-        properties.checkers.plan_violations): {"tensors": the keys it planned for, "reads": one (tensor, dst
+        properties.check.states.plan_violations): {"tensors": the keys it planned for, "reads": one (tensor, dst
         offsets, shape, src piece offsets, offsets within that piece) per read, dst and piece in global
         coordinates}; None where the SUT does not expose one or planned nothing."""
         return None

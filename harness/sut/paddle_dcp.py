@@ -20,11 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
-from reference.namespaces import NAMESPACES
-from reference.tensor import Tensor
-
-from ._paddle_common import (
+from harness.sut._paddle_common import (
     SUPPORTED_DTYPES,
     PaddleAdapter,
     from_paddle,
@@ -32,14 +28,18 @@ from ._paddle_common import (
     trailing_int,
     zeros,
 )
-from .base import RankTensor
+from harness.sut.base import RankTensor
+from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
+from reference.namespaces import NAMESPACES
+from reference.tensor import Tensor
 
 _SAME_DIR = "dcp"  # options["same_dir"]: every version lives in root/dcp, told apart by unique_id
 _SAVE_MODULE = "paddle.distributed.flex_checkpoint.dcp.save_state_dict"
 _LOAD_MODULE = "paddle.distributed.flex_checkpoint.dcp.load_state_dict"
 _RESHARDER_MODULE = "paddle.distributed.flex_checkpoint.dcp.resharder"
 # What Paddle's resharder planned during the load in progress on this rank, as (target keys, read items) per
-# resharder (module level, so virtual ranks each keep their own: harness.virtual_paddle copies this module's state
+# resharder (module level, so virtual ranks each keep their own: harness.ranks.virtual.paddle_world copies this
+# module's state
 # per rank); None outside a load. A load Paddle finds "resumable locally" plans nothing and is not checked.
 _reads: list | None = None
 

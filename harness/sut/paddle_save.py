@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from harness.sut._paddle_common import SUPPORTED_DTYPES, PaddleAdapter, from_paddle, to_paddle
+from harness.sut.base import RankTensor
 from reference.tensor import Tensor
-
-from ._paddle_common import SUPPORTED_DTYPES, PaddleAdapter, from_paddle, to_paddle
-from .base import RankTensor
 
 _thread_errors: dict[threading.Thread, BaseException] = {}
 _hook_installed = False

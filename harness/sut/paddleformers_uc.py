@@ -30,12 +30,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from harness.sut._paddle_common import PaddleAdapter, from_paddle, paddle_dtype_name, to_paddle, trailing_int
+from harness.sut.base import RankTensor
 from reference.dtypes import dtype
 from reference.layout import Box, Region
 from reference.tensor import Tensor
-
-from ._paddle_common import PaddleAdapter, from_paddle, paddle_dtype_name, to_paddle, trailing_int
-from .base import RankTensor
 
 PARAM_DTYPES = ("F32", "BF16", "F16")
 # AsyncCheckpointHandler's writers: (state kind, its flag, its process); flag 1 = a file is being written.
@@ -441,7 +440,7 @@ def _register_new_segments() -> None:
     class UC instantiates behaves exactly as before. Once per process."""
     from multiprocessing import shared_memory
 
-    from harness.launch import register_shm
+    from harness.sut.shm import register_shm
 
     base = shared_memory.SharedMemory
     if getattr(base, "_ckpt_harness_registers", False):

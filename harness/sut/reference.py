@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harness.sut.base import RankTensor, SutAdapter
 from reference import (
     AsyncSaver,
     AsyncWriterError,
@@ -27,8 +28,6 @@ from reference import (
 from reference.commit import rotate as rotate_checkpoints
 from reference.dtypes import DTYPES
 from reference.index import read_index
-
-from .base import RankTensor, SutAdapter
 
 COMMIT_TIMEOUT = 60.0
 

@@ -30,11 +30,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from harness.sut.base import RankTensor, SutAdapter
 from reference.dtypes import dtype
 from reference.layout import Box, Region, Shard, Sharded
 from reference.tensor import Tensor
-
-from .base import RankTensor, SutAdapter
 
 # dtype code -> (torch dtype name, numpy carrier torch ingests bit for bit, torch dtype to view the carrier as)
 _CARRIERS: dict[str, tuple[str, str]] = {

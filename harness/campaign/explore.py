@@ -1,0 +1,226 @@
+"""Bounded-exhaustive crash exploration (ACE/CrashMonkey: almost every crash-consistency bug they found needs at
+most three operations): every sequence of at most ``max_len`` writing ops over one fixed small state, every op of
+it in turn the fault op, and for each, every crash point (a SIGKILL at each syscall it makes under the root) and
+every power-loss state of its IO (faults.crashstates), each judged by the history checker.
+
+A *shape* is a string over ``S`` (save under a new name), ``R`` (re-save into the name saved last: a job resumed
+from an older step saves that step again; every SUT is asked, and one that cannot is a finding) and ``T``
+(``rotate`` keeping 1: SUTs claiming ``rotate``); it starts with ``S`` (a re-save or a rotation before any save
+means nothing). Its ops are followed by the recovery tail of the fault scenario
+(properties.generate.fault_cases.fault_ops): after the faulted op the job restarts, the ops after it in the shape run,
+then the latest is loaded (where the SUT has one), every saved name by the version it should hold, and a new
+version is saved and loaded.
+
+Per shape the report counts ``judged / total``: total is what was enumerated, judged what got a verdict; a point or
+state that could not be run counts against judged and keeps its error, never dropped. Each fault op is traced once
+(faultrun.Traced) and its points and states reuse the trace. A failure is replayed as its own case in fresh
+processes (and charged to the fault only if the shape passes without it) before it counts; findings carry the exact
+concrete fault (``kill`` / ``state``) and replay with ``ckpt-harness replay``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from faults.spec import RecordFault
+from harness.judging.fault_runs import CaseJudge, CrashResult, at_most, judge_points, judge_states, traced
+from harness.judging.judge import attributed
+from harness.judging.run import run_case
+from harness.ranks.runners import Runners
+from properties.check.history import check_history
+from properties.generate.cases import Caps
+from properties.generate.fault_cases import has_latest
+from properties.model.case import Case, Op, TensorCase
+from properties.model.verdicts import Judgement
+from reference.layout import Mesh, Replicate, Shard, Sharded
+
+LETTERS = {"S": "save", "R": "re-save", "T": "rotate"}
+
+
+def alphabet(capabilities: Iterable[str]) -> str:
+    """The ops a SUT's shapes use: saves and re-saves always, rotations where it claims them."""
+    caps = set(capabilities)
+    return "SR" + ("T" if "rotate" in caps else "")
+
+
+def shapes(capabilities: Iterable[str], max_len: int) -> list[str]:
+    """Every shape of 1..``max_len`` ops over the SUT's alphabet that starts with a save, shortest first."""
+    letters = alphabet(capabilities)
+    return ["S" + "".join(rest) for n in range(max_len) for rest in itertools.product(letters, repeat=n)]
+
+
+def family(capabilities: Iterable[str], world: int) -> tuple[tuple[TensorCase, ...], dict[str, dict]]:
+    """The fixed small state, within what the SUT holds: a zero-size tensor, an uneven shard (5 rows over the
+    ranks), a replicated tensor and a BF16 one; a trainer's state (``trainer_state``) as two parameters, a BF16 one
+    of 5 rows (with its FP32 master weight and moments) and a zero-size one, all replicated."""
+    caps = Caps(capabilities)
+    mesh = Mesh((world,))
+    rep = Sharded(mesh, (Replicate(),)).to_json()
+    shard = rep if caps.replicated_only else Sharded(mesh, (Shard(0),)).to_json()
+    plain = "F32" if "F32" in caps.dtypes else caps.dtypes[0]
+    bf16 = "BF16" if "BF16" in caps.dtypes else plain
+    if caps.trainer_state:
+        params = [("w", bf16, (5, 2), 1), ("b", "F32", (0,) if caps.zero_size else (3,), 2)]
+        tensors = []
+        for p, dtype, shape, seed in params:
+            members = [(f"model/{p}", dtype), (f"optimizer/{p}.m1", "F32"), (f"optimizer/{p}.m2", "F32")]
+            members += [(f"master/{p}", "F32")] if dtype != "F32" else []
+            tensors += [TensorCase(k, dt, shape, seed * 10 + n) for n, (k, dt) in enumerate(members)]
+        return tuple(tensors), {t.name: rep for t in tensors}
+    tensors = [
+        TensorCase("model/w", plain, (5, 2), 1),  # uneven: ceil(5 / world) rows per rank, the last ones fewer
+        TensorCase("model/b", plain, (3,), 2),
+        TensorCase("ema/w", bf16, (4, 2), 3),
+    ]
+    layout = {"model/w": shard, "model/b": rep, "ema/w": shard}
+    if caps.zero_size:
+        tensors.append(TensorCase("model/emb", plain, (0, 3), 4))
+        layout["model/emb"] = shard
+    return tuple(tensors), layout
+
+
+def shape_ops(shape: str, *, latest: bool) -> tuple[Op, ...]:
+    """The shape's ops, then the recovery tail: load the latest (``latest``), every saved name (newest first) by
+    the version it should hold, then save a new version and load it."""
+    ops: list[Op] = []
+    holds: dict[str, int] = {}  # name -> the version its last save wrote (version: the op's index)
+    last = "step-0"
+    for version, letter in enumerate(shape):
+        if letter == "T":
+            ops.append(Op("rotate", keep=1))
+            continue
+        name = last if letter == "R" else f"step-{version}"
+        ops.append(Op("save", name, version))
+        holds.pop(name, None)  # re-inserted: the dict stays in the order of each name's last save
+        holds[name], last = version, name
+    newest = len(ops)
+    tail = [Op("load", None, holds[last])] if latest else []
+    tail += [Op("load", name, v) for name, v in reversed(holds.items())]
+    tail += [Op("save", f"step-{newest}", newest), Op("load", f"step-{newest}", newest)]
+    return (*ops, *tail)
+
+
+def shape_case(sut: str, capabilities: Iterable[str], world: int, shape: str, options: dict | None = None) -> Case:
+    """The case of ``shape`` (no fault yet) over the fixed state."""
+    caps = set(capabilities)
+    bad = set(shape) - set(alphabet(caps))
+    if not shape.startswith("S") or bad:
+        raise ValueError(f"shape {shape!r}: must start with S and use only {alphabet(caps)} (ops {sorted(bad)})")
+    opts = dict(options or {})
+    tensors, layout = family(caps, world)
+    ops = shape_ops(shape, latest=has_latest(caps, opts))
+    return Case("P-ATOMIC", sut, tensors, layout, layout, ops, opts, 0)
+
+
+@dataclass
+class ShapeReport:
+    """One shape's exploration: every crash point and state of every op of it, judged."""
+
+    shape: str
+    case: Case | None = None  # the shape's case explored (without a fault): its findings are this case with theirs
+    control: Judgement | None = None  # the shape without a fault
+    points: list[CrashResult] = field(default_factory=list)
+    states: list[CrashResult] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)  # fault ops whose trace could not be taken (each one unjudged)
+    failed_control: Judgement | None = None  # the full state's control, where it failed and a smaller state passes
+    dropped: str = ""  # the tensor left out of the state for that reason
+
+    @property
+    def results(self) -> list[CrashResult]:
+        return self.points + self.states
+
+    @property
+    def total(self) -> int:
+        return len(self.results) + len(self.errors)
+
+    @property
+    def judged(self) -> int:
+        return sum(1 for r in self.results if r.judged)
+
+    @property
+    def failing(self) -> list[CrashResult]:
+        return [r for r in self.results if r.failing]
+
+    def row(self) -> dict:
+        """The report's numbers for this shape."""
+        return {
+            "shape": self.shape, "ops": " ".join(LETTERS[c] for c in self.shape),
+            "control": ("-" if self.control is None else self.control.verdict.value) + (
+                f" (full state: {self.failed_control.verdict.value}; explored without {self.dropped})"
+                if self.dropped else ""),
+            "points": f"{sum(r.judged for r in self.points)}/{len(self.points)}",
+            "states": f"{sum(r.judged for r in self.states)}/{len(self.states)}",
+            "judged": self.judged, "total": self.total, "failing": len(self.failing),
+            "flaky": sum(1 for r in self.results if r.confirmed is False),
+            "unconfirmed": sum(1 for r in self.failing if r.confirmed is None),
+            "excused": sum(1 for r in self.results if r.judged and r.judgement.excuse is not None),
+        }
+
+
+def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge | None, *, points: bool = True,
+                  states: bool = True, on_result: Callable[[CrashResult], None] | None = None,
+                  confirm_limit: int | None = None, errno: str | None = None) -> ShapeReport:
+    """Every crash point and power-loss state of every op of ``shape`` in ``case`` (its shape_case), judged;
+    ``confirm_limit``: replay only that many failures per op and kind (the rest stay unconfirmed failures);
+    ``errno``: each crash point fails its call with that errno instead of killing the rank."""
+    report = ShapeReport(shape)
+    report.control = check_history(case, run_case(case, runners), runners.cls.clear_errors)
+    if not report.control.ok:  # a bug of the plain shape (often a known one) would excuse every fault: shrink it away
+        case, report.dropped, passing = _without_failing_tensor(case, runners)
+        if passing is not None:
+            report.failed_control, report.control = report.control, passing
+    report.case = case
+    confirm_ = confirm if report.control.ok else None  # failures the shape has anyway are not the fault's
+    seen = (lambda n, r: on_result(r)) if on_result is not None else None
+    for op in range(len(shape)):  # every op of the shape writes (a save or a rotation); the tail is not faulted
+        fcase = dataclasses.replace(case, fault=RecordFault(op=op))
+        try:
+            with traced(fcase, runners) as t:
+                if points:
+                    report.points += judge_points(t, t.points(errno), runners, at_most(confirm_, confirm_limit),
+                                                  seen)
+                if states:
+                    report.states += judge_states(t, list(t.states()), runners, at_most(confirm_, confirm_limit),
+                                                  seen)
+        except Exception as exc:  # the trace of this op failed: one unjudged entry says why
+            report.errors.append(f"op {op}: {type(exc).__name__}: {exc}")
+    if not report.control.ok:
+        for r in report.results:
+            if r.judged and not r.judgement.ok:
+                r.judgement = attributed(dataclasses.replace(case, fault=r.fault), r.judgement, report.control)
+    return report
+
+
+def _without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Judgement | None]:
+    """The case without the first tensor whose absence lets its fault-free run pass: a failure the full state has
+    without any fault (a zero-size tensor the SUT cannot save, say) would otherwise excuse every crash point and
+    power-loss state of the shape, hiding what the fault does to the rest. (case, "", None) where no single tensor
+    is to blame: the shape is explored as it is, its failures attributed against the failing control."""
+    for tensor in case.tensors:
+        name = tensor.name
+        smaller = dataclasses.replace(
+            case, tensors=tuple(t for t in case.tensors if t.name != name),
+            save_layout={k: v for k, v in case.save_layout.items() if k != name},
+            load_layout={k: v for k, v in case.load_layout.items() if k != name})
+        judgement = check_history(smaller, run_case(smaller, runners), runners.cls.clear_errors)
+        if judgement.ok:
+            return smaller, name, judgement
+    return case, "", None
+
+
+def explore(sut: str, runners: Runners, world: int, max_len: int, confirm: CaseJudge | None = None, *,
+            options: dict | None = None, points: bool = True, states: bool = True,
+            only: Iterable[str] | None = None, confirm_limit: int | None = None, errno: str | None = None,
+            on_result: Callable[[str, CrashResult], None] | None = None) -> list[ShapeReport]:
+    """Explore every shape of at most ``max_len`` ops (or just ``only``) for ``sut`` on ``world`` ranks."""
+    caps = runners.cls.capabilities
+    reports = []
+    for shape in (list(only) if only is not None else shapes(caps, max_len)):
+        case = shape_case(sut, caps, world, shape, options)
+        seen = (lambda r, s=shape: on_result(s, r)) if on_result is not None else None
+        reports.append(explore_shape(shape, case, runners, confirm, points=points, states=states, on_result=seen,
+                                     confirm_limit=confirm_limit, errno=errno))
+    return reports

@@ -1,0 +1,227 @@
+"""Run one case and judge it: the one entry point ``fuzz``, ``replay``, ``crashpoints`` and the tests share.
+
+The judge picks the checker (the oracle, P-DIFF against the reference engine, or the history checker for fault
+cases and sequences), turns a drawn crash point or power-loss state into the concrete fault it names, charges a
+fault case's failure to the fault only if the same ops pass without it, and excuses failures that a known finding
+explains. A judgement of verdict ``pass`` carries its excuse where it is not a plain pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from faults.errors import TraceMismatch
+from faults.spec import PowerFault
+from harness.judging.fault_runs import judge_points, judge_states, traced
+from harness.judging.iomap import place, timeline
+from harness.judging.run import run_case
+from harness.ranks.runners import Runners
+from harness.sut import REGISTRY
+from properties.check.anomalies import ranks_stopped
+from properties.check.history import check_history
+from properties.check.oracle import check_diff, check_oracle
+from properties.model.case import Case, CaseError
+from properties.model.outcome import Outcome
+from properties.model.verdicts import Excuse, Judgement, Verdict
+from properties.registry import Checker, checker_for
+from properties.triage.buckets import Bucket, bucket_of
+from properties.triage.known import Known, explained_by
+
+STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
+EXHAUSTIVE_BOUND = 64  # fuzz: a drawn crash point or state is judged with all of its kind where there are this few
+
+
+def attributed(case: Case, judgement: Judgement, plain: Judgement) -> Judgement:
+    """A fault case's failing ``judgement``, given ``plain``, the same ops judged without the fault: it stands if
+    those pass, else it is a pass excused as not attributed to the fault."""
+    if plain.ok:
+        return judgement
+    return Judgement(case.property, Verdict.PASS,
+                     (f"not attributed to the fault: the case fails without it too ({plain.verdict.value}: "
+                      f"{'; '.join(plain.details)[:300]})",), judgement.anomalies, Excuse.UNATTRIBUTED)
+
+
+class Unreplayable(TraceMismatch):
+    """A drawn power-loss state whose IO interleaving did not recur in any of the runs tried (fuzzing skips it;
+    replay reports it)."""
+
+
+class Judge:
+    """Runs a case and judges it; P-DIFF also runs the reference engine on the same case, in-process."""
+
+    def __init__(self, runners: Runners, *, exploring: bool = False, known: list[Known] | None = None,
+                 exhaustive: int = 0) -> None:
+        self.runners = runners
+        self.exhaustive = exhaustive  # a drawn point or state: judge all of them where there are at most this many
+        self.exploring = exploring  # fuzzing: a power-loss state that cannot be replayed is skipped, not an error
+        self.unreplayable = 0
+        self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
+        self.known_hits: Counter = Counter()
+        self.flaky: list[str] = []  # exploring: failures (ranks died or hung) that a second run did not repeat
+        # exploring: the bucket core of a judgement cut short -> (the known finding, the bucket) its settling run
+        # found (Judge._settle)
+        self.settled: dict[str, tuple[str | None, Bucket]] = {}
+        runners.fast_failures = exploring
+        self._reference: Runners | None = None
+
+    def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
+        judgement, outcome = self._judge(case)
+        if outcome.cut_short and not judgement.ok:
+            judgement, outcome, known = self._settle(case, judgement, outcome)
+        else:
+            known = explained_by(self.known, self.family(case), judgement)
+        if known is not None:
+            self.known_hits[known] += 1
+            return self._known(case, known, judgement), outcome
+        if not outcome.cut_short and self._flaky(case, judgement):
+            first = f"flaky: {judgement.details[0]}; the case passed when run again"
+            return Judgement(case.property, Verdict.PASS, (first, *judgement.details[1:]), judgement.anomalies,
+                             Excuse.FLAKY), outcome
+        return judgement, outcome
+
+    @staticmethod
+    def _known(case: Case, known: str, judgement: Judgement) -> Judgement:
+        return Judgement(case.property, Verdict.PASS, (f"known finding {known}: {judgement.details[0]}",),
+                         judgement.anomalies, Excuse.KNOWN)
+
+    def bucket(self, case: Case, judgement: Judgement, outcome: Outcome) -> Bucket:
+        """A failure's root-cause bucket (properties.triage.buckets). A failure that shows a known bug and a new one is
+        the new one's: its bucket is read past the known. A judgement cut short (ranks stuck behind a raiser) goes
+        to the bucket its settling run found for the same shortcut."""
+        bucket = self._bucket(case, judgement, outcome)
+        return self.settled.get(bucket.core, (None, bucket))[1] if outcome.cut_short else bucket
+
+    def _bucket(self, case: Case, judgement: Judgement, outcome: Outcome) -> Bucket:
+        family = self.family(case)
+        unknown = [a for a in judgement.anomalies if not any(k.matches(family, a) for k in self.known)]
+        return bucket_of(case, unknown or judgement.anomalies, outcome.tracebacks) or Bucket(
+            f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
+
+    def _settle(self, case: Case, judgement: Judgement, outcome: Outcome
+                ) -> tuple[Judgement, Outcome, str | None]:
+        """A fuzzing judgement cut short where ranks sat stuck behind one that raised: the first of its bucket is
+        run again waiting every wait out (as ``replay`` does), and that run's judgement stands and tells what the
+        shortcut's bucket is (a known finding, or the waited-out failure's bucket); later ones of the bucket are
+        judged by the shortcut alone. Returns the judgement, its outcome and the known finding explaining it."""
+        short = self._bucket(case, judgement, outcome)
+        if short.core in self.settled:
+            known = self.settled[short.core][0]
+            return judgement, outcome, known
+        with self.runners.waiting():
+            full, full_outcome = self._judge(case)
+        known = explained_by(self.known, self.family(case), full)
+        if not full.ok:
+            self.settled[short.core] = (known, self.bucket(case, full, full_outcome))
+        return full, full_outcome, known
+
+    def family(self, case: Case) -> str:
+        """The SUT whose known findings apply: an adapter that subclasses a registered SUT and keeps its ``name``
+        (a wrapper, a build with a planted defect) inherits that SUT's findings; any other goes by ``case.sut``."""
+        name = getattr(self.runners.cls, "name", None)
+        return name if name in REGISTRY else case.sut
+
+    def _flaky(self, case: Case, judgement: Judgement) -> bool:
+        """While fuzzing, a fault-free case whose only failure is ranks that died or hung runs once more: a crash
+        the same ops do not repeat (a race in the runtime's own teardown, a wedged collective) is reported as
+        flaky instead of failing the campaign and being shrunk towards nothing; one that repeats stands. Virtual
+        ranks are not asked: their schedule is fixed (one rank at a time, in rank order), so the same ops repeat the
+        same crash by construction and a second run only costs a relaunch."""
+        if not self.exploring or judgement.ok or case.fault is not None or not ranks_stopped(judgement.anomalies):
+            return False
+        if self.runners.mode == "virtual":  # fault-free cases, the only ones asked, run on virtual ranks there
+            return False
+        again, _ = self._judge(case)
+        if not again.ok:
+            return False
+        self.flaky.append(f"{case.property}: {judgement.details[0][:300]}")
+        return True
+
+    def _judge(self, case: Case) -> tuple[Judgement, Outcome]:
+        if case.fault is not None and case.fault.drawn:
+            return self._drawn(case)
+        checker = checker_for(case)
+        outcome = self._run(case)
+        if checker is Checker.HISTORY:
+            judgement = check_history(case, outcome, self.runners.cls.clear_errors)
+            faulted = case.fault is not None and not judgement.ok
+            return (self._attributed(case, judgement) if faulted else judgement), outcome
+        if checker is Checker.ORACLE:
+            return check_oracle(case, outcome), outcome
+        if self._reference is None:
+            self._reference = Runners("reference", mode="in-process")
+        ref = run_case(dataclasses.replace(case, sut="reference"), self._reference)
+        return check_diff(case, outcome, ref), outcome
+
+    def _drawn(self, case: Case) -> tuple[Judgement, Outcome]:
+        """A drawn fault, judged as the concrete fault it picks from a recording of this very case; where the case
+        has at most ``exhaustive`` crash points (or states) of that kind, every one of them is judged on warm ranks
+        (from the drawn one on) and the first whose replay as its own case fails is the finding."""
+        with traced(case, self.runners) as t:
+            faults = t.concrete(case.fault)
+            if not faults:
+                return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",),
+                                 excuse=Excuse.SKIPPED), Outcome(case.sut)
+            first = case.fault.index % len(faults)
+            if len(faults) > self.exhaustive:
+                return self._concrete(dataclasses.replace(case, fault=faults[first]))
+            if isinstance(case.fault, PowerFault):
+                states = list(t.states())
+                results = judge_states(t, states[first:] + states[:first], self.runners)
+            else:
+                results = judge_points(t, faults[first:] + faults[:first], self.runners)
+            failing = any(r.judged and not r.judgement.ok for r in results)  # the map is taken while the run exists
+            drawn = (timeline(t, case.sut), list(t.recording.all_calls), t.root) if failing else None
+        unjudged = [r for r in results if not r.judged]
+        for r in results:
+            if r.judged and not r.judgement.ok:
+                judgement, outcome = self._concrete(dataclasses.replace(case, fault=r.fault))
+                if not judgement.ok or judgement.excuse is Excuse.UNATTRIBUTED:  # the same for every fault here
+                    if not judgement.ok and drawn is not None:  # where in the op the SUT is unsafe, point by point
+                        outcome.io_map = place(drawn[0], results, drawn[1], drawn[2])
+                    return judgement, outcome
+        what = "crash states" if isinstance(case.fault, PowerFault) else "crash points"
+        note = f"; {len(unjudged)} could not be run: {unjudged[0].error}" if unjudged else ""
+        return Judgement(case.property, Verdict.PASS, (f"every one of {len(results)} {what} judged, "
+                                                       f"{len(results) - len(unjudged)} ran, none failing{note}",)
+                         ), Outcome(case.sut)
+
+    def _concrete(self, concrete: Case) -> tuple[Judgement, Outcome]:
+        """Judge a drawn fault's concrete case; the outcome names the concrete fault (the finding carries it)."""
+        try:
+            judgement, outcome = self(concrete)
+        except Unreplayable as exc:
+            skipped = Judgement(concrete.property, Verdict.PASS, (f"skipped: {exc}",), excuse=Excuse.SKIPPED)
+            return skipped, Outcome(concrete.sut)
+        outcome.resolved_fault = concrete.fault
+        return judgement, outcome
+
+    def _attributed(self, case: Case, judgement: Judgement) -> Judgement:
+        """A fault case's failure counts only if the fault caused it: the same ops without the fault must pass.
+        Otherwise the SUT fails the case anyway (a fault-free property finds that bug) and it is not reported
+        here, so fault campaigns are not swamped by, and do not shrink towards, bugs that need no fault."""
+        control = dataclasses.replace(case, fault=None)
+        control_outcome = run_case(control, self.runners)
+        # The same history rules as the faulted run (rotation, latest, ...), only without the fault.
+        plain = check_history(control, control_outcome, self.runners.cls.clear_errors)
+        return attributed(case, judgement, plain)
+
+    def _run(self, case: Case) -> Outcome:
+        """Run the case; a power-loss state needs the save's IO in the order it was enumerated from, and ranks
+        interleave differently from run to run, so such a case is retried a bounded number of times."""
+        for attempt in range(STATE_ATTEMPTS):
+            try:
+                return run_case(case, self.runners)
+            except TraceMismatch as exc:
+                if attempt == STATE_ATTEMPTS - 1 and self.exploring:
+                    self.unreplayable += 1
+                    raise Unreplayable(str(exc)) from None
+                if attempt == STATE_ATTEMPTS - 1:
+                    raise CaseError(f"{exc} (in {STATE_ATTEMPTS} runs the ranks never interleaved their IO as "
+                                    "recorded; the state cannot be replayed on this machine)") from None
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.runners.close()
+        if self._reference is not None:
+            self._reference.close()

@@ -1,0 +1,46 @@
+"""Ranks played inside the controller: world size 1 for any SUT, any world size for SUTs that need no
+collectives (capability ``in_process_world``). No processes, so no faults; the fastest way to run a case."""
+
+from __future__ import annotations
+
+import contextlib
+
+from harness.ranks.rankops import RankExecutor
+from harness.ranks.runner import Runner
+from harness.sut import adapter_class
+
+
+class InProcessRunner(Runner):
+    mode = "in-process"
+    launched = False
+
+    def __init__(self, sut: str, world: int, options: dict) -> None:
+        super().__init__()
+        cls = adapter_class(sut)
+        self.executors = []
+        for rank in range(world):
+            adapter = cls()
+            self.shims = adapter.setup(rank, world, options)
+            self.info[rank] = adapter.describe()
+            self.executors.append(RankExecutor(adapter, rank, world))
+        # Play the coordinator (rank 0) last, so file-based rendezvous (the reference) finds the others done.
+        self.order = list(reversed(self.executors))
+
+    def begin(self, case_json: dict, root: str) -> None:
+        for ex in self.executors:
+            ex.begin(case_json, root)
+
+    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None) -> list[dict]:
+        return sorted((ex.op(index) for ex in self.order), key=lambda r: r["rank"])
+
+    def end(self) -> None:
+        for ex in self.executors:
+            ex.end()
+
+    def close(self, graceful: bool = True) -> None:
+        if not graceful:  # the job dies: its ranks live in this process, so their in-flight async saves end here
+            with contextlib.suppress(Exception):
+                self.end()
+        for ex in self.executors:
+            ex.release()  # a held writer would keep the adapter's close waiting for ever
+            ex.adapter.close()

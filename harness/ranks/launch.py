@@ -1,0 +1,143 @@
+"""Starting ranks and cleaning up after them: every process the harness starts is bounded and reaped.
+
+Each launch runs in its own session so the whole tree (framework launcher, ranks, async writers they spawned)
+can be found and killed with psutil, whatever state it is in.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+from faults.procs import kill_tree, popen
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKER = Path(__file__).resolve().parent / "worker.py"
+
+
+def rank_pythonpath(existing: str | None = None) -> str:
+    """The PYTHONPATH of every launched process: this repository first (the ranks run this harness), then the
+    caller's working directory and each ``sys.path`` entry of the caller that exists, in the caller's order, then
+    what ``existing`` held; the first of duplicates is kept. Ranks start in the repository root, so without this
+    an external adapter the caller imports from its working directory (``--sut mypkg.mod:Class``, docs/design.md
+    §4) would not import on them. Deterministic: the same caller gives the same value."""
+    caller = [os.getcwd(), *(os.path.abspath(p) for p in sys.path if isinstance(p, str))]  # "" is the cwd
+    entries = [str(REPO_ROOT), *(p for p in caller if os.path.exists(p)), *(existing or "").split(os.pathsep)]
+    return os.pathsep.join(dict.fromkeys(p for p in entries if p))  # "" would be the rank's cwd: the repo, first
+
+
+COLLECTIVE_TIMEOUT_MS = 60_000  # half the default op bound (harness.ranks.runners.OP_TIMEOUT, 120 s)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a launched process (framework launcher or rank): the caller's, with ``rank_pythonpath``
+    and defaults for shared GPU machines, then ``extra``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = rank_pythonpath(env.get("PYTHONPATH"))
+    env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on shared GPU machines
+    env.setdefault("GLOG_minloglevel", "2")
+    # Paddle's NCCL groups give up after PADDLE_PG_TIMEOUT ms (default 30 min): well inside the harness's op bound
+    # instead, so a rank left in a collective raises rather than being killed at the bound (gloo: fixed 30 s).
+    env.setdefault("PADDLE_PG_TIMEOUT", str(COLLECTIVE_TIMEOUT_MS))
+    env.update(extra or {})
+    return env
+
+
+def paddle_gpus(world: int, device: str = "auto") -> int:
+    """GPUs to give a Paddle launch (``world`` ranks on this node): one per rank when Paddle has CUDA and enough
+    devices, else 0 (CPU, gloo). ``device`` "cpu" forces the CPU; "gpu" insists on GPUs."""
+    if device == "cpu":
+        return 0
+    with warnings.catch_warnings():  # Paddle warns about ccache on import; noise in a findings table
+        warnings.simplefilter("ignore")
+        import paddle  # only the controller of a paddle-launched SUT pays for this import
+
+    count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+    if device == "gpu" and count < world:
+        raise RuntimeError(f"device gpu asked for, but Paddle sees {count} GPU(s) for {world} ranks on a node")
+    return world if count >= world else 0
+
+
+SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, less its NUL)
+
+
+def short_tempdir(prefix: str, room: int) -> str:
+    """A fresh temp folder whose path leaves ``room`` bytes for the socket names made under it: under $TMPDIR
+    where that fits, else under /tmp (a long $TMPDIR, as a CI runner's may be, would make ``bind`` fail)."""
+    base = tempfile.gettempdir()
+    fits = len(base) + 1 + len(prefix) + 8 + room <= SOCKET_PATH_MAX
+    return tempfile.mkdtemp(prefix=prefix, dir=base if fits else "/tmp")
+
+
+def free_port() -> int:
+    """A port the kernel just handed out on loopback (a rendezvous needs one; never a fixed number)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def worker_argv(control: str, sut: str, options_json: str) -> list[str]:
+    """The arguments of ``harness.ranks.worker``, however the rank is started."""
+    return ["--control", control, "--sut", sut, "--options", options_json]
+
+
+def launch_commands(
+    launcher: str, world: int, control: str, sut: str, options_json: str, log_dir: Path, gpus: int = 0,
+    nnodes: int = 1,
+) -> list[tuple[list[str], dict[str, str]]]:
+    """The processes to start for one pool: one per rank (plain), or one framework launcher per node (paddle,
+    torchrun). ``nnodes`` > 1 starts that many launchers on this machine, each with world / nnodes ranks, meeting
+    over loopback at a free port: a multi-node job in miniature."""
+    worker_args = worker_argv(control, sut, options_json)
+    if nnodes < 1 or world % nnodes:
+        raise ValueError(f"{world} ranks cannot be split evenly over {nnodes} nodes")
+    per_node = world // nnodes
+    if launcher == "plain":
+        return [
+            (
+                [sys.executable, "-m", "harness.ranks.worker", *worker_args],
+                child_env({"RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r % per_node)}),
+            )
+            for r in range(world)
+        ]
+    if launcher == "paddle":
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(per_node)]
+        if gpus:
+            cmd += ["--gpus", ",".join(str(i) for i in range(per_node))]
+        if nnodes == 1:
+            return [([*cmd, "--log_dir", str(log_dir), str(WORKER), *worker_args], child_env())]
+        master = f"127.0.0.1:{free_port()}"
+        return [
+            ([*cmd, "--nnodes", str(nnodes), "--master", master, "--rank", str(node), "--log_dir",
+              str(log_dir / f"node{node}"), str(WORKER), *worker_args], child_env())
+            for node in range(nnodes)
+        ]
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(per_node)]
+        env = child_env({"OMP_NUM_THREADS": "1"})
+        if nnodes == 1:
+            return [([*cmd, "--standalone", str(WORKER), *worker_args], env)]
+        endpoint = f"127.0.0.1:{free_port()}"
+        return [
+            ([*cmd, "--nnodes", str(nnodes), "--node_rank", str(node), "--rdzv_backend", "c10d",
+              "--rdzv_endpoint", endpoint, "--rdzv_id", Path(control).parent.name, "--local_addr", "127.0.0.1",
+              str(WORKER), *worker_args], env)
+            for node in range(nnodes)
+        ]
+    raise ValueError(f"unknown launcher {launcher!r}")
+
+
+def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        return popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+
+
+def kill_trees(procs: list[subprocess.Popen]) -> None:
+    """Kill every process started by ``procs`` (their whole trees and sessions) and reap them."""
+    for proc in procs:
+        kill_tree(proc)
