@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from faults import strace
 from harness.campaign.explore import shape_case
-from harness.judging.fault_runs import judge_points, judge_states, traced
+from harness.judging.fault_runs import judge_crash_states, judge_points, traced
 from harness.judging.judge import Judge
 from harness.ranks.runners import Runners
 from harness.sut import UnknownSut, adapter_class
@@ -81,7 +81,7 @@ def measure(sut: str, ranks: int, launch: str, points: int | None, states: int |
             all_points, all_states = t.points(), list(t.states())
             out["points_total"], out["states_total"] = len(all_points), len(all_states)
             for kind, judge_all, found, n in (("points", judge_points, all_points, points),
-                                              ("states", judge_states, all_states, states)):
+                                              ("states", judge_crash_states, all_states, states)):
                 start = time.perf_counter()
                 results = judge_all(t, _spread(found, n), judge.runners)
                 wall = time.perf_counter() - start

@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.planted import DEFECTS  # noqa: E402
-from harness.campaign.fuzz import Campaign, fuzz  # noqa: E402
+from harness.campaign.fuzz import fuzz  # noqa: E402
+from harness.campaign.results import Campaign  # noqa: E402
 from harness.judging.judge import Judge  # noqa: E402
 from harness.ranks.runners import Runners  # noqa: E402
 from harness.report.summary import buckets  # noqa: E402

@@ -8,10 +8,10 @@ judges one case and starts the host or pool of every world size the cases use (`
 
 Prints one JSON object: per world size ``cases``, ``seconds``, ``cases_per_s``, ``worst_case_s``, ``settling`` and
 ``settling_s`` (the first failure of a bucket that a fuzzing judge cut short, ranks stuck behind a raiser, is run
-again waiting every wait out: on real ranks gloo's 30 s timeout, on virtual ones nothing; Judge._settle) and
+again waiting every wait out: on real ranks gloo's 30 s timeout, on virtual ones nothing; Judge._rerun_waiting) and
 ``steady_cases_per_s`` (the rate without those runs, what a long campaign sees); ``pool_2`` (the same 2-rank cases on
-real ranks) and ``virtual_vs_pool`` (virtual steady cases/s over the pool's at 2 ranks: a campaign settles a bucket
-once, so one 36 s settling run in 80 cases would make the ratio the pool's timeout, not its speed); with
+real ranks) and ``virtual_vs_pool`` (virtual steady cases/s over the pool's at 2 ranks: a campaign waits out one
+failure per bucket, so one 36 s waited-out run in 80 cases would make the ratio the pool's timeout, not its speed); with
 ``--streams S`` (default 2), ``virtual_W_xS`` for worlds <= 16: the cases split over S processes judging side by
 side, the machine's rate, and ``virtual_xS_vs_pool``: that rate at 2 ranks over the pool's (a 2-rank pool keeps both
 cores busy with one case, one virtual host one core).
@@ -123,7 +123,7 @@ instead of 22; a 16-rank case makes about 210), a fresh world began to reuse the
 modules' imports (a 16-rank world 10.5 -> 7 ms, 2 ranks 5.5 -> 2.4 ms: a third of 16-rank cases lose a rank and
 need one), and the all_gather_object padding stopped going through np.resize. The 16-rank ops alone, in one
 process (A/B, alternating runs): 34.7 / 35.0 ms a case before, 28.7 / 31.3 after. Default arguments (80 cases, 10
-at 256 ranks), one run: virtual_2 72.2 steady (x2 162.5); pool_2 10.4 steady, plus one settling run of 36.7 s
+at 256 ranks), one run: virtual_2 72.2 steady (x2 162.5); pool_2 10.4 steady, plus one waited-out run of 36.7 s
 (cases_per_s 1.81 with it); virtual_vs_pool 6.93, virtual_x2_vs_pool 15.6; virtual_16 13.75, virtual_16_x2 23.7
 (target >= 20 on 2 cores: met with both cores, two streams as two fleet shards would run; one stream alone 13-16);
 virtual_64 0.71 (two MoE cases of 5504 experts saved on 64 ranks and loaded on 43 take 24-28 s each); virtual_256
@@ -185,20 +185,20 @@ def judge_all(mode: str, cases: list[Case], start: Any = None) -> dict:
         warm(runners, cases)
         if start is not None:
             start.wait()
-        times, settles = [], []
+        times, reruns = [], []
         began_all = time.perf_counter()
         for case in cases:
-            settled, began = len(judge.settled), time.perf_counter()
+            before, began = len(judge.waited_out), time.perf_counter()
             judge(case)
-            (settles if len(judge.settled) > settled else times).append(time.perf_counter() - began)
+            (reruns if len(judge.waited_out) > before else times).append(time.perf_counter() - began)
         wall = time.perf_counter() - began_all
     finally:
         judge.close()
-    total = sum(times) + sum(settles)
-    return {"cases": len(times) + len(settles), "seconds": round(total, 2),
-            "cases_per_s": round((len(times) + len(settles)) / total, 2),
-            "worst_case_s": round(max(times + settles), 2), "wall_s": round(wall, 2),
-            "settling": len(settles), "settling_s": round(sum(settles), 2),
+    total = sum(times) + sum(reruns)
+    return {"cases": len(times) + len(reruns), "seconds": round(total, 2),
+            "cases_per_s": round((len(times) + len(reruns)) / total, 2),
+            "worst_case_s": round(max(times + reruns), 2), "wall_s": round(wall, 2),
+            "settling": len(reruns), "settling_s": round(sum(reruns), 2),
             "steady_cases_per_s": round(len(times) / sum(times), 2) if times else 0.0}
 
 
@@ -221,7 +221,7 @@ def judge_streams(world: int, count: int, seed: int, streams: int) -> dict:
         p.join(timeout=60)
     cases = sum(p["cases"] for p in parts)
     wall = max(p["wall_s"] for p in parts)
-    # the machine's rate without the settling runs, which the two streams make once each (the judges are separate)
+    # the machine's rate without the waited-out runs, which the two streams make once each (the judges are separate)
     steady, settling = max(p["wall_s"] - p["settling_s"] for p in parts), sum(p["settling"] for p in parts)
     return {"streams": streams, "cases": cases, "wall_s": wall, "cases_per_s": round(cases / wall, 2),
             "worst_case_s": max(p["worst_case_s"] for p in parts), "settling": settling,

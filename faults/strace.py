@@ -333,7 +333,7 @@ class Attached:
                 raise RuntimeError(f"strace could not attach to {self.pids}: {_read(err)[-_TAIL:]}")
             time.sleep(0.01)
 
-    def _settle(self, trace: str, timeout: float = 2.0) -> None:
+    def _await_kill_logged(self, trace: str, timeout: float = 2.0) -> None:
         """Before detaching, let strace log a kill it caused: a tracee's death reaches the harness (a closed socket)
         before strace has reaped it and written ``= ?`` / ``killed by SIGKILL``, and a detach would drop both.
         A dead attached process must have its own ``killed by`` line: its threads die (and are logged) first, and
@@ -352,7 +352,7 @@ class Attached:
 
     def _stop(self) -> str:
         assert self._proc is not None and self._tmp is not None
-        self._settle(os.path.join(self._tmp.name, "trace"))
+        self._await_kill_logged(os.path.join(self._tmp.name, "trace"))
         if self._proc.poll() is None:
             self._proc.send_signal(signal.SIGINT)  # detach: the tracees carry on untraced
             try:

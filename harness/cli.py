@@ -9,10 +9,8 @@ variable CKPT_HARNESS_DEBUG=1) re-raises it with its traceback instead, for deve
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -21,7 +19,8 @@ from pathlib import Path
 
 from faults.strace import ERRNO_NAMES
 from harness.campaign.corpus import Corpus
-from harness.campaign.fuzz import Campaign, default_seed, fuzz
+from harness.campaign.fuzz import default_seed, fuzz
+from harness.campaign.results import Campaign
 from harness.fleet.driver import FleetError
 from harness.fleet.plan import PlanError
 from harness.judging.judge import EXHAUSTIVE_BOUND, Judge
@@ -365,6 +364,7 @@ def _check_repro(folder: Path) -> int:
 def _crashpoints(args: argparse.Namespace) -> int:
     from faults import strace
     from harness.judging.fault_runs import as_fault_case, crashpoints, crashstates
+    from harness.report.crash import point_progress, print_points, print_states, traced_map, write_crash_report
 
     if not strace.available():
         raise HarnessError("crashpoints: strace is missing or ptrace is not permitted here (apt-get install strace); "
@@ -388,57 +388,24 @@ def _crashpoints(args: argparse.Namespace) -> int:
     try:
         if args.states:
             results, n_ops = crashstates(case, judge_case.runners, limit=args.limit, confirm=judge_case,
-                                         on_traced=lambda t: traced.append(_timeline(t, case.sut, args.out)))
-            code, lines = _print_states(results, n_ops)
+                                         on_traced=lambda t: traced.append(traced_map(t, case.sut, args.out)))
+            code, lines = print_states(results, n_ops)
         else:
-            def progress(n: int, r) -> None:  # a long run reports each point as it is judged
-                print(f"point {n}: {r.fault.syscall} {r.fault.path} -> {r.judgement.verdict.value}",
-                      file=sys.stderr, flush=True)
-
-            results = crashpoints(case, judge_case, sample=args.limit, on_result=progress,
-                                  on_traced=lambda t: traced.append(_timeline(t, case.sut, args.out)))
-            code, lines = _print_points(results)
+            results = crashpoints(case, judge_case, sample=args.limit, on_result=point_progress,
+                                  on_traced=lambda t: traced.append(traced_map(t, case.sut, args.out)))
+            code, lines = print_points(results)
     finally:
         judge_case.close()
     if args.out is not None:
-        _write_crash_report(args, case, results, traced, lines, time.perf_counter() - start)
+        write_crash_report(args.out, case, args.case, args.states, args.launch, results, traced, lines,
+                           time.perf_counter() - start)
     return code
-
-
-def _timeline(t, sut: str, out: Path | None) -> tuple[dict, list, str] | None:
-    """What the crash-point map needs of the traced run, taken while it exists (only when a report is written)."""
-    from harness.judging.iomap import timeline
-
-    return (timeline(t, sut), list(t.recording.all_calls), t.root) if out is not None else None
-
-
-def _write_crash_report(args: argparse.Namespace, case, results: list, traced: list, lines: list[str],
-                        wall: float) -> None:
-    """``crashpoints --out DIR``: summary.json (every point or state with its verdict, and the crash-point map),
-    report.md (the table printed) and report.html (the map drawn)."""
-    from harness.judging.iomap import crash_rows, place
-    from harness.report.summary import write_reports
-
-    rows = crash_rows(results)
-    io_map = place(traced[0][0], results, traced[0][1], traced[0][2]) if traced and traced[0] else None
-    failing = [r for r in rows if r["verdict"] not in ("pass", None)]
-    summary = {"kind": "crashpoints --states" if args.states else "crashpoints", "sut": case.sut,
-               "case": str(args.case), "ranks": case.world_size("save"),
-               "launch_mode": args.launch, "seed": case.seed, "wall_time_s": round(wall, 1),
-               "cases_run": {case.property: sum(1 for r in rows if r["verdict"] is not None)},
-               "judged": sum(1 for r in rows if r["verdict"] is not None), "total": len(rows), "failing": len(failing),
-               "crash_results": rows, "io_map": io_map}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    markdown = "\n".join([f"# ckpt-harness {summary['kind']}: {case.sut}", "", f"Case {args.case}, op "
-                          f"{io_map['op'] if io_map else '-'}: {summary['judged']}/{summary['total']} judged, "
-                          f"{len(failing)} failing, {summary['wall_time_s']} s.", "", *lines]) + "\n"
-    write_reports(args.out, summary, [], markdown=markdown)
 
 
 def _explore(args: argparse.Namespace) -> int:
     """``crashpoints --exhaustive``: explore every shape, print shape -> judged / total / failing, write findings."""
     from harness.campaign.explore import explore, shapes
+    from harness.report.crash import print_exploration, shape_progress
 
     if args.sut is None:
         raise HarnessError("crashpoints --exhaustive needs --sut")
@@ -454,87 +421,16 @@ def _explore(args: argparse.Namespace) -> int:
             raise HarnessError(f"--shape {bad}: not shapes of {args.sut} (S first, then S, R"
                                f"{', T' if 'rotate' in cls.capabilities else ''})")
     judge_case = Judge(_runners(args, args.sut), exploring=True)
-
-    def progress(shape: str, r) -> None:
-        verdict = r.judgement.verdict.value if r.judged else f"NOT RUN ({r.error})"
-        print(f"{shape} op {r.fault.op}: {r.description} -> {verdict}", file=sys.stderr, flush=True)
-
     start = time.perf_counter()
     try:
         reports = explore(args.sut, judge_case.runners, args.ranks, args.max_len, judge_case, options=options,
                           only=only, confirm_limit=args.confirm, points=args.only != "states",
                           states=args.only != "points" and args.errno is None, errno=args.errno,
-                          on_result=progress if args.verbose or sys.stderr.isatty() else None)
+                          on_result=shape_progress if args.verbose or sys.stderr.isatty() else None)
     finally:
         judge_case.close()
     wall = time.perf_counter() - start
-    return _print_exploration(args, reports, wall)
-
-
-def _print_exploration(args: argparse.Namespace, reports: list, wall: float) -> int:
-    import dataclasses
-
-    from harness.campaign.fuzz import Finding
-    from harness.report.summary import finding_json
-
-    print("| shape | ops | without fault | crash points judged/total | power-loss states judged/total | "
-          "judged/total | failing | unconfirmed | flaky | excused |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    rows = [r.row() for r in reports]
-    for row in rows:
-        print(f"| {row['shape']} | {row['ops']} | {row['control']} | {row['points']} | {row['states']} | "
-              f"{row['judged']}/{row['total']} | {row['failing']} | {row['unconfirmed']} | {row['flaky']} | "
-              f"{row['excused']} |")
-    failing = [(rep, r) for rep in reports for r in rep.failing]
-    judged, total = sum(r["judged"] for r in rows), sum(r["total"] for r in rows)
-    for rep in reports:
-        for error in rep.errors:
-            print(f"{rep.shape}: not run: {error}")
-        for r in rep.results:
-            if not r.judged:
-                print(f"{rep.shape} op {r.fault.op} {r.description}: not run: {r.error}")
-    written = []
-    if args.out is not None:
-        (args.out / "findings").mkdir(parents=True, exist_ok=True)
-        safe = re.sub(r"[^A-Za-z0-9._-]", "_", args.sut)
-        for n, (rep, r) in enumerate(failing):
-            path = args.out / "findings" / f"{n:03d}-{rep.shape}-{r.fault.kind}-{safe}.json"
-            finding = Finding(dataclasses.replace(rep.case, fault=r.fault), r.judgement, fault=r.report)
-            path.write_text(json.dumps(finding_json(finding, f"ckpt-harness replay {path}"), indent=1,
-                                       sort_keys=True) + "\n", encoding="utf-8")
-            written.append(str(path))
-        summary = {"sut": args.sut, "ranks": args.ranks, "max_len": args.max_len, "wall_time_s": round(wall, 1),
-                   "judged": judged, "total": total, "failing": len(failing), "shapes": rows, "findings": written}
-        (args.out / "explore.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-        _write_explore_report(args, summary, reports)
-    for (rep, r), path in itertools.zip_longest(failing, written):
-        details = "; ".join(r.judgement.details)
-        print(f"{rep.shape} op {r.fault.op} {r.description}: {r.judgement.verdict.value}: {details}")
-        print(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}" + (f"  (finding: {path})" if path else ""))
-    print(f"{args.sut}, {args.ranks} ranks, shapes of up to {args.max_len} ops: {judged}/{total} judged, "
-          f"{len(failing)} failing, {wall:.0f} s")
-    return 1 if failing or judged < total else 0
-
-
-def _write_explore_report(args: argparse.Namespace, explored: dict, reports: list) -> None:
-    """report.md and report.html of an exploration: the shapes table, and every crash point or state that failed
-    or could not run (those that passed are counted per shape)."""
-    from harness.judging.iomap import crash_rows
-    from harness.report.summary import write_reports
-
-    rows = [{**row, "label": f"{rep.shape} op {r.fault.op}: {row['label']}"} for rep in reports
-            for r, row in zip(rep.results, crash_rows(rep.results)) if row["verdict"] != "pass"]
-    summary = {**explored, "kind": "crashpoints --exhaustive", "launch_mode": args.launch, "seed": None,
-               "cases_run": {"shapes": len(explored["shapes"])}, "crash_results": rows}
-    lines = [f"# ckpt-harness crashpoints --exhaustive: {args.sut}", "",
-             f"{explored['judged']}/{explored['total']} judged, {explored['failing']} failing, shapes of up to "
-             f"{args.max_len} ops on {args.ranks} ranks, {explored['wall_time_s']} s.", "",
-             "| shape | ops | without fault | crash points | power-loss states | failing |",
-             "|---|---|---|---|---|---|",
-             *[f"| {r['shape']} | {r['ops']} | {r['control']} | {r['points']} | {r['states']} | {r['failing']} |"
-               for r in explored["shapes"]], "", *[f"- {r['label']}: {r['verdict'] or 'not run'} {r['detail']}"
-                                                    for r in rows]]
-    write_reports(args.out, summary, [], markdown="\n".join(lines) + "\n")
+    return print_exploration(reports, wall, args.sut, args.ranks, args.max_len, args.launch, args.out)
 
 
 def _options(args: argparse.Namespace) -> dict:
@@ -547,39 +443,6 @@ def _options(args: argparse.Namespace) -> dict:
         except json.JSONDecodeError as exc:
             raise HarnessError(f"--option {item}: the value is not JSON ({exc})") from None
     return options
-
-
-def _print_points(results: list) -> tuple[int, list[str]]:
-    """The crash points table, printed; also returned (report.md of ``--out``)."""
-    lines = ["| point | syscall | k | path | fired | verdict |", "|---|---|---|---|---|---|"]
-    for n, r in enumerate(results):
-        f = r.fault
-        lines.append(f"| {n} | {f.syscall} | {f.k} | {f.path} | {'yes' if r.report.get('fired') else 'no'} | "
-                     f"{r.judgement.verdict.value} |")
-    bad = [(n, r) for n, r in enumerate(results) if not r.judgement.ok]
-    for n, r in bad:
-        lines.append(f"point {n}: {r.judgement.property} {r.judgement.verdict.value}: "
-                     f"{'; '.join(r.judgement.details)}")
-        lines.append(f"  fault: {json.dumps(r.fault.to_json(), sort_keys=True)}")
-    lines.append(f"{len(results)} crash points, {sum(1 for r in results if r.report.get('fired'))} fired, "
-                 f"{len(bad)} failing")
-    print("\n".join(lines))
-    return (1 if bad else 0), lines
-
-
-def _print_states(results: list, n_ops: int) -> tuple[int, list[str]]:
-    """The power-loss states table, printed; also returned (report.md of ``--out``)."""
-    lines = ["| state | verdict | confirmed in fresh processes |", "|---|---|---|"]
-    for r in results:
-        confirmed = "-" if r.confirmed is None else ("yes" if r.confirmed else "NO (flaky)")
-        lines.append(f"| {r.description} | {r.judgement.verdict.value} | {confirmed} |")
-    bad = [r for r in results if not r.judgement.ok and r.confirmed is not False]
-    for r in bad:
-        lines.append(f"{r.description}: {r.judgement.property} {r.judgement.verdict.value}: "
-                     f"{'; '.join(r.judgement.details)}")
-    lines.append(f"{len(results)} crash states from {n_ops} IO ops, {len(bad)} failing")
-    print("\n".join(lines))
-    return (1 if bad else 0), lines
 
 
 def _and(ids: list[str]) -> str:

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from . import errors
 from .engine import CheckpointInfo, LocalTensor, new_save_id, per_rank
-from .errors import AsyncWriterError
+from .errors import ERROR_TYPES, AsyncWriterError
 from .index import check_safe_name
 from .layout import TensorLayout
 from .stio import DEFAULT_BLOCK
@@ -129,7 +128,7 @@ def _outcome(code: int, out: bytes, pid: int) -> tuple[CheckpointInfo | None, Ba
         r = report["result"]
         return CheckpointInfo(r["name"], Path(r["path"]), r["seq"], r["save_id"], r["world_size"]), None
     kind, message = report.get("error_type", "unknown"), report.get("message", f"writer exited with status {code}")
-    cause_cls = getattr(errors, kind, None)
+    cause_cls = ERROR_TYPES.get(kind)
     err = AsyncWriterError(f"async writer failed: {kind}: {message}")
     if isinstance(cause_cls, type) and issubclass(cause_cls, Exception):
         with contextlib.suppress(TypeError):

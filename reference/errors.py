@@ -91,3 +91,9 @@ class LayoutError(ValueError):
 
 class AsyncWriterError(CheckpointError):
     """The background writer of an async save failed or died; carries its own message."""
+
+
+#: Every error type above by name: an async writer reports its error's type name, and the caller raises that type.
+ERROR_TYPES: dict[str, type[Exception]] = {
+    name: obj for name, obj in dict(globals()).items() if isinstance(obj, type) and issubclass(obj, Exception)
+}

@@ -1,5 +1,5 @@
 """A fuzzing judge does not wait out ranks stuck behind one that raised (Runners.fast_failures): the case stops
-there, the first of its bucket is settled by a run that waits (as ``replay`` does), later ones are not."""
+there, the first of its bucket is run again waiting every wait out (as ``replay`` does), later ones are not."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from hypothesis import settings
 from faults import strace
 from faults.spec import KillFault, PointFault, PowerFault, StateFault
 from harness.campaign.explore import explore, family, shape_case, shape_ops, shapes
-from harness.campaign.fuzz import Finding
+from harness.campaign.results import Finding
 from harness.cli import main
 from harness.judging.fault_runs import standard_case
 from harness.judging.judge import Judge

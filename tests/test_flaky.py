@@ -84,7 +84,8 @@ def test_other_failures_are_not_run_again(exploring: bool, fault, first: Judgeme
 
 
 def test_a_campaign_reports_its_flaky_failures_and_goes_on(tmp_path) -> None:
-    from harness.campaign.fuzz import Campaign, fuzz
+    from harness.campaign.fuzz import fuzz
+    from harness.campaign.results import Campaign
     from harness.report.summary import write_results
     from harness.sut import adapter_class
 

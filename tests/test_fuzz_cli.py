@@ -126,7 +126,8 @@ def test_a_failure_the_harness_cannot_bucket_is_its_own_error_and_the_campaign_g
     """Bucketing a failure is the harness's work: where it raises, the case is counted as a harness error and a pass
     to Hypothesis, never a Hypothesis "flaky" error out of the campaign (a 64-rank virtual campaign ended that way:
     the error was met once, and the replay of the failing case ran after its property's slice, so it passed)."""
-    from harness.campaign.fuzz import Campaign, fuzz
+    from harness.campaign.fuzz import fuzz
+    from harness.campaign.results import Campaign
     from harness.judging.judge import Judge
     from harness.ranks.runners import Runners
     from harness.sut import adapter_class
@@ -149,7 +150,8 @@ def test_a_failure_the_harness_cannot_bucket_is_its_own_error_and_the_campaign_g
 def test_a_harness_failure_on_one_case_is_reported_and_the_campaign_goes_on(tmp_path: Path) -> None:
     """The harness's own exception on a case (here: every third case) is neither a finding nor the campaign's end:
     it is counted in summary.json and report.md, and the other cases still run."""
-    from harness.campaign.fuzz import Campaign, fuzz
+    from harness.campaign.fuzz import fuzz
+    from harness.campaign.results import Campaign
     from harness.judging.judge import Judge
     from harness.ranks.runners import Runners
     from harness.sut import adapter_class

@@ -149,7 +149,8 @@ def test_an_adapter_the_ranks_cannot_import_is_exit_2_and_one_line(adapter_dir: 
 
 def test_ranks_that_cannot_start_end_the_campaign_at_once(tmp_path: Path) -> None:
     """The rule (harness/campaign/fuzz.py): a rank start-up failure is fatal at once; the cases before it stand."""
-    from harness.campaign.fuzz import Campaign, fuzz
+    from harness.campaign.fuzz import fuzz
+    from harness.campaign.results import Campaign
     from harness.judging.judge import Judge
     from harness.ranks.runner import PoolFailure
     from harness.ranks.runners import Runners

@@ -68,7 +68,8 @@ def test_a_fault_case_keeps_its_ops_and_a_spent_budget_keeps_the_case() -> None:
 def test_a_virtual_finding_too_big_for_real_ranks_is_reduced_to_one_they_hold() -> None:
     """Paddle's unique_id-blind cache met at 8 virtual ranks (a load of a version never saved gives the previous
     load's data): reduced to one rank, and only the ops that show it."""
-    from harness.campaign.fuzz import Finding, _reduced
+    from harness.campaign.fuzz import _reduced
+    from harness.campaign.results import Finding
     from harness.judging.judge import Judge
     from harness.ranks.runners import Runners
 

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from properties.check.states import judge_states
+from properties.check.states import compare_states
 from properties.generate.layouts import SPECIAL_BITS, meshes, moe_cases, seeded_tensor, state_layouts, states
 from reference import (
     DTYPES,
@@ -45,7 +45,7 @@ def _reassemble(root: Path, state: dict[str, Tensor], layouts, world: int, block
     for rank in range(world):
         loaded = load_rank(root, _specs(state), layouts, rank)
         expected = {name: lt.tensor for name, lt in local_tensors(state, layouts, rank).items()}
-        verdict = judge_states("P-RESHARD", expected, loaded)
+        verdict = compare_states("P-RESHARD", expected, loaded)
         assert verdict.ok, verdict.details
 
 
@@ -55,7 +55,7 @@ def test_roundtrip_same_layout_is_bitwise(state, mesh, data) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         save(tmp, state, layouts, name="step-1", block=data.draw(st.sampled_from([8, 64, 1 << 20])))
         _reassemble(Path(tmp), state, layouts, mesh.world_size)
-        assert judge_states("P-ROUNDTRIP", state, load_global(tmp)).ok
+        assert compare_states("P-ROUNDTRIP", state, load_global(tmp)).ok
 
 
 @given(states(allow_empty=False), meshes(max_world=6), meshes(max_world=6), st.data())
@@ -182,7 +182,7 @@ def test_training_state_namespaces_round_trip(tmp_path: Path) -> None:
     back = TrainingState.unflatten(load_global(tmp_path))
     assert back.step == 1234 and read_meta(tmp_path) == {"step": 1234}
     for ns in ("model", "optimizer", "master", "ema", "rng"):
-        assert judge_states(ns, getattr(ts, ns), getattr(back, ns)).ok
+        assert compare_states(ns, getattr(ts, ns), getattr(back, ns)).ok
 
 
 def test_extract_matches_numpy_slicing() -> None:

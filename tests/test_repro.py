@@ -11,8 +11,8 @@ import pytest
 
 from harness.cli import main
 from harness.repro import reported_op
-from harness.repro.plan import ReproUnsupported, plan_case
 from harness.repro.render import repro_py, run_sh
+from harness.repro.scripted_case import ReproUnsupported, script_case
 from harness.repro.simplify import simplify
 from harness.repro.verify import judge_run
 from harness.sut import REGISTRY, framework_available
@@ -29,10 +29,10 @@ def _case(stem: str):
 
 def test_a_launch_per_world_and_per_restart() -> None:
     case = _case("paddle-dcp-resave-keeps-stale-metadata")
-    plan = plan_case(case)
-    kinds = [(p.world, [s.kind for s in p.steps]) for p in plan.phases]
+    scripted = script_case(case)
+    kinds = [(p.world, [s.kind for s in p.steps]) for p in scripted.phases]
     restarts = sum(op.kind == "restart" for op in case.ops)
-    assert len(plan.phases) >= restarts + 1
+    assert len(scripted.phases) >= restarts + 1
     assert sum(len(steps) for _, steps in kinds) == sum(op.kind != "restart" for op in case.ops)
     assert {w for w, _ in kinds} == {case.world_size(case.op_layouts(i)) for i, op in enumerate(case.ops)
                                      if op.kind != "restart"}
@@ -40,8 +40,8 @@ def test_a_launch_per_world_and_per_restart() -> None:
 
 def test_the_tables_hold_each_ranks_exact_bits() -> None:
     case = _case("paddle-dcp-version-cache")
-    plan = plan_case(case)
-    for (which, version), ranks in plan.tables.items():
+    scripted = script_case(case)
+    for (which, version), ranks in scripted.tables.items():
         whole = case.expected(version, which)
         for rank, pieces in ranks.items():
             for name, piece in pieces.items():
@@ -56,7 +56,7 @@ def test_the_tables_hold_each_ranks_exact_bits() -> None:
 ])
 def test_what_a_script_cannot_show_is_said(change, why: str) -> None:
     with pytest.raises(ReproUnsupported, match=why):
-        plan_case(change(_case("paddle-dcp-version-cache")))
+        script_case(change(_case("paddle-dcp-version-cache")))
 
 
 @pytest.mark.parametrize("stem", ["paddle-dcp-version-cache", "paddle-dcp-async-not-isolated",
@@ -65,17 +65,17 @@ def test_what_a_script_cannot_show_is_said(change, why: str) -> None:
                                   "torch-dcp-metadata-fsync-before-write", "paddle-dcp-metadata-bitflip-zeros"])
 def test_the_script_is_python_with_every_step_named(stem: str) -> None:
     case = _case(stem)
-    plan = plan_case(case)
-    text = repro_py(plan, "title", "a test")
+    scripted = script_case(case)
+    text = repro_py(scripted, "title", "a test")
     compile(text, "repro.py", "exec")
     for index, op in enumerate(case.ops):
         if op.kind != "restart":
             assert f"'step {index}: {op.kind}" in text
     if case.fault is not None:  # a fault becomes file edits after its op, then fresh processes
-        assert "damage, [" in text and len(plan.phases) >= 2
+        assert "damage, [" in text and len(scripted.phases) >= 2
     assert 'if __name__ == "__main__":' in text  # a spawned writer re-imports the script: it must not run it
-    shell = run_sh(plan)
-    assert shell.count("\nlaunch ") == len(plan.phases)
+    shell = run_sh(scripted)
+    assert shell.count("\nlaunch ") == len(scripted.phases)
     assert "timeout" in shell
 
 
@@ -86,31 +86,31 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
     from faults.spec import KillFault
 
     case = _case("torch-dcp-resave-crash-mixes-versions")
-    plan = plan_case(case)
-    assert [[s.kind for s in p.steps] for p in plan.phases] == [["save", "save"], ["load", "save", "load"]]
-    killed = plan.phases[0].steps[1]
+    scripted = script_case(case)
+    assert [[s.kind for s in p.steps] for p in scripted.phases] == [["save", "save"], ["load", "save", "load"]]
+    killed = scripted.phases[0].steps[1]
     assert (killed.crash.event, killed.crash.path, killed.crash.k) == ("open", "step-0/__1_0.distcp", 1)
-    load = plan.phases[1].steps[0]
+    load = scripted.phases[1].steps[0]
     assert {load.table, *load.also} == {("load", 0), ("load", 1)}
-    assert plan.phases[1].steps[2].also == ()  # step-2 was never killed: only its own save is right
-    text = repro_py(plan, "t", "s")
+    assert scripted.phases[1].steps[2].also == ()  # step-2 was never killed: only its own save is right
+    text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "crash_step('step 1: save step-0 (killed at call 1 of openat on step-0/__1_0.distcp)'" in text
     assert "sys.addaudithook" in text and "also=(DATA['load', 0][RANK], )" in text
-    assert "launch 0 2; faulted 0 || exit $?" in run_sh(plan)
-    assert "crash_step" not in repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
+    assert "launch 0 2; faulted 0 || exit $?" in run_sh(scripted)
+    assert "crash_step" not in repro_py(script_case(_case("paddle-dcp-version-cache")), "t", "s")
 
     first = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
-    crash = plan_case(first).phases[0].steps[1].crash  # nothing between the open and it: killed as the open returns
+    crash = script_case(first).phases[0].steps[1].crash  # nothing between the open and it: killed as the open returns
     assert (crash.event, crash.k, crash.after) == ("open", 1, True)
-    assert "'open', 'step-0/__1_0.distcp', 1, None, True, None)" in repro_py(plan_case(first), "t", "s")
+    assert "'open', 'step-0/__1_0.distcp', 1, None, True, None)" in repro_py(script_case(first), "t", "s")
     write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=2, path="step-0/__1_0.distcp"))
     with pytest.raises(ReproUnsupported, match="a kill at a write call"):
-        plan_case(write)
+        script_case(write)
     async_save = dataclasses.replace(case, ops=tuple(dataclasses.replace(op, use_async=True) if i == 1 else op
                                                      for i, op in enumerate(case.ops)))
     with pytest.raises(ReproUnsupported, match="synchronous save only"):
-        plan_case(async_save)
+        script_case(async_save)
 
 
 def test_a_kill_of_one_rank_and_a_load_of_a_never_finished_save() -> None:
@@ -121,13 +121,14 @@ def test_a_kill_of_one_rank_and_a_load_of_a_never_finished_save() -> None:
     case = _case("torch-dcp-resave-crash-mixes-versions")
     first = dataclasses.replace(case, ops=case.ops[1:], fault=KillFault(op=0, syscall="openat", k=1, rank=1,
                                                                         path="step-0/__1_0.distcp"))
-    plan = plan_case(first)
-    assert plan.phases[0].steps[0].crash.rank == 1 and "rank 1 killed at call 1" in plan.phases[0].steps[0].label
-    text = repro_py(plan, "t", "s")
+    scripted = script_case(first)
+    first_step = scripted.phases[0].steps[0]
+    assert first_step.crash.rank == 1 and "rank 1 killed at call 1" in first_step.label
+    text = repro_py(scripted, "t", "s")
     assert "'open', 'step-0/__1_0.distcp', 1, None, False, 1)" in text
-    load = plan.phases[1].steps[0]
+    load = scripted.phases[1].steps[0]
     assert load.kind == "load" and load.may_fail and "may_fail=True" in text
-    assert not plan_case(case).phases[1].steps[0].may_fail  # a re-save: the save before it was acknowledged
+    assert not script_case(case).phases[1].steps[0].may_fail  # a re-save: the save before it was acknowledged
 
 
 def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
@@ -138,17 +139,17 @@ def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
     base = _case("torch-dcp-resave-crash-mixes-versions")
     case = dataclasses.replace(base, fault=ErrorFault(op=1, syscall="rename", k=1, path="step-0/.metadata.tmp",
                                                       errno="ENOSPC"))
-    plan = plan_case(case)
-    step = plan.phases[0].steps[1]
+    scripted = script_case(case)
+    step = scripted.phases[0].steps[1]
     assert step.crash.errno == "ENOSPC" and step.crash.event == "os.rename"
-    assert "ENOSPC at call 1 of rename" in step.label and plan.phases[1].steps[0].also
-    text = repro_py(plan, "t", "s")
+    assert "ENOSPC at call 1 of rename" in step.label and scripted.phases[1].steps[0].also
+    text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False, None)" in text
     assert "raise OSError(getattr(errno, error)" in text
     write = dataclasses.replace(case, fault=ErrorFault(op=1, syscall="write", k=1, path="step-0/x", errno="EIO"))
     with pytest.raises(ReproUnsupported, match="an injected EIO at a write call"):
-        plan_case(write)
+        script_case(write)
 
 
 def test_a_kill_of_async_writers_becomes_kill_then_wait_and_the_job_restarts() -> None:
@@ -156,21 +157,21 @@ def test_a_kill_of_async_writers_becomes_kill_then_wait_and_the_job_restarts() -
     the writers by the framework's own handle on them, and a wait: the launch ends there, as the harness's job does;
     a framework whose script cannot find its writers says so."""
     case = _case("torch-dcp-killed-process-writer-hangs")
-    plan = plan_case(case)
-    steps = [(s.index, s.kind, s.detach) for s in plan.phases[0].steps]
+    scripted = script_case(case)
+    steps = [(s.index, s.kind, s.detach) for s in scripted.phases[0].steps]
     assert steps[-3:] == [(1, "save", True), (1, "kill", False), (1, "wait", False)]
-    assert len(plan.phases) >= 2 and all(s.index > 1 for p in plan.phases[1:] for s in p.steps)
-    text = repro_py(plan, "t", "s")
+    assert len(scripted.phases) >= 2 and all(s.index > 1 for p in scripted.phases[1:] for s in p.steps)
+    text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "run('step 1: SIGKILL the writers of the detached saves (the trainer goes on)', kill_writers, 256)" in text
     assert "def kill_writers(after_bytes=0, timeout=60):" in text and "multiprocessing.active_children()" in text
-    assert "timeout -k 10 180 " in run_sh(plan)  # its op bound (60 s) twice over plus start-up, not 300 s
+    assert "timeout -k 10 180 " in run_sh(scripted)  # its op bound (60 s) twice over plus start-up, not 300 s
     paddle = dataclasses.replace(case, sut="paddle-save", options={})
     with pytest.raises(ReproUnsupported, match="cannot find its writers"):
-        repro_py(plan_case(paddle), "t", "s")
+        repro_py(script_case(paddle), "t", "s")
     sync = dataclasses.replace(case, ops=tuple(dataclasses.replace(op, use_async=False) for op in case.ops))
     with pytest.raises(ReproUnsupported, match="which starts none"):
-        plan_case(sync)
+        script_case(sync)
 
 
 def test_a_unified_checkpoint_script_builds_the_trainer_state_it_saves() -> None:
@@ -178,13 +179,13 @@ def test_a_unified_checkpoint_script_builds_the_trainer_state_it_saves() -> None
     Trainer and resumes in a fresh one; its async writers' code is there only where a step needs it."""
     for stem, async_code in (("paddleformers-uc-bf16-nan-payload-sync-save", False),
                              ("paddleformers-uc-killed-writer-deadlocks-next-save", True)):
-        plan = plan_case(_case(stem))
-        text = repro_py(plan, "t", "s")
+        scripted = script_case(_case(stem))
+        text = repro_py(scripted, "t", "s")
         compile(text, "repro.py", "exec")
         assert "trainer._save_checkpoint(" in text and "trainer._load_from_checkpoint(path)" in text
         assert ("def wait(" in text) is async_code and ("def kill_writers(" in text) is async_code
-        assert "python -m paddle.distributed.launch" in run_sh(plan)
-    pdc = repro_py(plan_case(_case("paddleformers-uc-missing-checkpoint-wedges-group")), "t", "s")
+        assert "python -m paddle.distributed.launch" in run_sh(scripted)
+    pdc = repro_py(script_case(_case("paddleformers-uc-missing-checkpoint-wedges-group")), "t", "s")
     assert 'os.environ["FLAG_LLM_PDC"] = "True"' in pdc and "KEEP_LAST = 1" in pdc
 
 
@@ -195,10 +196,10 @@ def test_a_lost_directory_entry_is_undone_where_that_is_exact() -> None:
     from faults.spec import StateFault
 
     case = _case("torch-dcp-directory-never-fsynced")
-    plan = plan_case(case)
-    (damage,) = [s for p in plan.phases for s in p.steps if s.kind == "damage"]
+    scripted = script_case(case)
+    (damage,) = [s for p in scripted.phases for s in p.steps if s.kind == "damage"]
     assert damage.edits == ({"kind": "rename_back", "path": "step-0/.metadata", "to": "step-0/.metadata.tmp"},)
-    assert "os.rename(path, os.path.join(ROOT, e[\"to\"]))" in repro_py(plan, "t", "s")
+    assert "os.rename(path, os.path.join(ROOT, e[\"to\"]))" in repro_py(scripted, "t", "s")
 
     def lost(what: str, op: int = 14, save_twice: bool = False):
         state = dict(case.fault.state, detail={"op": op, "skipped": [], "what": what})
@@ -206,31 +207,31 @@ def test_a_lost_directory_entry_is_undone_where_that_is_exact() -> None:
         fault = StateFault(op=1 if save_twice else 0, state=state, schedule=case.fault.schedule)
         return dataclasses.replace(case, ops=ops, fault=fault)
 
-    created = plan_case(lost("open step-0/__0_0.distcp (O_CREAT|O_TRUNC)"))
+    created = script_case(lost("open step-0/__0_0.distcp (O_CREAT|O_TRUNC)"))
     assert {"kind": "remove", "path": "step-0/__0_0.distcp"} in [e for p in created.phases for s in p.steps
                                                                for e in s.edits]
-    assert "shutil.rmtree(path)" in repro_py(plan_case(lost("mkdir step-0")), "t", "s")
+    assert "shutil.rmtree(path)" in repro_py(script_case(lost("mkdir step-0")), "t", "s")
     for what, op, twice, why in (("unlink step-0/x", 14, False, "cannot bring back"),
                                  ("rename step-0/.metadata.tmp -> step-0/.metadata", 9, False, "later calls"),
                                  ("rename step-0/.metadata.tmp -> step-0/.metadata", 14, True, "re-save"),
                                  ("rename a -> b", 14, False, "outside the save's own directory")):
         with pytest.raises(ReproUnsupported, match=why):
-            plan_case(lost(what, op, twice))
+            script_case(lost(what, op, twice))
 
 
 def test_a_cover_case_checks_what_each_save_recorded() -> None:
     """P-COVER judges the pieces a save records, which a load may never read: its script reads the metadata after
     each save and checks the pieces tile each tensor once; a framework whose script cannot read it says so."""
     case = _case("paddle-dcp-uneven-dist-tensor-4-ranks")
-    plan = plan_case(case)
-    assert [s.kind for s in plan.phases[0].steps][:2] == ["save", "check"]
-    text = repro_py(plan, "t", "s")
+    scripted = script_case(case)
+    assert [s.kind for s in scripted.phases[0].steps][:2] == ["save", "check"]
+    text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "run('step 0: the pieces save step-1 recorded cover each tensor once', check_recorded, 'step-1')" in text
-    assert "check_recorded" not in repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
+    assert "check_recorded" not in repro_py(script_case(_case("paddle-dcp-version-cache")), "t", "s")
     torch = dataclasses.replace(_case("torch-dcp-resave-crash-mixes-versions"), property="P-COVER", fault=None)
     with pytest.raises(ReproUnsupported, match="cannot read its metadata"):
-        repro_py(plan_case(torch), "t", "s")
+        repro_py(script_case(torch), "t", "s")
 
 
 def test_a_held_writer_is_gated_at_its_start_until_the_resume_step() -> None:
@@ -239,31 +240,31 @@ def test_a_held_writer_is_gated_at_its_start_until_the_resume_step() -> None:
     writer process (Paddle's flex checkpoint) the script stops it as the call returns; a script that has neither
     says it cannot hold them."""
     case = _case("paddle-save-async-save-no-copy")
-    plan = plan_case(case)
-    assert [(s.kind, s.hold) for s in plan.phases[0].steps] == [("save", True), ("resume", False), ("wait", False),
+    scripted = script_case(case)
+    assert [(s.kind, s.hold) for s in scripted.phases[0].steps] == [("save", True), ("resume", False), ("wait", False),
                                                                 ("load", False)]
-    text = repro_py(plan, "t", "s")
+    text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "holding, save, 'step-0'" in text and "run('step 1: let the held writers go', resume)" in text
     assert "threading.Thread.start = held_start" in text
-    processes = repro_py(plan_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
+    processes = repro_py(script_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
     assert "os.kill(p.pid, signal.SIGSTOP)" in processes and "threading.Thread.start" not in processes
     with pytest.raises(ReproUnsupported, match="cannot hold its writers"):
-        repro_py(plan_case(dataclasses.replace(case, sut="torch-dcp")), "t", "s")
+        repro_py(script_case(dataclasses.replace(case, sut="torch-dcp")), "t", "s")
 
 
 def test_a_held_save_that_a_restart_ends_still_needs_its_hold() -> None:
     """A held save need not be resumed: the job may die with its writers held (the next launch is the restart).
     The script still holds them, and kills them as its launch ends, as the crash did."""
-    plan = plan_case(_case("paddle-dcp-resave-after-crashed-async-keeps-its-metadata"))
-    assert not any(s.kind == "resume" for phase in plan.phases for s in phase.steps)
-    text = repro_py(plan, "t", "s")
+    scripted = script_case(_case("paddle-dcp-resave-after-crashed-async-keeps-its-metadata"))
+    assert not any(s.kind == "resume" for phase in scripted.phases for s in phase.steps)
+    text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "holding, save, 'step-0'" in text and "os.kill(p.pid, signal.SIGKILL)" in text
 
 
 def test_equal_tables_are_written_once() -> None:
-    text = repro_py(plan_case(_case("paddle-dcp-version-cache")), "t", "s")
+    text = repro_py(script_case(_case("paddle-dcp-version-cache")), "t", "s")
     assert "# the same pieces" in text
 
 

@@ -130,7 +130,7 @@ def test_the_structured_signature_explains_what_the_legacy_pattern_did(path: Pat
     assert all(re.search(LEGACY[stem], line) for line in j.details), j.details  # the failure it stood for
     assert path.name in (explanations(known, SUT, j) or ())  # beside the known bug that set it off, if any
     legacy = Known(path.name, SUT, finding["verdict"], read_signature(LEGACY[stem]))
-    assert explained_by([legacy], SUT, j) == path.name  # a string signature still works as before
+    assert explained_by([legacy], SUT, j) == path.name  # the legacy string form explains it too
 
 
 @pytest.mark.parametrize("path", FINDINGS, ids=[p.stem for p in FINDINGS])

@@ -221,9 +221,9 @@ def test_a_held_writer_decides_the_race_with_training(sut: str, verdict: str) ->
 
 
 def test_reference_detects_a_bit_flip_in_its_latest_pointer(tmp_path: Path) -> None:
-    """Found by this machine: one flipped bit turned the pointer's "step-001" into "step-000" and load-latest
-    returned the older checkpoint silently. The pointer now carries a checksum; every single-bit flip of it must
-    give the newest checkpoint or a clear error."""
+    """One flipped bit can turn the pointer's "step-001" into "step-000", and load-latest would return the older
+    checkpoint silently; so the pointer carries a checksum, and every single-bit flip of it must give the newest
+    checkpoint or a clear error."""
     from reference import CheckpointError, load_global, save
 
     states = [BASE.state(v) for v in (0, 1)]

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from faults.spec import RecordFault
-from harness.judging.fault_runs import CaseJudge, CrashResult, at_most, judge_points, judge_states, traced
-from harness.judging.judge import attributed
+from harness.judging.fault_runs import CaseJudge, CrashResult, at_most, judge_crash_states, judge_points, traced
+from harness.judging.judge import charge_to_fault
 from harness.judging.run import run_case
 from harness.ranks.runners import Runners
 from properties.check.history import check_history
@@ -183,14 +183,14 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
                     report.points += judge_points(t, t.points(errno), runners, at_most(confirm_, confirm_limit),
                                                   seen)
                 if states:
-                    report.states += judge_states(t, list(t.states()), runners, at_most(confirm_, confirm_limit),
-                                                  seen)
+                    report.states += judge_crash_states(t, list(t.states()), runners,
+                                                        at_most(confirm_, confirm_limit), seen)
         except Exception as exc:  # the trace of this op failed: one unjudged entry says why
             report.errors.append(f"op {op}: {type(exc).__name__}: {exc}")
     if not report.control.ok:
         for r in report.results:
             if r.judged and not r.judgement.ok:
-                r.judgement = attributed(dataclasses.replace(case, fault=r.fault), r.judgement, report.control)
+                r.judgement = charge_to_fault(dataclasses.replace(case, fault=r.fault), r.judgement, report.control)
     return report
 
 
@@ -198,7 +198,7 @@ def _without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Ju
     """The case without the first tensor whose absence lets its fault-free run pass: a failure the full state has
     without any fault (a zero-size tensor the SUT cannot save, say) would otherwise excuse every crash point and
     power-loss state of the shape, hiding what the fault does to the rest. (case, "", None) where no single tensor
-    is to blame: the shape is explored as it is, its failures attributed against the failing control."""
+    is to blame: the shape is explored as it is, its failures charged to the fault against the failing control."""
     for tensor in case.tensors:
         name = tensor.name
         smaller = dataclasses.replace(

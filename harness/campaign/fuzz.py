@@ -26,20 +26,21 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 from hypothesis.internal.observability import with_observability_callback
 
-from harness.campaign.corpus import Corpus, replay_corpus
+from harness.campaign.corpus import replay_corpus
 from harness.campaign.reduce import reduce_case
+from harness.campaign.results import Campaign, Finding
 from harness.judging.fidelity import REAL_MAX, max_world
 from harness.judging.judge import Judge
 from harness.ranks.runner import PoolFailure
 from harness.ranks.runners import Runners
 from properties.generate.swarm import swarm
 from properties.model.case import Case
+from properties.model.outcome import Outcome
 from properties.model.verdicts import Judgement
 from properties.registry import REGISTRY, property_cases
 from properties.triage.buckets import Bucket
 
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
-MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
 # Seconds of shrinking per new bucket: a tenth of the campaign, within these bounds. A short campaign meeting
 # several unknown bugs must not spend itself shrinking them (each failing Paddle case may cost a relaunch); a long
 # one can afford small cases.
@@ -51,86 +52,81 @@ class _Failed(AssertionError):
 
 
 @dataclass
-class Finding:
-    case: Case
-    judgement: Judgement
-    shims: tuple[str, ...] = ()
-    traceback: str | None = None
-    fault: dict | None = None  # what the fault did in the failing run (mechanism, whether and where it fired)
-    bucket: Bucket | None = None  # its root cause (properties.triage.buckets): one finding per bucket and campaign
-    left_out: tuple[str, ...] = ()  # the swarm configuration of its batch: the capabilities it could not draw
-    found_at: float = 0.0  # seconds into the campaign when its bucket's first case failed (bench/detect.py)
-    # Found on virtual ranks: "yes" (the case fails the same way on real ranks), "no" (it does not: the virtual
-    # world differs from a real launch there, itself a bug to report), "virtual-only" (its worlds are larger than
-    # real ranks are launched for here); None: found on real ranks.
-    confirmed_real: str | None = None
-    io_map: dict | None = None  # a fault finding judged at every crash point of its op: the crash-point map
+class _Run:
+    """What every turn of one campaign shares. A virtual campaign's judge on real ranks lives here, not in the
+    ``Campaign`` (a result the report reads): started for the first finding that fits real ranks, closed at the end."""
+
+    judge_case: Judge
+    campaign: Campaign
+    capabilities: frozenset[str]
+    progress: bool
+    start: float
+    deadline: float
+    hard_deadline: float  # room past ``deadline`` to finish shrinking a failure
+    real: Judge | None = None
+
+    def real_judge(self) -> Judge:
+        """The judge replaying virtual findings on real ranks under the strict rules (``replay``'s)."""
+        if self.real is None:
+            runners = self.judge_case.runners
+            self.real = Judge(Runners(self.campaign.sut, "pool", runners.op_timeout, device=runners.device),
+                              known=self.judge_case.known)
+        return self.real
+
+    def close(self) -> None:
+        if self.real is not None:
+            self.real.close()
 
 
 @dataclass
-class Campaign:
-    sut: str
-    ranks: int
-    properties: list[str]
-    seconds: float
-    seed: int
-    mode: str = "pool"
-    cases_run: Counter = field(default_factory=Counter)
-    sut_seconds: float = 0.0
-    findings: list[Finding] = field(default_factory=list)
-    shims: set[str] = field(default_factory=set)
-    skipped: dict[str, str] = field(default_factory=dict)
-    wall: float = 0.0
-    launches: int = 0
-    recovery: dict = field(default_factory=dict)  # Runners.recovery(): launches and seconds lost to failed ranks
-    ptrace: bool = True  # fault cases may attach strace (else they use the psutil fallbacks)
-    unreplayable: int = 0  # drawn power-loss states skipped: the ranks never interleaved their IO as recorded
-    faults: bool = False  # the campaign injects faults (fault properties; P-RESUME may crash a save)
-    devices: list[str] = field(default_factory=list)  # where the ranks ran ("cuda:0 (cpu:gloo,cuda:nccl)", "cpu")
-    known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
-    harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
-    flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
-    fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (module docstring)
-    swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities
-    stop_when: Callable[[Finding], bool] | None = None  # end at the first finding this accepts (bench/detect.py)
-    stopped: bool = False
-    corpus: Corpus | None = None  # --corpus: its bucket cases replayed first, new buckets kept in it
-    corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
-    real_judge: Judge | None = None  # virtual campaigns: replays findings on real ranks (Finding.confirmed_real)
-    prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
-    observed: dict[str, Counter] = field(default_factory=dict)  # Hypothesis's observations per property (_observer)
-    buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
-    bucket_hits: Counter = field(default_factory=Counter)  # bucket id -> failing cases in it (new buckets)
-    bucket_props: dict[str, set[str]] = field(default_factory=dict)  # bucket id -> properties that met it
-    swarm_cases: Counter = field(default_factory=Counter)  # swarm feature left out -> cases of batches without it
-    swarm_seconds: Counter = field(default_factory=Counter)  # ... and the seconds those batches took
+class _Turn:
+    """One turn of one property, as Hypothesis's calls of the body leave it: the new bucket being shrunk, its
+    smallest case so far, and the other new buckets met meanwhile."""
 
-    def counted(self, bucket: Bucket, prop: str) -> bool:
-        """Count a failure in the campaign's bucket that covers it; False when none does (a new bug)."""
-        seen = next((b for b in self.buckets if b.covers(bucket)), None)
-        if seen is None:
-            return False
-        self.bucket_hits[seen.id] += 1
-        self.bucket_props.setdefault(seen.id, set()).add(prop)
-        return True
+    prop: str
+    left_out: tuple[str, ...]  # the turn's swarm configuration
+    turn_end: float
+    began: float
+    cases_before: int
+    target: Bucket | None = None  # the new bucket being shrunk (the turn's first)
+    smallest: Finding | None = None  # Hypothesis re-runs the shrunk example last: the last one kept is the smallest
+    others: dict[str, Finding] = field(default_factory=dict)  # bucket core -> another new bug, kept unshrunk
+    shrink_until: float | None = None  # set at the first failure: shrinking gets a bounded budget
+    first_seen: dict[str, float] = field(default_factory=dict)  # bucket core -> seconds into the campaign
 
-    def register(self, bucket: Bucket, prop: str) -> None:
-        """A new bucket, as its smallest case shows it (found by ``prop``)."""
-        self.buckets.append(bucket)
-        self.bucket_hits[bucket.id] += 1
-        self.bucket_props.setdefault(bucket.id, set()).add(prop)
+    def spent(self, run: _Run) -> bool:
+        """Later attempts count as passes to Hypothesis (the smallest failure is kept): the campaign stopped, the
+        shrink budget ran out, or no failure yet and the slice is spent (its cases grew costly)."""
+        now = time.monotonic()
+        if run.campaign.fatal is not None or now > run.hard_deadline or (
+                self.shrink_until is not None and now > self.shrink_until):
+            return True
+        return self.shrink_until is None and now > self.turn_end
 
-    def done(self) -> bool:
-        """Nothing more to do before the time is up: ranks that cannot start, or a first finding was all asked."""
-        return self.fatal is not None or self.stopped
+    def met(self, bucket: Bucket, finding: Finding, campaign: Campaign) -> None:
+        """Shrink, count or keep a failure; raising ``_Failed`` makes it the case Hypothesis shrinks."""
+        if self.target is not None and bucket.core == self.target.core:  # shrinking: features may go
+            self.smallest = finding
+            raise _Failed("; ".join(finding.judgement.details))
+        if campaign.counted(bucket, self.prop):
+            return  # a bug this campaign already has a case of: counted, not shrunk again
+        if self.target is not None:
+            self.others.setdefault(bucket.core, finding)  # another new bug, met while shrinking the first
+            return
+        self.target = bucket
+        self.first_seen[bucket.core] = finding.found_at  # the shrunk case keeps when its bucket was first met
+        self.smallest = finding
+        self.shrink_until = time.monotonic() + _shrink_budget(campaign)
+        raise _Failed("; ".join(finding.judgement.details))
 
-    def examples_for(self, prop: str, seconds: float) -> int:
-        """Cases for one turn of ``prop``: as many as its past cases say fit in ``seconds`` (one at first)."""
-        done = self.cases_run[prop]
-        if not done:
-            return 1
-        per_case = self.prop_seconds[prop] / done
-        return max(1, min(MAX_EXAMPLES, int(seconds / max(per_case, 1e-3))))
+    def count_swarm(self, campaign: Campaign) -> None:
+        """What the turn's swarm configuration cost and ran (the report's swarm table)."""
+        for feature in self.left_out or ("(none left out)",):
+            campaign.swarm_cases[feature] += campaign.cases_run[self.prop] - self.cases_before
+            campaign.swarm_seconds[feature] += time.monotonic() - self.began
+
+    def findings(self) -> list[Finding]:
+        return ([self.smallest] if self.smallest is not None else []) + list(self.others.values())
 
 
 def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], progress: bool = False) -> Campaign:
@@ -143,34 +139,31 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     judge_case.runners.spare_lost = True  # a lost pool's replacement starts at once, in the background
     start = time.monotonic()
     deadline = start + campaign.seconds
-    hard_deadline = deadline + max(60.0, campaign.seconds * 0.5)  # room to finish shrinking a failure
+    run = _Run(judge_case, campaign, capabilities, progress, start, deadline,
+               deadline + max(60.0, campaign.seconds * 0.5))
     turn = 0
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
         for n, prop in enumerate(campaign.properties):
             if time.monotonic() >= deadline or campaign.done():
                 break
-            began = time.monotonic()
-            examples = campaign.examples_for(prop, _slice(campaign))
-            seed = campaign.seed + turn * len(campaign.properties) + n
-            turn_end = min(deadline, began + _slice(campaign))
-            for finding in _batch(judge_case, campaign, capabilities, prop, seed, examples, hard_deadline, progress,
-                                  start, turn_end, reuse=turn == 0):
-                campaign.findings.append(finding)
-                campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
-            campaign.prop_seconds[prop] += time.monotonic() - began
+            _turn(run, prop, campaign.seed + turn * len(campaign.properties) + n, reuse=turn == 0)
         turn += 1
     campaign.wall = time.monotonic() - start
-    if campaign.real_judge is not None:
-        campaign.real_judge.close()
+    run.close()
+    _tally(judge_case, campaign)
+    if progress:
+        sys.stderr.write("\n")
+    return campaign
+
+
+def _tally(judge_case: Judge, campaign: Campaign) -> None:
+    """What the judge and its runners counted over the campaign, kept in its results."""
     campaign.launches = judge_case.runners.launches
     campaign.recovery = judge_case.runners.recovery()
     campaign.devices = sorted(judge_case.runners.devices)
     campaign.unreplayable = judge_case.unreplayable
     campaign.known = dict(judge_case.known_hits)
     campaign.flaky = list(judge_case.flaky)
-    if progress:
-        sys.stderr.write("\n")
-    return campaign
 
 
 def _slice(campaign: Campaign) -> float:
@@ -178,19 +171,19 @@ def _slice(campaign: Campaign) -> float:
     return max(MIN_SLICE, min(MAX_SLICE, campaign.seconds / (4 * max(1, len(campaign.properties)))))
 
 
-def _batch(
-    judge_case: Judge,
-    campaign: Campaign,
-    capabilities: frozenset[str],
-    prop: str,
-    seed: int,
-    examples: int,
-    hard_deadline: float,
-    progress: bool,
-    start: float,
-    turn_end: float,
-    reuse: bool = False,
-) -> list[Finding]:
+def _turn(run: _Run, prop: str, seed: int, reuse: bool) -> None:
+    """One turn of ``prop``, as many cases as fit its slice; its findings join the campaign's."""
+    campaign = run.campaign
+    began = time.monotonic()
+    examples = campaign.examples_for(prop, _slice(campaign))
+    turn_end = min(run.deadline, began + _slice(campaign))
+    for finding in _batch(run, prop, seed, examples, turn_end, reuse=reuse):
+        campaign.findings.append(finding)
+        campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
+    campaign.prop_seconds[prop] += time.monotonic() - began
+
+
+def _batch(run: _Run, prop: str, seed: int, examples: int, turn_end: float, reuse: bool = False) -> list[Finding]:
     """One turn of ``prop``: ``examples`` drawn cases. The first failure in a new bucket is shrunk (staying in that
     bucket: smaller cases that fail otherwise count as passes to the shrinker); failures in seen buckets are
     counted; another new bucket met while shrinking is kept as its own finding, unshrunk.
@@ -199,89 +192,100 @@ def _batch(
     (``reuse``) replays them first. Hypothesis drops an example that no longer fails there, and to the body a
     failure in a bucket already counted (known, or replayed from the corpus's cases) is a pass: the database holds
     what is not yet explained. Later turns do not replay it (each would drop what the first one counted)."""
-    target: list[Bucket] = []
-    smallest: list[Finding] = []
-    others: dict[str, Finding] = {}
-    shrink_until: list[float] = []  # set when the first failure appears: shrinking gets a bounded budget
-    drawable, left_out = _configured(campaign, prop, capabilities, seed)
-    first_seen: dict[str, float] = {}
-    began, cases_before = time.monotonic(), campaign.cases_run[prop]
-
+    campaign = run.campaign
+    drawable, left_out = _configured(campaign, prop, run.capabilities, seed)
+    turn = _Turn(prop, left_out, turn_end, time.monotonic(), campaign.cases_run[prop])
     database = campaign.corpus.database() if campaign.corpus is not None else None
+    test = _test(run, turn, drawable, examples, reused=bool(database and reuse))
+    try:
+        with with_observability_callback(_observer(campaign.observed.setdefault(prop, Counter()))):
+            _seeded(test, seed, database, f"{campaign.sut}|{prop}")()
+    except Exception as exc:
+        if turn.smallest is None and not isinstance(exc, Flaky):
+            raise
+        if turn.smallest is None:
+            _unreplayed(campaign, prop, exc)
+    finally:
+        turn.count_swarm(campaign)
+    return _found(run, turn)
+
+
+def _test(run: _Run, turn: _Turn, drawable: frozenset[str], examples: int, reused: bool) -> Callable[..., None]:
+    """The turn's Hypothesis test: Hypothesis draws and shrinks, the body judges (``_case``)."""
 
     @settings(
         max_examples=examples,
         deadline=None,
         suppress_health_check=list(HealthCheck),
-        phases=[Phase.reuse, Phase.generate, Phase.shrink] if database and reuse else [Phase.generate, Phase.shrink],
+        phases=[Phase.reuse, Phase.generate, Phase.shrink] if reused else [Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
     )
-    @given(_strategy(campaign, prop, drawable))
+    @given(_strategy(run.campaign, turn.prop, drawable, run.judge_case.runners.virtual))
     def body(case: Case) -> None:
-        now = time.monotonic()
-        if campaign.fatal is not None or now > hard_deadline or (shrink_until and now > shrink_until[0]):
-            return  # stopped or out of time: remaining attempts count as passes, the smallest failure is kept
-        if not shrink_until and now > turn_end:
-            return  # the turn's slice is spent (its cases grew costly): the next property's turn, not more of these
-        try:
-            judgement, outcome = judge_case(case)
-        except Exception as exc:  # the harness's own failure: never a finding; the campaign's end only if fatal
-            campaign.harness_errors.append(f"{prop}: {type(exc).__name__}: {exc}")
-            if is_fatal(exc):
-                campaign.fatal = exc
-            return
-        campaign.cases_run[prop] += 1
-        campaign.sut_seconds += outcome.sut_seconds
-        campaign.shims.update(outcome.shims)
-        if progress:
-            _progress(campaign, prop, start)
-        if judgement.ok:
-            return
-        concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
-        try:
-            bucket = judge_case.bucket(concrete, judgement, outcome)
-        except Exception as exc:  # the harness's own failure: counted as one, the case as a pass to Hypothesis
-            campaign.harness_errors.append(f"{prop}: bucketing a failure: {type(exc).__name__}: {exc}")
-            return
-        finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, left_out,
-                          first_seen.get(bucket.core, time.monotonic() - start), io_map=outcome.io_map)
-        if target and bucket.core == target[0].core:  # shrinking: the same kind of failure, features may go
-            smallest[:] = [finding]  # Hypothesis re-runs the shrunk example last: the last one kept is the smallest
-            raise _Failed("; ".join(judgement.details))
-        if campaign.counted(bucket, prop):
-            return  # a bug this campaign already has a case of: counted, not shrunk again
-        if target:
-            others.setdefault(bucket.core, finding)  # another new bug, met while shrinking the first: kept as is
-            return
-        target.append(bucket)
-        first_seen[bucket.core] = finding.found_at  # the shrunk case keeps when its bucket was first met
-        smallest[:] = [finding]
-        shrink_until.append(time.monotonic() + _shrink_budget(campaign))
-        raise _Failed("; ".join(judgement.details))
+        _case(run, turn, case)
 
+    return body
+
+
+def _case(run: _Run, turn: _Turn, case: Case) -> None:
+    """One drawn case, judged; a failure raises ``_Failed`` where Hypothesis is to shrink it (``_Turn.met``)."""
+    if turn.spent(run):
+        return
+    judged = _judged(run, turn.prop, case)
+    if judged is not None and not judged[0].ok:
+        _failed(run, turn, case, *judged)
+
+
+def _judged(run: _Run, prop: str, case: Case) -> tuple[Judgement, Outcome] | None:
+    """The judge's verdict on ``case``, its costs counted; None where the harness failed on it (module docstring)."""
+    campaign = run.campaign
     try:
-        with with_observability_callback(_observer(campaign.observed.setdefault(prop, Counter()))):
-            _seeded(body, seed, database, f"{campaign.sut}|{prop}")()
-    except Exception as exc:
-        if not smallest and not isinstance(exc, Flaky):
-            raise
-        if not smallest:  # an error of the body's own that Hypothesis's replay did not meet again (its slice ran
-            # out): the harness's failure, counted as one with what was raised, never the campaign's end
-            first = next(iter(getattr(exc, "exceptions", ())), exc)
-            campaign.harness_errors.append(f"{prop}: {type(first).__name__} once, not on Hypothesis's replay: "
-                                           f"{str(first)[:300]}")
-    finally:
-        for feature in left_out or ("(none left out)",):  # what each swarm configuration cost and ran
-            campaign.swarm_cases[feature] += campaign.cases_run[prop] - cases_before
-            campaign.swarm_seconds[feature] += time.monotonic() - began
-    found = smallest + list(others.values())
+        judgement, outcome = run.judge_case(case)
+    except Exception as exc:  # the harness's own failure: never a finding; the campaign's end only if fatal
+        campaign.harness_errors.append(f"{prop}: {type(exc).__name__}: {exc}")
+        if is_fatal(exc):
+            campaign.fatal = exc
+        return None
+    campaign.cases_run[prop] += 1
+    campaign.sut_seconds += outcome.sut_seconds
+    campaign.shims.update(outcome.shims)
+    if run.progress:
+        _progress(campaign, prop, run.start)
+    return judgement, outcome
+
+
+def _failed(run: _Run, turn: _Turn, case: Case, judgement: Judgement, outcome: Outcome) -> None:
+    """A failing case as a finding in its bucket, for the turn to shrink, count or keep."""
+    concrete = dataclasses.replace(case, fault=outcome.resolved_fault) if outcome.resolved_fault else case
+    try:
+        bucket = run.judge_case.bucket(concrete, judgement, outcome)
+    except Exception as exc:  # the harness's own failure: counted as one, the case as a pass to Hypothesis
+        run.campaign.harness_errors.append(f"{turn.prop}: bucketing a failure: {type(exc).__name__}: {exc}")
+        return
+    finding = Finding(concrete, judgement, outcome.shims, outcome.traceback, outcome.fault, bucket, turn.left_out,
+                      turn.first_seen.get(bucket.core, time.monotonic() - run.start), io_map=outcome.io_map)
+    turn.met(bucket, finding, run.campaign)
+
+
+def _unreplayed(campaign: Campaign, prop: str, exc: Exception) -> None:
+    """An error of the body's own that Hypothesis's replay did not meet again (its slice ran out): the harness's
+    failure, counted as one with what was raised, never the campaign's end."""
+    first = next(iter(getattr(exc, "exceptions", ())), exc)
+    campaign.harness_errors.append(f"{prop}: {type(first).__name__} once, not on Hypothesis's replay: "
+                                   f"{str(first)[:300]}")
+
+
+def _found(run: _Run, turn: _Turn) -> list[Finding]:
+    """The turn's new buckets, registered; on virtual ranks each reduced and replayed on real ranks."""
+    found = turn.findings()
     for finding in found:
-        campaign.register(finding.bucket, prop)
-    if campaign.mode == "virtual":
-        found = [_reduced(judge_case, finding, min(hard_deadline, time.monotonic() + _shrink_budget(campaign)))
+        run.campaign.register(finding.bucket, turn.prop)
+    if run.judge_case.runners.virtual:
+        found = [_reduced(run.judge_case, finding,
+                          min(run.hard_deadline, time.monotonic() + _shrink_budget(run.campaign)))
                  for finding in found]
         for finding in found:
-            finding.confirmed_real = _confirm_real(campaign, judge_case, finding)
+            finding.confirmed_real = _confirm_real(run, finding)
     return found
 
 
@@ -317,22 +321,20 @@ def _reduced(judge_case: Judge, finding: Finding, deadline: float) -> Finding:
     return kept[0] if kept and kept[0].case is smallest else finding
 
 
-def _confirm_real(campaign: Campaign, judge_case: Judge, finding: Finding) -> str:
+def _confirm_real(run: _Run, finding: Finding) -> str:
     """Replay a virtual finding on real ranks under the strict rules (what ``replay`` does), where its worlds fit."""
     if max_world(finding.case) > REAL_MAX:
         return "virtual-only"
-    if campaign.real_judge is None:
-        campaign.real_judge = Judge(Runners(campaign.sut, "pool", judge_case.runners.op_timeout,
-                                            device=judge_case.runners.device), known=judge_case.known)
+    real = run.real_judge()
     try:
-        judgement, outcome = campaign.real_judge(finding.case)
+        judgement, outcome = real(finding.case)
     except Exception as exc:  # the real ranks could not run it: unconfirmed, and the table says why
-        campaign.harness_errors.append(f"confirming on real ranks: {type(exc).__name__}: {exc}")
+        run.campaign.harness_errors.append(f"confirming on real ranks: {type(exc).__name__}: {exc}")
         return "no"
     if judgement.ok:
         return "no"
     assert finding.bucket is not None
-    return "yes" if campaign.real_judge.bucket(finding.case, judgement, outcome).core == finding.bucket.core else "no"
+    return "yes" if real.bucket(finding.case, judgement, outcome).core == finding.bucket.core else "no"
 
 
 def _observer(counts: Counter) -> Callable[[object], None]:
@@ -373,10 +375,10 @@ def is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, PoolFailure) and exc.kind == "setup"
 
 
-def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str]):
-    """Virtual ranks (``mode`` "virtual") draw each case's world up to ``ranks``; a fault property's cases run on
-    real ranks (harness.judging.run), so they stay within the worlds real ranks are launched for here."""
-    if campaign.mode != "virtual":
+def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str], virtual: bool):
+    """On virtual ranks each case draws its world up to ``ranks``; a fault property's cases run on real ranks
+    (harness.judging.run), so they stay within the worlds real ranks are launched for here."""
+    if not virtual:
         return property_cases(prop, campaign.sut, campaign.ranks, capabilities, faults=campaign.faults,
                               ptrace=campaign.ptrace)
     if REGISTRY[prop].fault:

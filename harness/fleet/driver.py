@@ -227,7 +227,7 @@ def _schedule(plan: Plan, seconds: float, token: str, shipped: dict[str, bytes],
         ref = task.options(**options).remote(run, seconds, plan.slack, attempt, shipped, token, driver_path, clock)
         pending[ref] = a
 
-    def settle(ref: Any, result: dict) -> None:
+    def record_attempt(ref: Any, result: dict) -> None:
         a = pending.pop(ref)
         if a.group is not None:
             from ray.util.placement_group import remove_placement_group
@@ -249,7 +249,7 @@ def _schedule(plan: Plan, seconds: float, token: str, shipped: dict[str, bytes],
             except Exception as exc:  # the worker died (its node went away, it was killed): the shard died
                 a = pending[ref]
                 result = _failed(a.run, a.attempt, "died", f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
-            settle(ref, result)
+            record_attempt(ref, result)
         starts = ray.get(clock.get.remote())
         now_wall, now = time.time(), time.monotonic()
         for ref, a in list(pending.items()):
@@ -262,7 +262,7 @@ def _schedule(plan: Plan, seconds: float, token: str, shipped: dict[str, bytes],
             else:
                 continue
             ray.cancel(ref, force=True)
-            settle(ref, _failed(a.run, a.attempt, "overrun", why, started))
+            record_attempt(ref, _failed(a.run, a.attempt, "overrun", why, started))
 
 
 def _failed(run: ShardRun, attempt: int, status: str, error: str, started: float | None = None) -> dict:

@@ -30,8 +30,7 @@ from faults.interleave import schedule_of
 from faults.spec import ErrorFault, Fault, KillFault, PointFault, PowerFault, RecordFault, StateFault
 from faults.strace import DEFAULT_SYSCALLS, Recording
 from harness.judging.run import listing, run_ops
-from harness.ranks.runner import PoolFailure
-from harness.ranks.runners import Runners
+from harness.ranks.runner import PoolFailure, RunnerSet
 from properties.check.history import check_history
 from properties.generate.fault_cases import fault_ops
 from properties.model.case import HARNESS_KINDS, Case, CaseError, TensorCase
@@ -65,7 +64,7 @@ def at_most(confirm: CaseJudge | None, n: int | None) -> CaseJudge | None:
 class CaseJudge(Protocol):
     """What crash-point runs need of harness.judging.judge.Judge (named here so this module never imports the judge)."""
 
-    runners: Runners
+    runners: RunnerSet
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]: ...
 
@@ -113,7 +112,7 @@ def fault_op_of(case: Case) -> int:
     return saves[-1]
 
 
-def _trace_fault_op(case: Case, runners: Runners, tmp: Path, *, capture: bool = False) -> Outcome:
+def _trace_fault_op(case: Case, runners: RunnerSet, tmp: Path, *, capture: bool = False) -> Outcome:
     """Run ``case`` in ``tmp``/ckpt up to its fault op, that op traced instead of faulted (``capture``: with the
     written bytes, and the root as it was before the op kept at ``tmp``/ckpt.before). The ops after it are not
     needed to know its IO and are not run; ``outcome.trace`` holds the recording."""
@@ -209,7 +208,7 @@ class Traced:
         self.runs += 1
         return self.tmp / f"run-{self.runs}" / "ckpt"
 
-    def run_point(self, fault: KillFault | ErrorFault, runners: Runners) -> tuple[Judgement, Outcome]:
+    def run_point(self, fault: KillFault | ErrorFault, runners: RunnerSet) -> tuple[Judgement, Outcome]:
         """Judge the case with ``fault`` on its op, started from a copy of the root before the op (the records of
         the earlier ops are the traced run's): the op runs on launched ranks with the fault armed, then the job
         restarts and the rest of the ops run."""
@@ -224,7 +223,7 @@ class Traced:
             runners.after_case()
         return check_history(case, outcome, runners.cls.clear_errors), outcome
 
-    def run_states(self, states: list, runners: Runners, batch: int = 64) -> Iterator[CrashResult]:
+    def run_states(self, states: list, runners: RunnerSet, batch: int = 64) -> Iterator[CrashResult]:
         """Judge every state: materialise a batch of them first (each in a fresh directory), then run the ops after
         the fault op on each, on warm ranks. A state that cannot be materialised or run is yielded unjudged."""
         from faults.crashstates import materialize
@@ -232,7 +231,7 @@ class Traced:
         with runners.warm():
             yield from self._run_states(states, runners, batch, materialize)
 
-    def _run_states(self, states: list, runners: Runners, batch: int, materialize: Callable) -> Iterator[CrashResult]:
+    def _run_states(self, states: list, runners: RunnerSet, batch: int, materialize: Callable) -> Iterator[CrashResult]:
         n_ops = len(self.fs_ops)
         for start in range(0, len(states), batch):
             ready: list[tuple[object, Path | None, str | None]] = []
@@ -271,7 +270,7 @@ class Traced:
 
 
 @contextmanager
-def traced(case: Case, runners: Runners) -> Iterator[Traced]:
+def traced(case: Case, runners: RunnerSet) -> Iterator[Traced]:
     """A :class:`Traced` run of ``case`` up to its fault op, its directory removed on exit."""
     tmp = Path(tempfile.mkdtemp(prefix="ckh-traced-"))
     try:
@@ -280,7 +279,7 @@ def traced(case: Case, runners: Runners) -> Iterator[Traced]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def concrete_fault(case: Case, runners: Runners) -> Case | None:
+def concrete_fault(case: Case, runners: RunnerSet) -> Case | None:
     """A drawn fault that names a crash point or a power-loss state by index (``point``, ``power``) as the concrete
     fault it picks from a recording of this very case (modulo how many there are); None when the op made no IO
     under the root. Findings carry the concrete fault, so a replay needs no recording."""
@@ -331,17 +330,17 @@ def _confirm(result: CrashResult, case: Case, confirm: CaseJudge | None) -> Cras
     return result
 
 
-def judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runners, confirm: CaseJudge | None = None,
+def judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: RunnerSet, confirm: CaseJudge | None = None,
                  on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
     """Judge each crash point of a traced op (Traced.run_point); failures are confirmed (``confirm``). Each point
-    kills its ranks, so a replacement pool launches in the background while the point runs (Runners.keep_spare)."""
+    kills its ranks, so a replacement pool launches in the background while the point runs (RunnerSet.keep_spare)."""
     results: list[CrashResult] = []
     with runners.warm():
         _judge_points(t, faults, runners, confirm, on_result, results)
     return results
 
 
-def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runners, confirm: CaseJudge | None,
+def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: RunnerSet, confirm: CaseJudge | None,
                   on_result: Callable[[int, CrashResult], None] | None, results: list[CrashResult]) -> None:
     for n, fault in enumerate(faults):
         description = f"{fault.syscall} #{fault.k} on {fault.path}"
@@ -356,7 +355,7 @@ def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runn
             on_result(n, results[-1])
 
 
-def judge_states(t: Traced, states: list, runners: Runners, confirm: CaseJudge | None = None,
+def judge_crash_states(t: Traced, states: list, runners: RunnerSet, confirm: CaseJudge | None = None,
                  on_result: Callable[[int, CrashResult], None] | None = None) -> list[CrashResult]:
     """Judge each power-loss state of a traced op (Traced.run_states); failures are confirmed (``confirm``)."""
     results: list[CrashResult] = []
@@ -385,7 +384,7 @@ def crashpoints(case: Case, judge: CaseJudge, sample: int | None = None,
         return judge_points(t, faults, judge.runners, judge, on_result)
 
 
-def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confirm: CaseJudge | None = None,
+def crashstates(case: Case, runners: RunnerSet, *, limit: int | None = None, confirm: CaseJudge | None = None,
                 on_traced: Callable[[Traced], None] | None = None) -> tuple[list[CrashResult], int]:
     """Record the fault op's IO once, then for every power-loss state of it (faults.crashstates): materialise it in
     a fresh directory and run the remaining ops there on warm ranks that never saw any other state's directory.
@@ -394,4 +393,4 @@ def crashstates(case: Case, runners: Runners, *, limit: int | None = None, confi
     with traced(case, runners) as t:
         if on_traced is not None:
             on_traced(t)
-        return judge_states(t, t.states(limit=limit), runners, confirm), len(t.fs_ops)
+        return judge_crash_states(t, t.states(limit=limit), runners, confirm), len(t.fs_ops)

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from harness.judging.run import run_ops
-from harness.ranks.runners import Runners
+from harness.ranks.runner import RunnerSet
 from properties.model.case import HARNESS_KINDS, Case
 from properties.model.outcome import OpRecord, Outcome
 
@@ -45,7 +45,7 @@ class Side:
     files: dict[str, Any] = field(default_factory=dict)  # relative path -> file_form
 
 
-def run_side(case: Case, runners: Runners) -> Side:
+def run_side(case: Case, runners: RunnerSet) -> Side:
     """Run ``case`` on ``runners`` in a fresh directory and keep its records and files."""
     outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
     tmp = Path(tempfile.mkdtemp(prefix="ckh-fid-"))

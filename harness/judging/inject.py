@@ -87,8 +87,8 @@ class ArmedFault:
             self.tid_stream = streams(inj.recording, roots)
         elif inj is not None:
             self.report.update(inj.report())
-        if self._arming.settled is not None:
-            self._arming.settled(self, inj)
+        if self._arming.on_exit is not None:
+            self._arming.on_exit(self, inj)
 
     def role(self, pid: int, initial_tids: dict[int, int]) -> str:
         """Which process the fault hit, in the case's terms (pids differ from run to run)."""
@@ -193,17 +193,17 @@ def _same_root(armed: ArmedFault, fault: Fault) -> Path:
 
 @dataclass(frozen=True)
 class Arming:
-    """How one fault type runs: ``arm`` returns the injector entered around the op (or None); ``settled`` sees it
+    """How one fault type runs: ``arm`` returns the injector entered around the op (or None); ``on_exit`` sees it
     once it has exited; ``after`` returns the root the next ops use."""
 
     arm: Callable[[ArmedFault, Any], Any]
     after: Callable[[ArmedFault, Any], Path] = _same_root
-    settled: Callable[[ArmedFault, Any], None] | None = None
+    on_exit: Callable[[ArmedFault, Any], None] | None = None
 
 
 ARMING: dict[type[Fault], Arming] = {
-    KillFault: Arming(_strace_injection, settled=_injected_call),
-    ErrorFault: Arming(_strace_injection, settled=_injected_call),
+    KillFault: Arming(_strace_injection, on_exit=_injected_call),
+    ErrorFault: Arming(_strace_injection, on_exit=_injected_call),
     FsizeFault: Arming(_fsize),
     KillWhenFault: Arming(_kill_when),
     StallFault: Arming(_stall),

@@ -13,7 +13,7 @@ from collections import Counter
 
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault
-from harness.judging.fault_runs import judge_points, judge_states, traced
+from harness.judging.fault_runs import judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.run import run_case
 from harness.ranks.runners import Runners
@@ -32,7 +32,7 @@ STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interl
 EXHAUSTIVE_BOUND = 64  # fuzz: a drawn crash point or state is judged with all of its kind where there are this few
 
 
-def attributed(case: Case, judgement: Judgement, plain: Judgement) -> Judgement:
+def charge_to_fault(case: Case, judgement: Judgement, plain: Judgement) -> Judgement:
     """A fault case's failing ``judgement``, given ``plain``, the same ops judged without the fault: it stands if
     those pass, else it is a pass excused as not attributed to the fault."""
     if plain.ok:
@@ -59,16 +59,16 @@ class Judge:
         self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
         self.known_hits: Counter = Counter()
         self.flaky: list[str] = []  # exploring: failures (ranks died or hung) that a second run did not repeat
-        # exploring: the bucket core of a judgement cut short -> (the known finding, the bucket) its settling run
-        # found (Judge._settle)
-        self.settled: dict[str, tuple[str | None, Bucket]] = {}
+        # exploring: the bucket core of a judgement cut short -> (the known finding, the bucket) its waited-out run
+        # found (Judge._rerun_waiting)
+        self.waited_out: dict[str, tuple[str | None, Bucket]] = {}
         runners.fast_failures = exploring
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
         judgement, outcome = self._judge(case)
         if outcome.cut_short and not judgement.ok:
-            judgement, outcome, known = self._settle(case, judgement, outcome)
+            judgement, outcome, known = self._rerun_waiting(case, judgement, outcome)
         else:
             known = explained_by(self.known, self.family(case), judgement)
         if known is not None:
@@ -88,9 +88,9 @@ class Judge:
     def bucket(self, case: Case, judgement: Judgement, outcome: Outcome) -> Bucket:
         """A failure's root-cause bucket (properties.triage.buckets). A failure that shows a known bug and a new one is
         the new one's: its bucket is read past the known. A judgement cut short (ranks stuck behind a raiser) goes
-        to the bucket its settling run found for the same shortcut."""
+        to the bucket its waited-out run found for the same shortcut."""
         bucket = self._bucket(case, judgement, outcome)
-        return self.settled.get(bucket.core, (None, bucket))[1] if outcome.cut_short else bucket
+        return self.waited_out.get(bucket.core, (None, bucket))[1] if outcome.cut_short else bucket
 
     def _bucket(self, case: Case, judgement: Judgement, outcome: Outcome) -> Bucket:
         family = self.family(case)
@@ -98,21 +98,21 @@ class Judge:
         return bucket_of(case, unknown or judgement.anomalies, outcome.tracebacks) or Bucket(
             f"{judgement.verdict.value}|{judgement.details[0] if judgement.details else ''}")
 
-    def _settle(self, case: Case, judgement: Judgement, outcome: Outcome
+    def _rerun_waiting(self, case: Case, judgement: Judgement, outcome: Outcome
                 ) -> tuple[Judgement, Outcome, str | None]:
         """A fuzzing judgement cut short where ranks sat stuck behind one that raised: the first of its bucket is
         run again waiting every wait out (as ``replay`` does), and that run's judgement stands and tells what the
         shortcut's bucket is (a known finding, or the waited-out failure's bucket); later ones of the bucket are
         judged by the shortcut alone. Returns the judgement, its outcome and the known finding explaining it."""
         short = self._bucket(case, judgement, outcome)
-        if short.core in self.settled:
-            known = self.settled[short.core][0]
+        if short.core in self.waited_out:
+            known = self.waited_out[short.core][0]
             return judgement, outcome, known
         with self.runners.waiting():
             full, full_outcome = self._judge(case)
         known = explained_by(self.known, self.family(case), full)
         if not full.ok:
-            self.settled[short.core] = (known, self.bucket(case, full, full_outcome))
+            self.waited_out[short.core] = (known, self.bucket(case, full, full_outcome))
         return full, full_outcome, known
 
     def family(self, case: Case) -> str:
@@ -129,7 +129,7 @@ class Judge:
         same crash by construction and a second run only costs a relaunch."""
         if not self.exploring or judgement.ok or case.fault is not None or not ranks_stopped(judgement.anomalies):
             return False
-        if self.runners.mode == "virtual":  # fault-free cases, the only ones asked, run on virtual ranks there
+        if self.runners.virtual:  # fault-free cases, the only ones asked, run on virtual ranks there
             return False
         again, _ = self._judge(case)
         if not again.ok:
@@ -145,7 +145,7 @@ class Judge:
         if checker is Checker.HISTORY:
             judgement = check_history(case, outcome, self.runners.cls.clear_errors)
             faulted = case.fault is not None and not judgement.ok
-            return (self._attributed(case, judgement) if faulted else judgement), outcome
+            return (self._charge_to_fault(case, judgement) if faulted else judgement), outcome
         if checker is Checker.ORACLE:
             return check_oracle(case, outcome), outcome
         if self._reference is None:
@@ -167,7 +167,7 @@ class Judge:
                 return self._concrete(dataclasses.replace(case, fault=faults[first]))
             if isinstance(case.fault, PowerFault):
                 states = list(t.states())
-                results = judge_states(t, states[first:] + states[:first], self.runners)
+                results = judge_crash_states(t, states[first:] + states[:first], self.runners)
             else:
                 results = judge_points(t, faults[first:] + faults[:first], self.runners)
             failing = any(r.judged and not r.judgement.ok for r in results)  # the map is taken while the run exists
@@ -196,7 +196,7 @@ class Judge:
         outcome.resolved_fault = concrete.fault
         return judgement, outcome
 
-    def _attributed(self, case: Case, judgement: Judgement) -> Judgement:
+    def _charge_to_fault(self, case: Case, judgement: Judgement) -> Judgement:
         """A fault case's failure counts only if the fault caused it: the same ops without the fault must pass.
         Otherwise the SUT fails the case anyway (a fault-free property finds that bug) and it is not reported
         here, so fault campaigns are not swamped by, and do not shrink towards, bugs that need no fault."""
@@ -204,7 +204,7 @@ class Judge:
         control_outcome = run_case(control, self.runners)
         # The same history rules as the faulted run (rotation, latest, ...), only without the fault.
         plain = check_history(control, control_outcome, self.runners.cls.clear_errors)
-        return attributed(case, judgement, plain)
+        return charge_to_fault(case, judgement, plain)
 
     def _run(self, case: Case) -> Outcome:
         """Run the case; a power-loss state needs the save's IO in the order it was enumerated from, and ranks

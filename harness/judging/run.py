@@ -1,4 +1,4 @@
-"""Run a case: its ops in lock-step across the ranks of the runners ``Runners`` hands out, a fault armed around
+"""Run a case: its ops in lock-step across the ranks of the runners a ``RunnerSet`` hands out, a fault armed around
 its op, and the Outcome the checkers judge."""
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from typing import TypeVar
 from faults.errors import FaultSpecError
 from harness.judging.inject import ArmedFault
 from harness.ranks.rankops import unpack
-from harness.ranks.runner import PoolFailure, Runner
-from harness.ranks.runners import Runners
+from harness.ranks.runner import PoolFailure, Runner, RunnerSet
 from properties.model.case import HARNESS_KINDS, Case, Op
 from properties.model.outcome import OpRecord, Outcome
 
 T = TypeVar("T")
 
 
-def run_case(case: Case, runners: Runners) -> Outcome:
+def run_case(case: Case, runners: RunnerSet) -> Outcome:
     """Run every op of ``case`` in a fresh directory; failures of the SUT become records, not exceptions.
 
     A case with a fault arms it around its op on launched ranks (harness.judging.inject); afterwards those ranks are
@@ -40,7 +39,7 @@ def run_case(case: Case, runners: Runners) -> Outcome:
     return outcome
 
 
-def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], outcome: Outcome,
+def run_ops(case: Case, runners: RunnerSet, root: Path, indices: Iterable[int], outcome: Outcome,
             live: list[Runner] | None = None) -> Path:
     """Run ops ``indices`` of ``case`` on ``root`` (the fault armed on its op), appending their records; returns
     the root the last op saw. Stops at the first op whose ranks died or hung, unless the fault caused it.
@@ -59,7 +58,7 @@ def run_ops(case: Case, runners: Runners, root: Path, indices: Iterable[int], ou
                 break
     finally:
         if live is None:
-            job.settle(outcome.records[first:])
+            job.end_runners(outcome.records[first:])
     return job.root
 
 
@@ -69,7 +68,7 @@ class _Job:
     replace it by the state it left)."""
 
     case: Case
-    runners: Runners
+    runners: RunnerSet
     root: Path
     outcome: Outcome
     active: list[Runner]
@@ -127,7 +126,7 @@ class _Job:
         # The warm pass over crash points and states does not wait out a collective that a raising rank left
         # (gloo: 30 s per failing state): the ranks still in it are dropped below, and a failure it finds is
         # replayed as its own case, with every wait, before it counts. A fuzzing judge does not either
-        # (Runners.fast_failures): it stops a fault-free case there and settles it (harness.judging.judge).
+        # (RunnerSet.fast_failures): it stops a fault-free case there and settles it (harness.judging.judge).
         fast = self.runners.fast_failures and self.case.property not in WAITS_OUT_FAILURES
         stuck = STUCK_AFTER_S if self.case.fault is not None and self.runners.keep_failed else (
             FAST_STUCK_CAP_S if fast else None)
@@ -144,7 +143,7 @@ class _Job:
         if self.case.fault is not None and not rec.ok and runner.launched and not (
                 self.runners.keep_failed and rec.symmetric and runner.healthy()):
             # After a fault every op is judged on its own: a failed op may leave the group wedged
-            # (one rank raised, one waits), which must not be charged to the next op (Runners.keep_failed:
+            # (one rank raised, one waits), which must not be charged to the next op (RunnerSet.keep_failed:
             # the warm pass over crash points and states keeps ranks that pass a health check). The history
             # hears of it: saves the ranks had in flight died with them.
             self.drop(runner)
@@ -190,7 +189,7 @@ class _Job:
             rec.applied = {"skipped": f"{type(exc).__name__}: {exc}"}
         return rec
 
-    def settle(self, records: list[OpRecord]) -> None:
+    def end_runners(self, records: list[OpRecord]) -> None:
         """End the case on every runner still begun. After a failed op the ranks may disagree about where they are
         in a collective (one raised, another still waits): such a pool is poisoned for the next case. It stays
         warm only if every rank failed the same way and a collective health check passes; else it is relaunched.
@@ -208,14 +207,14 @@ class _Job:
                 self.runners.lose(runner)
 
 
-def listing(case: Case, runners: Runners, root: Path) -> tuple[str, ...] | None:
+def listing(case: Case, runners: RunnerSet, root: Path) -> tuple[str, ...] | None:
     """The case's checkpoint names that the SUT presents as finished on ``root`` (None: it cannot tell)."""
     names = sorted({op.name for op in case.ops if op.kind == "save" and op.name})
     found = _unless_unreadable(lambda: runners.cls.complete(root, names, case.options))
     return None if found is None else tuple(found)
 
 
-def op_timeout(case: Case, runners: Runners) -> float:
+def op_timeout(case: Case, runners: RunnerSet) -> float:
     """How long one op may take before its ranks count as hung: the case's own bound (``options["op_timeout"]``,
     part of a P-LIVENESS case: it says what "within a bound" means there), else the runners'."""
     return float(case.options.get("op_timeout", runners.op_timeout))

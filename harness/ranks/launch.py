@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 from faults.procs import kill_tree, popen
@@ -46,21 +45,6 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PADDLE_PG_TIMEOUT", str(COLLECTIVE_TIMEOUT_MS))
     env.update(extra or {})
     return env
-
-
-def paddle_gpus(world: int, device: str = "auto") -> int:
-    """GPUs to give a Paddle launch (``world`` ranks on this node): one per rank when Paddle has CUDA and enough
-    devices, else 0 (CPU, gloo). ``device`` "cpu" forces the CPU; "gpu" insists on GPUs."""
-    if device == "cpu":
-        return 0
-    with warnings.catch_warnings():  # Paddle warns about ccache on import; noise in a findings table
-        warnings.simplefilter("ignore")
-        import paddle  # only the controller of a paddle-launched SUT pays for this import
-
-    count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
-    if device == "gpu" and count < world:
-        raise RuntimeError(f"device gpu asked for, but Paddle sees {count} GPU(s) for {world} ranks on a node")
-    return world if count >= world else 0
 
 
 SOCKET_PATH_MAX = 107  # bytes of a Unix socket's path (sun_path, less its NUL)

@@ -19,7 +19,7 @@ from pathlib import Path
 import psutil
 
 from harness.ranks.forkserver import ForkError, ForkServer, Template
-from harness.ranks.launch import child_env, kill_trees, launch_commands, paddle_gpus, start, worker_argv
+from harness.ranks.launch import child_env, kill_trees, launch_commands, start, worker_argv
 from harness.ranks.runner import PoolFailure, Runner
 from harness.sut import adapter_class
 from harness.sut.shm import SHM_VAR, release_shm
@@ -95,7 +95,8 @@ class RankPool(Runner):
         super().__init__()
         self.sut, self.world, self.options, self.nnodes = sut, world, options, nnodes
         self.start_timeout = start_timeout
-        self.launcher = adapter_class(sut).launcher
+        self.cls = adapter_class(sut)
+        self.launcher = self.cls.launcher
         self.forks = forks if nnodes == 1 and self.launcher in FORKABLE else None
         self.fork = fork
         self.forked = False  # this launch's ranks came from the fork server
@@ -165,8 +166,7 @@ class RankPool(Runner):
             except ForkError:
                 kill_trees(self.procs)
                 self.procs = []
-        gpus = paddle_gpus(self.world // self.nnodes, self.options.get("device", "auto")) \
-            if self.launcher == "paddle" else 0
+        gpus = self.cls.launch_gpus(self.world // self.nnodes, self.options.get("device", "auto"))
         commands = launch_commands(
             self.launcher, self.world, control, self.sut, json.dumps(self.options), log_dir, gpus, self.nnodes
         )
@@ -277,7 +277,7 @@ class RankPool(Runner):
                 tails.append((cause is None and not any(_CAUSE.search(line) for line in shown),
                               f"{log.name}: {' / '.join(shown)}"))
         # Logs that name a cause first, then whole tails while they fit: a cut never drops the line that says why
-        # (it used to keep the last 2000 characters, and lost a rank's abort message behind longer logs).
+        # (a plain cut to the last characters would lose a rank's abort message behind longer logs).
         kept: list[str] = []
         for _, tail in sorted(tails, key=lambda t: t[0]):
             if kept and sum(len(k) + 2 for k in kept) + len(tail) > LOG_CHARS:

@@ -8,6 +8,10 @@ case, ranks inside this process, virtual ranks) is one class implementing this, 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from harness.sut.base import SutAdapter
 
 
 class PoolFailure(Exception):
@@ -31,7 +35,7 @@ class Runner(ABC):
     #: Its ranks meet in collectives, so a failed op may leave them out of step (one raised, one waits): a failed
     #: case's runner is checked with ``healthy`` before it is kept.
     drifts: bool = False
-    #: ``healthy`` sees every way the ranks can be out of step (virtual ranks: the baton knows each rank's place in
+    #: ``healthy`` sees every way the ranks can be out of step (virtual ranks: the scheduler knows each rank's place in
     #: every collective), so a failed op that was not symmetric needs no relaunch where the check passes.
     exact_health: bool = False
 
@@ -85,3 +89,26 @@ class Runner(ABC):
         """Where the ranks ran, as "device (backend)" strings (a GPU run shows cuda:N here)."""
         return {f"{i.get('device', '?')} ({i['backend']})" if "backend" in i else i.get("device", "?")
                 for i in self.info.values()}
+
+
+class RunnerSet(Protocol):
+    """What running and judging a case ask of the runners they run on (``harness.ranks.runners.Runners``): the
+    judging stage depends on this, never on how ranks are hosted."""
+
+    mode: str  # recorded in each Outcome; a decision that differs by mode belongs to the runners
+    op_timeout: float
+    cls: type[SutAdapter]
+    #: After a failed op of a fault case, ranks that failed alike and pass a health check stay (warm passes).
+    keep_failed: bool
+    #: Ranks idle in an op after a peer raised are not waited on until the backend's timeout (a fuzzing judge).
+    fast_failures: bool
+
+    def get(self, world: int, options: dict, launched: bool = False, fault_case: bool = False) -> Runner: ...
+
+    def warm(self) -> AbstractContextManager[RunnerSet]: ...
+
+    def strict(self) -> AbstractContextManager[RunnerSet]: ...
+
+    def lose(self, runner: Runner, graceful: bool = True) -> None: ...
+
+    def after_case(self) -> None: ...

@@ -109,6 +109,11 @@ class Runners:
         """Fuzzing or a warm pass: a pool may be forked (harness.ranks.forkserver) rather than launched."""
         return self.fast_failures or self.keep_failed
 
+    @property
+    def virtual(self) -> bool:
+        """Its runners host ranks virtually (launch mode "virtual"): a campaign reduces and confirms its findings."""
+        return self.mode == "virtual"
+
     def waiting(self) -> AbstractContextManager[Runners]:
         """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""
         return self._off("fast_failures")

@@ -3,7 +3,7 @@ harness.ranks.worker.
 
 It opens one control connection per rank, so the controller's pool (harness.ranks.virtual_pool) sees W ranks and needs
 no other code path: every message goes to every rank, and the host runs each message's work on all its ranks
-under the baton, then answers on each rank's connection. A rank whose collective timed out (no peer could join)
+one at a time, then answers on each rank's connection. A rank whose collective timed out (no peer could join)
 answers "Stuck" when the controller is fuzzing, as a real pool answers for a rank left waiting on a raiser.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.ranks.heap import Heap
+from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rank_logs import route
 from harness.ranks.rankops import RankExecutor
 from harness.sut import adapter_class
@@ -40,9 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     size, control = args.world, args.control
     cls = adapter_class(args.sut)
     options = json.loads(args.options)
-    worlds: list = []  # [the world now playing the ranks] (rank logs follow its baton; an old one is let go)
-    streams = route(args.logs, lambda: worlds[-1].baton.current if worlds else None) if args.logs else None
-    heap = Heap()
+    worlds: list = []  # [the world now playing the ranks] (rank logs follow its scheduler's rank; an old one is let go)
+    streams = route(args.logs, lambda: worlds[-1].scheduler.current if worlds else None) if args.logs else None
+    gc_freezer = GcFreezer()
     try:
         while control is not None:  # a new control address: the controller asked for a fresh world (_serve)
             conns = [Client(control, family="AF_UNIX") for _ in range(size)]
@@ -51,14 +51,14 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             world, adapters, setups = built
             worlds[:] = [world]
-            heap.settle()
+            gc_freezer.collect_and_freeze()
             for rank, conn in enumerate(conns):
                 conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": setups[rank][1],
                            "info": {**adapters[rank].describe(), "virtual": "yes"},
                            "env": {**os.environ, **world.envs[rank]}})
             executors = [RankExecutor(adapters[r], r, size) for r in range(size)]
             try:
-                control = _serve(world, conns, executors, heap)
+                control = _serve(world, conns, executors, gc_freezer)
             finally:
                 world.run([lambda ex=ex: _close(ex) for ex in executors])
                 world.close()
@@ -125,7 +125,7 @@ class _Ranks:
             conn.send({**msg, "rank": rank})
 
 
-def _serve(world, conns: list[Connection], executors: list[RankExecutor], heap: Heap) -> str | None:
+def _serve(world, conns: list[Connection], executors: list[RankExecutor], gc_freezer: GcFreezer) -> str | None:
     """Play the ranks until the controller stops (None) or asks for a fresh world on a new control address (a case
     lost ranks: a rank's exit, ranks stuck behind a raiser, a restart). A fresh world in this process is what a
     relaunch would start — new rank threads, module state, adapters — without a process to kill and fork. A host
@@ -159,7 +159,7 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor], heap: 
                                  for ex in executors])
         elif kind == "end":
             results = world.run([lambda ex=ex: (ex.end(), {"type": "ok"})[1] for ex in executors])
-            heap.settle()
+            gc_freezer.collect_and_freeze()
         else:
             raise ValueError(f"unknown message {kind!r}")
         _raise_harness_errors(results)
@@ -171,9 +171,9 @@ def _waited(world, results: list[tuple[bool, object]], msg: dict) -> None:
     say so, as a real rank's would, and harness.judging.run.cause then cites the peer that raised, not the waiter). When
     the controller does not wait such ranks out (``stuck_after``), they answer "Stuck", as a real pool answers."""
     records = [value for ok, value in results if ok]
-    stuck = world.baton.timed_out_ranks
+    stuck = world.scheduler.timed_out_ranks
     for record in records:
-        record["seconds"] += world.baton.waited.get(record["rank"], 0.0)
+        record["seconds"] += world.scheduler.waited.get(record["rank"], 0.0)
     raised = next((r["rank"] for r in records if not r["ok"] and r["rank"] not in stuck), None)
     if msg.get("stuck_after") is None or raised is None:
         return

@@ -69,9 +69,9 @@ class VirtualPool(RankPool):
     def recover(self) -> bool:
         """After a case lost ranks, the host starts a fresh world in its own process — new rank threads, module
         state and adapters, as a relaunch would — and its ranks connect again: no host to kill, fork and warm up
-        (a 16-rank case that loses a rank took 257 ms, 91 ms passing). Not where the host died (an abort in Paddle
-        is real), every rank was lost (no connection to ask on), ranks hung past the timeout, or the host refuses
-        (detached saves in flight, whose writers a crash kills with the process)."""
+        (docs/design.md §13). Not where the host died (an abort in Paddle is real), every rank was lost (no
+        connection to ask on), ranks hung past the timeout, or the host refuses (detached saves in flight, whose
+        writers a crash kills with the process)."""
         live = [conn for rank, conn in self.conns.items() if rank not in self._lost]
         if self._hung or not live or self._dir is None or not self.procs or any(p.poll() is not None
                                                                                  for p in self.procs):
@@ -114,7 +114,7 @@ class VirtualPool(RankPool):
         processes of their async saves, share this machine's cores, so the op may take up to ``timeout`` times W
         over the cores while the host's processes use CPU; a host whose processes use none for ``timeout`` waits on
         what will not come, as a real rank that waited that long would (a virtual collective no peer joins fails at
-        once). 32 virtual ranks spawning 32 async writers on 2 cores took 2 minutes and read as a hang before.
+        once). Without that factor, 32 virtual ranks spawning 32 async writers on 2 cores would read as a hang.
 
         A rank that met something the virtual world does not emulate (``VirtualUnsupported``) makes the op the
         harness's failure, never a record a judge could read as the SUT's bug."""

@@ -17,7 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # started as a script by a framework launcher
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.ranks.heap import Heap
+from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rankops import RankExecutor
 from harness.sut import adapter_class
 
@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()  # the rank's log keeps where; the controller quotes its tail
         conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    heap = Heap()
-    heap.settle()  # the framework and the SUT's set-up stay: collections a SUT asks for walk only what a case made
+    gc_freezer = GcFreezer()
+    # the framework and the SUT's set-up stay: collections a SUT asks for walk only what a case made
+    gc_freezer.collect_and_freeze()
     conn.send({"type": "hello", "rank": rank, "pid": os.getpid(), "shims": shims, "info": adapter.describe(),
                "env": dict(os.environ)})
     executor = RankExecutor(adapter, rank, world)
@@ -84,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.send({"type": "health", "rank": rank, "ok": ok})
         elif kind == "end":
             executor.end()
-            heap.settle()
+            gc_freezer.collect_and_freeze()
             conn.send({"type": "ok", "rank": rank})
     executor.release()  # a held writer would keep the adapter's close waiting for ever
     adapter.close()

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.campaign.fuzz import Campaign, Finding
+from harness.campaign.results import Campaign, Finding
 from properties.model.verdicts import Verdict
 
 

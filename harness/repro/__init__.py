@@ -2,8 +2,9 @@
 runs without the harness (issue 17; docs/design.md §17).
 
 The order is syzkaller's: simplify the case one choice at a time while the harness still sees the same failure
-(``simplify``), write the script from the simplified case (``plan`` -> ``render``), then run the script in fresh
-processes and record whether it showed the bug (``verify``) — in ``repro.json`` beside it and in the finding.
+(``simplify``), write the script from the simplified case (``scripted_case`` -> ``render``), then run the script in
+fresh processes and record whether it showed the bug (``verify``) — in ``repro.json`` beside it and in the finding.
+Imports harness.judging and below: the judge simplifies, the runners run the case.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from harness.repro.plan import ReproUnsupported, check_supported, plan_case
 from harness.repro.render import emitter, repro_py, run_sh
 from harness.repro.report import report_md
+from harness.repro.scripted_case import ReproUnsupported, check_supported, script_case
 from harness.repro.simplify import judged, simplify
 from harness.repro.verify import Verification, judge_run, run_repro
 from properties.model.case import Case, Op, read_case_file
@@ -54,18 +55,18 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         summary.update(step=op, harness_verdict=judgement.verdict.value, **({"ways": ways} if ways else {}))
         corruptions = {r.index: r.applied for r in outcome.records if r.kind == "corrupt" and r.applied}
         # a racy finding may show another way at a later op: its script runs every op
-        plan = plan_case(case, reference_failures(case), upto=None if ways else op, tolerated=failed,
+        scripted = script_case(case, reference_failures(case), upto=None if ways else op, tolerated=failed,
                          corruptions=corruptions)
         title = _title(path, finding, case)
         source = f"ckpt-harness finding {path.name}"
-        (out / "repro.py").write_text(repro_py(plan, title, source), encoding="utf-8")
-        (out / "run.sh").write_text(run_sh(plan), encoding="utf-8")
+        (out / "repro.py").write_text(repro_py(scripted, title, source), encoding="utf-8")
+        (out / "run.sh").write_text(run_sh(scripted), encoding="utf-8")
         os.chmod(out / "run.sh", 0o755)
-        summary.update(phases=len(plan.phases), ranks=plan.max_world, case=case.to_json(),
-                       launches=[[phase.world, [step.label for step in phase.steps]] for phase in plan.phases])
-        too_big = verify_max_ranks is not None and plan.max_world > verify_max_ranks
+        summary.update(phases=len(scripted.phases), ranks=scripted.max_world, case=case.to_json(),
+                       launches=[[phase.world, [step.label for step in phase.steps]] for phase in scripted.phases])
+        too_big = verify_max_ranks is not None and scripted.max_world > verify_max_ranks
         if too_big:
-            summary["how"] = f"not run: {plan.max_world} processes (more than {verify_max_ranks} here)"
+            summary["how"] = f"not run: {scripted.max_world} processes (more than {verify_max_ranks} here)"
         result = check_repro(out, verdict, op, ways) if verify and not too_big else None
     except ReproUnsupported as exc:
         summary["unsupported"] = str(exc)

@@ -8,8 +8,8 @@ given; the script spells out which, from the case's options.
 from __future__ import annotations
 
 from harness.repro import paddle_text
-from harness.repro.plan import Plan, ReproUnsupported
 from harness.repro.render import HOLD_PROCESSES
+from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
@@ -18,8 +18,8 @@ INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method"})
 
 
-def settings(plan: Plan) -> str:
-    options = plan.options
+def settings(scripted: ScriptedCase) -> str:
+    options = scripted.options
     unknown = sorted(set(options) - INERT - RENDERED)
     if unknown:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
@@ -34,14 +34,14 @@ def settings(plan: Plan) -> str:
             f"COMM_METHOD = {options.get('comm_method', 'broadcast')!r}\n")
 
 
-def helpers(plan: Plan) -> str:
+def helpers(scripted: ScriptedCase) -> str:
     """The script's functions, leaving out the branches this case never takes."""
     blocks = [LOCATION, ENTRY_HEAD]
-    if plan.has_flat():
+    if scripted.has_flat():
         blocks.append(ENTRY_FLAT)
-    blocks.append(ENTRY_DIST if plan.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
+    blocks.append(ENTRY_DIST if scripted.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
     blocks.append(STATE_DICT)
-    blocks.append(SAVE_ASYNC if plan.uses("use_async") else SAVE)
+    blocks.append(SAVE_ASYNC if scripted.uses("use_async") else SAVE)
     blocks.append(LOAD)
     return "".join(blocks)
 

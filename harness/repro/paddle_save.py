@@ -4,8 +4,8 @@ to one file per checkpoint name and reads the same file back, as harness/sut/pad
 from __future__ import annotations
 
 from harness.repro import paddle_text
-from harness.repro.plan import Plan, ReproUnsupported
 from harness.repro.render import HOLD_THREADS
+from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
@@ -13,14 +13,14 @@ INERT = frozenset({"commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format"})
 
 
-def settings(plan: Plan) -> str:
-    unknown = sorted(set(plan.options) - INERT - RENDERED)
+def settings(scripted: ScriptedCase) -> str:
+    unknown = sorted(set(scripted.options) - INERT - RENDERED)
     if unknown:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
-    return f"SAFETENSORS = {plan.options.get('format') == 'safetensors'}  # the safetensors= of save and load\n"
+    return f"SAFETENSORS = {scripted.options.get('format') == 'safetensors'}  # the safetensors= of save and load\n"
 
 
-def helpers(plan: Plan) -> str:
+def helpers(scripted: ScriptedCase) -> str:
     return HELPERS
 
 

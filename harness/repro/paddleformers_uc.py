@@ -6,7 +6,7 @@ weights as ``optimizer/<p>.m1|.m2`` and ``master/<p>``; a save is the Trainer's 
 from __future__ import annotations
 
 from harness.repro import uc_text
-from harness.repro.plan import Plan, ReproUnsupported
+from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 
 FRAMEWORK = "paddleformers"
 TEXT = uc_text
@@ -14,8 +14,8 @@ INERT = frozenset({"commit_timeout", "op_timeout"})
 RENDERED = frozenset({"keep_last", "pdc", "seed"})
 
 
-def settings(plan: Plan) -> str:
-    options = plan.options
+def settings(scripted: ScriptedCase) -> str:
+    options = scripted.options
     unknown = sorted(set(options) - INERT - RENDERED)
     if unknown:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
@@ -27,9 +27,10 @@ def settings(plan: Plan) -> str:
             f'os.environ["FLAG_LLM_PDC"] = "{pdc}"\n')
 
 
-def helpers(plan: Plan) -> str:
+def helpers(scripted: ScriptedCase) -> str:
     """The script's functions, leaving out UC's async writers where no step saves asynchronously or waits."""
-    waits = plan.uses("use_async") or any(s.kind in ("wait", "kill") for phase in plan.phases for s in phase.steps)
+    waits = scripted.uses("use_async") or any(s.kind in ("wait", "kill")
+                                              for phase in scripted.phases for s in phase.steps)
     return "".join((IMPORTS, MODEL, SAVE, ASYNC if waits else "", LOAD))
 
 

@@ -1,4 +1,4 @@
-"""A plan as two files a maintainer runs without the harness: ``repro.py`` (named steps, explicit data) and
+"""A scripted case as two files a maintainer runs without the harness: ``repro.py`` (named steps, explicit data) and
 ``run.sh`` (the launches, each with fresh processes, bounded by a timeout)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from harness.repro.plan import Piece, Plan, ReproUnsupported, Step
+from harness.repro.scripted_case import Piece, ReproUnsupported, ScriptedCase, Step
 
 EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp": "torch_dcp",
             "paddleformers-uc": "paddleformers_uc"}
@@ -232,10 +232,10 @@ def emitter(sut: str) -> ModuleType:
     return importlib.import_module(f"{__package__}.{EMITTERS[sut]}")
 
 
-def repro_py(plan: Plan, title: str, source: str) -> str:
-    module = emitter(plan.sut)
+def repro_py(scripted: ScriptedCase, title: str, source: str) -> str:
+    module = emitter(scripted.sut)
     text = module.TEXT
-    dtypes = {p.dtype for table in plan.tables.values() for pieces in table.values() for p in pieces.values()}
+    dtypes = {p.dtype for table in scripted.tables.values() for pieces in table.values() for p in pieces.values()}
     parts = [
         f'"""{title}\n\nStandalone reproduction written by ckpt-harness from {source}. Run ``bash run.sh``: it starts '
         f"each launch below with fresh processes. The script prints {MARK} / EXPECTED / ACTUAL and exits 1 while the "
@@ -243,34 +243,34 @@ def repro_py(plan: Plan, title: str, source: str) -> str:
         text.IMPORTS,
         "from collections import namedtuple\n",
         "ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank\n",
-        module.settings(plan),
+        module.settings(scripted),
         text.carriers(dtypes),
         f"DTYPE_NAMES = {({d: text.DTYPE_NAMES[d] for d in sorted(dtypes)})!r}  # as the framework prints them\n",
         "# One rank's piece of a tensor: dtype, global shape, offsets and shape of its box (or the [start, stop) of a\n"
         "# flattened slice), its bits as hex, and for a dist tensor its mesh shape, placements and owner coordinates.\n"
         'Piece = namedtuple("Piece", "dtype global_shape offsets shape flat bits mesh placements owner")\n',
-        _tables(plan),
+        _tables(scripted),
         text.TENSORS,
-        text.SCRIBBLE if plan.uses("mutate_after") else "",
-        RETURNED if plan.uses("use_async") else "",
-        module.helpers(plan),
-        _optional(module, plan.sut, plan.has("kill"), "KILL_WRITERS",
+        text.SCRIBBLE if scripted.uses("mutate_after") else "",
+        RETURNED if scripted.uses("use_async") else "",
+        module.helpers(scripted),
+        _optional(module, scripted.sut, scripted.has("kill"), "KILL_WRITERS",
                   "a kill of async writers (the {} script cannot find its writers yet)"),
-        _optional(module, plan.sut, plan.has("resume") or plan.uses("hold"), "HOLD",
+        _optional(module, scripted.sut, scripted.has("resume") or scripted.uses("hold"), "HOLD",
                   "held writers (the {} script cannot hold its writers yet)"),
-        _optional(module, plan.sut, plan.has("check"), "CHECK_RECORDED",
+        _optional(module, scripted.sut, scripted.has("check"), "CHECK_RECORDED",
                   "a check of what a save recorded (the {} script cannot read its metadata yet)"),
-        damage(plan.edit_kinds()) if plan.edit_kinds() else "",
-        CRASH if plan.crash_phases() else "",
+        damage(scripted.edit_kinds()) if scripted.edit_kinds() else "",
+        CRASH if scripted.crash_phases() else "",
         CHECK,
-        _main(plan, text.SETUP),
+        _main(scripted, text.SETUP),
     ]
     return "\n".join(parts)
 
 
 def _optional(module: ModuleType, sut: str, needed: bool, attr: str, refusal: str) -> str:
     """The script text some steps need, from the emitter's ``attr`` (the framework's own way to do it: find its
-    writers, hold them, read its metadata); a plan without such steps needs none, an emitter without it refuses
+    writers, hold them, read its metadata); a scripted case without such steps needs none, an emitter without it refuses
     (a held save needs the hold whether a resume follows or a restart discards its writers)."""
     if not needed:
         return ""
@@ -280,12 +280,12 @@ def _optional(module: ModuleType, sut: str, needed: bool, attr: str, refusal: st
     return text
 
 
-def _tables(plan: Plan) -> str:
+def _tables(scripted: ScriptedCase) -> str:
     """One entry per (layout, version), one line per rank; a table equal to one already written refers to it."""
     lines = ["# What each rank saves, and what each load must give back: (layout, version) -> rank -> tensor -> piece",
              "DATA = {}"]
     written: dict[tuple[str, int], str] = {}
-    for key, ranks in sorted(plan.tables.items()):
+    for key, ranks in sorted(scripted.tables.items()):
         body = "\n".join(f"    {rank}: {{{', '.join(f'{n!r}: {_piece(p)}' for n, p in sorted(pieces.items()))}}},"
                          for rank, pieces in sorted(ranks.items()))
         if body in written.values():
@@ -302,13 +302,13 @@ def _piece(p: Piece) -> str:
             f"{p.placements}, {p.owner})")
 
 
-def _main(plan: Plan, setup: str) -> str:
+def _main(scripted: ScriptedCase, setup: str) -> str:
     """Set-up and steps inside ``main()``, run only as the program: a writer process the framework starts with
     multiprocessing's "spawn" imports this file again, and must not set up or run the steps a second time."""
     lines = ["def main():", "    global ROOT, PHASE, RANK",
              "    ROOT, PHASE = sys.argv[1], int(sys.argv[2])",
              *(f"    {line}" if line else "" for line in setup.splitlines())]
-    for number, phase in enumerate(plan.phases):
+    for number, phase in enumerate(scripted.phases):
         lines.append(f"    {'if' if number == 0 else 'elif'} PHASE == {number}:  # {phase.world} process(es)")
         for step in phase.steps:
             lines.append(f"        {_call(step)}")
@@ -349,20 +349,20 @@ def _action(step: Step) -> str:
     return ("holding, " if step.hold else "") + f"save, {step.name!r}, {data}{flags}"
 
 
-def launch_bound(plan: Plan) -> int:
+def launch_bound(scripted: ScriptedCase) -> int:
     """Seconds one launch may take before run.sh calls it a hang: the case's own op bound (``op_timeout``, where
     it set one: its ops finish well inside it) twice over plus start-up, never more than ``STEP_TIMEOUT_S``."""
-    op_timeout = plan.options.get("op_timeout")
+    op_timeout = scripted.options.get("op_timeout")
     return STEP_TIMEOUT_S if op_timeout is None else min(STEP_TIMEOUT_S, START_S + 2 * int(op_timeout))
 
 
-def run_sh(plan: Plan) -> str:
+def run_sh(scripted: ScriptedCase) -> str:
     """Each phase a launch of fresh processes into one checkpoint directory; the first that fails ends the run."""
-    bound = launch_bound(plan)
+    bound = launch_bound(scripted)
     lines = [
         "#!/usr/bin/env bash",
         "# Runs repro.py: each launch below starts fresh processes on the same checkpoint directory.",
-        *(f"# {line}" for line in emitter(plan.sut).TEXT.WHY),
+        *(f"# {line}" for line in emitter(scripted.sut).TEXT.WHY),
         "# Exit status: 0 when no step shows the bug; 1 (or the failing launch's status) while it is there;",
         f"# 124 when a launch hangs (bounded at {bound} s).",
         "set -u",
@@ -376,21 +376,21 @@ def run_sh(plan: Plan) -> str:
         f'    timeout -k 10 {bound} python repro.py "$WORK/ckpt" "$1"',
         "    return $?",
         "  fi",
-        f"  timeout -k 10 {bound} {emitter(plan.sut).TEXT.LAUNCH}",
+        f"  timeout -k 10 {bound} {emitter(scripted.sut).TEXT.LAUNCH}",
         "  local status=$?",
-        f"  {emitter(plan.sut).TEXT.SHOW}",
+        f"  {emitter(scripted.sut).TEXT.SHOW}",
         '  [ $status -eq 124 ] && echo "BUG: launch $1 did not finish within the bound: a hang"',
         "  return $status",
         "}",
         "",
     ]
-    killed = plan.crash_phases()
+    killed = scripted.crash_phases()
     if killed:
         lines += ["faulted() {  # faulted PHASE: the launch had to end with the fault at the finding's call",
                   '  [ -e "$WORK/fault-$1" ] && return 0',
                   '  echo "launch $1: no rank made the call the finding\'s fault hit; this script cannot show it"',
                   "  return 2", "}", ""]
-    for number, phase in enumerate(plan.phases):
+    for number, phase in enumerate(scripted.phases):
         ends = f"; faulted {number} || exit $?" if number in killed else " || exit $?"
         lines.append(f"launch {number} {phase.world}{ends}")
     return "\n".join(lines) + "\n"

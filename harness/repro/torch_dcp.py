@@ -7,7 +7,7 @@ mesh with the global shape and stride given, or the plain tensor for one that li
 from __future__ import annotations
 
 from harness.repro import torch_text
-from harness.repro.plan import Plan, ReproUnsupported
+from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 
 FRAMEWORK = "torch"
 TEXT = torch_text  # the framework's part of the script (set-up, tensors, launcher)
@@ -15,17 +15,18 @@ INERT = frozenset({"op_timeout", "commit_timeout", "collective_timeout"})
 RENDERED = frozenset({"async_executor"})
 
 
-def settings(plan: Plan) -> str:
-    unknown = sorted(set(plan.options) - INERT - RENDERED)
+def settings(scripted: ScriptedCase) -> str:
+    unknown = sorted(set(scripted.options) - INERT - RENDERED)
     if unknown:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
-    if any(step.kind == "load" and step.name is None for phase in plan.phases for step in phase.steps):
+    if any(step.kind == "load" and step.name is None for phase in scripted.phases for step in phase.steps):
         raise ReproUnsupported("a load of the latest checkpoint (DCP has no such notion)")
-    return f"ASYNC_EXECUTOR = {plan.options.get('async_executor', 'thread')!r}  # dcp.async_save's checkpointer type\n"
+    return (f"ASYNC_EXECUTOR = {scripted.options.get('async_executor', 'thread')!r}"
+            "  # dcp.async_save's checkpointer type\n")
 
 
-def helpers(plan: Plan) -> str:
-    return ENTRY + (SAVE_ASYNC if plan.uses("use_async") else SAVE) + LOAD
+def helpers(scripted: ScriptedCase) -> str:
+    return ENTRY + (SAVE_ASYNC if scripted.uses("use_async") else SAVE) + LOAD
 
 
 ENTRY = '''from torch.distributed.device_mesh import init_device_mesh  # noqa: E402

@@ -1,4 +1,6 @@
-"""Systems under test: selection by name or by ``package.module:ClassName`` (docs/design.md §4, a contract)."""
+"""Systems under test: one adapter per file, selected by name or by ``package.module:ClassName`` (docs/design.md
+§4, a contract). Imports harness.ranks.virtual (Paddle's virtual ranks) and reference/, nothing above.
+"""
 
 from __future__ import annotations
 

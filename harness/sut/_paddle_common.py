@@ -14,6 +14,7 @@ import os
 import re
 import sys
 import threading
+import warnings
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,7 @@ _CARRIERS: dict[str, tuple[str, str, str | None]] = {
 }
 SUPPORTED_DTYPES: tuple[str, ...] = tuple(_CARRIERS)
 _CODES = {name: code for code, (name, _, _) in _CARRIERS.items()}
-# Same-width integer dtypes used to scribble over a tensor's bits in place.
+# Same-width integer dtypes, to scribble over a tensor's bits in place.
 _SCRIBBLE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 _shims: list[str] | None = None
@@ -194,6 +195,19 @@ class PaddleAdapter(SutAdapter):
     def preload(cls) -> None:
         super().preload()
         import paddle.distributed  # noqa: F401 -- what init_runtime and the checkpoint calls import
+
+    @classmethod
+    def launch_gpus(cls, world: int, device: str = "auto") -> int:
+        if device == "cpu":
+            return 0
+        with warnings.catch_warnings():  # Paddle warns about ccache on import; noise in a findings table
+            warnings.simplefilter("ignore")
+            import paddle  # the controller of a paddle-launched SUT pays for this import, no other
+
+        count = paddle.device.cuda.device_count() if paddle.is_compiled_with_cuda() else 0
+        if device == "gpu" and count < world:
+            raise RuntimeError(f"device gpu asked for, but Paddle sees {count} GPU(s) for {world} ranks on a node")
+        return world if count >= world else 0
 
     @classmethod
     def virtual_world(cls, size: int) -> Any:

@@ -62,10 +62,17 @@ class SutAdapter:
             importlib.import_module(cls.framework)
 
     @classmethod
+    def launch_gpus(cls, world: int, device: str = "auto") -> int:
+        """In the controller: GPUs the framework's launcher gives ``world`` ranks of one node, one per rank, or 0
+        (CPU). ``device`` "cpu" forces the CPU; "gpu" insists on GPUs. Only a framework launcher places ranks on
+        GPUs; with the harness's own, an adapter picks its device on the rank."""
+        return 0
+
+    @classmethod
     def virtual_world(cls, size: int) -> Any:
         """``size`` virtual ranks of this SUT inside this process (capability "virtual"; harness.ranks.virtual_host):
-        an object with ``run(tasks)`` (one callable per rank, run under a baton), ``envs`` (each rank's
-        environment), ``baton``, ``broken`` and ``close()``, as harness.ranks.virtual.paddle_world.PaddleWorld."""
+        an object with ``run(tasks)`` (one callable per rank, run one at a time), ``envs`` (each rank's
+        environment), ``scheduler``, ``broken`` and ``close()``, as harness.ranks.virtual.paddle_world.PaddleWorld."""
         raise NotImplementedError(f"{cls.name} has no virtual ranks")
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:

@@ -330,8 +330,8 @@ def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...], meshes: d
     """A dist tensor over the layout's mesh (restricted to its owner coordinates) with the global shape given
     explicitly: ``dist.dtensor_from_local`` would infer local × mesh size, wrong for uneven splits. Tensors of one
     state dict on the same processes share one ProcessMesh (``meshes``), as a model's parameters do: each new one
-    is registered process-wide by a linear scan of every mesh before it (a 640-expert load on 205 virtual ranks: 29.8
-    s with a mesh per piece, 25.7 s shared)."""
+    is registered process-wide by a linear scan of every mesh before it, so a mesh per piece would make a load's
+    registration quadratic in its pieces (bench/virtual.py measures the load)."""
     import paddle
     import paddle.distributed as dist
 

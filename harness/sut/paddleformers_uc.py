@@ -437,7 +437,7 @@ _segments: list[str] = []
 def _register_new_segments() -> None:
     """UC's writers' shared memory outlives a rank killed mid-save (its resource tracker dies with the job), so
     every segment this process creates is listed for the pool to unlink when it closes. Bookkeeping only: the
-    class UC instantiates behaves exactly as before. Once per process."""
+    class UC instantiates behaves exactly as it does unpatched. Once per process."""
     from multiprocessing import shared_memory
 
     from harness.sut.shm import register_shm

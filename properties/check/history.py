@@ -165,13 +165,13 @@ def failed_load(h: History, load: LoadFacts, clear_errors: Collection[str] | Non
         facts = (load.at, load.error, ack.version, ack.index, resaved, load.failed_before, load.repeats_failure)
         if h.fault_op is not None and ack.index > h.fault_op:
             return SaveAfterFaultLost(h.case.property, *facts)
-        return AcknowledgedLost(attributed(h, load, loss=True), *facts)
+        return AcknowledgedLost(broken_property(h, load, loss=True), *facts)
     lost = resume_lost(load) or listed_incomplete(load)
     if lost is not None:
         return lost
     if _clear(load.error, clear_errors):
         return None
-    return UnclearError(attributed(h, load), load.at, load.error)
+    return UnclearError(broken_property(h, load), load.at, load.error)
 
 
 def _resaved(h: History, ack: Save) -> str | None:
@@ -219,10 +219,10 @@ def wrong_state(h: History, load: LoadFacts) -> Anomaly | None:
     ack, older = load.ack, load.came_back
     if older is not None and ack is not None:
         cls = CorruptionRedirected if load.corrupted else OlderCameBack
-        return cls(attributed(h, load, loss=not load.corrupted), load.at, ack.version, ack.index, older.version,
+        return cls(broken_property(h, load, loss=not load.corrupted), load.at, ack.version, ack.index, older.version,
                    older.index, load.name, older.version in load.given_before)
     assert load.closest is not None
-    return LoadedNoVersion(attributed(h, load), load.at, tuple(s.version for s in load.allowed), load.closest,
+    return LoadedNoVersion(broken_property(h, load), load.at, tuple(s.version for s in load.allowed), load.closest,
                            load.differences, load.repeats_load)
 
 
@@ -252,7 +252,7 @@ PROPERTY_RULES = (  # (rule, property, only where the verdict is data loss); the
 )
 
 
-def attributed(h: History, load: LoadFacts, loss: bool = False) -> str:
+def broken_property(h: History, load: LoadFacts, loss: bool = False) -> str:
     """The property a load's anomaly breaks (``loss``: its verdict is data loss): the first rule that applies,
     else the case's own property."""
     return next((prop for rule, prop, loss_only in PROPERTY_RULES if (loss or not loss_only) and rule(h, load)),

@@ -15,7 +15,7 @@ from properties.check.anomalies import (
     judged,
     op_failure,
 )
-from properties.check.states import cover_violations, judge_states, plan_violations
+from properties.check.states import compare_states, cover_violations, plan_violations
 from properties.model.case import Case
 from properties.model.outcome import OpRecord, Outcome
 from properties.model.verdicts import Judgement, Verdict, worst
@@ -165,7 +165,7 @@ def check_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
                                                   None if ref_rec.ok else sut_error(ref_rec))]))
             continue
         for rank, got in sorted(rec.loaded.items()):
-            j = judge_states(case.property, ref_rec.loaded.get(rank, {}), got)
+            j = compare_states(case.property, ref_rec.loaded.get(rank, {}), got)
             if not j.ok:
                 results.append(judged([dataclasses.replace(a, at=at(case, rec), rank=rank, against="reference",
                                                            layout=op_layout_kind(case, rec.index, a.difference.tensor))

@@ -19,7 +19,8 @@ from reference.regions import check_exact_cover
 from reference.tensor import Tensor, differences
 
 
-def judge_states(prop: str, expected: Mapping[str, Tensor], actual: Mapping[str, Tensor] | BaseException) -> Judgement:
+def compare_states(prop: str, expected: Mapping[str, Tensor],
+                   actual: Mapping[str, Tensor] | BaseException) -> Judgement:
     """Bitwise equality of two states; an exception where data was expected is a loud failure."""
     if isinstance(actual, BaseException):
         return judged([OpFailed(prop, None, SutError(type(actual).__name__, str(actual)))])

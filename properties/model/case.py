@@ -131,7 +131,7 @@ class Op:
         return CorruptFault(op=index, seed=self.seed, corruption=self.corruption)
 
     def to_json(self) -> dict:
-        """The sequence fields are left out at their defaults, so save/load case files read as before."""
+        """The sequence fields are left out at their defaults, so a plain save/load case file carries none."""
         defaults = {f.name: f.default for f in fields(self)}
         return {k: v for k, v in asdict(self).items() if k not in _SEQUENCE_FIELDS or v != defaults[k]}
 

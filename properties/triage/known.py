@@ -1,39 +1,7 @@
-"""Known findings, so a campaign can look past them (``fuzz --skip-known DIR``).
-
-A campaign keeps one shrunk finding per property, so the first bug a property meets hides every other one behind
-it. A regression case may carry a ``signature`` that recognises the failures that bug causes. A failure of the
-same SUT and verdict whose every anomaly (properties.check.anomalies) matches a known signature is counted as known
-instead of being shrunk; a failure that shows anything else on top still counts, so a new bug on top of a known
-one is not hidden.
-
-A signature is a JSON object naming an anomaly type and fields it must have::
-
-    {"anomaly": "op-failed", "op_kind": "save", "error_type": "ValueError",
-     "message": {"regex": "'size' must be a positive number"}}
-
-Each field is an exact JSON value, or ``{"regex": ...}`` searched in a string field (the SUT's own message, say)
-or in the JSON text of any other (``"versions": {"regex": "\\d+, \\d+"}``: two versions or more were in play).
-An anomaly about an op names the job it ran in (``world``, ``tensor_kinds``: properties.check.anomalies.At), so a bug of
-one world size or tensor kind is recognised whichever property met it, with no signature widened to every property.
-``anomaly`` may list several types that share the fields (one bug seen by the oracle and by P-DIFF); a list of
-such objects names ways a bug shows that share no fields (a wrong version here, a failed load there): an anomaly
-matches when one of them does. A signature of an anomaly that quotes the SUT's error (a failed op, a hang) and that
-names the error (``error_type`` or ``message``) recognises that error whichever rule it broke in a job's history —
-a failed load that is an acknowledged checkpoint lost, a listed checkpoint that does not load, a resume lost —
-whatever verdict that rule gives: the error names the bug, the rule only where it struck. A failure may show
-several bugs at once (the worst anomaly first, the others after
-it, properties.model.verdicts.worst): it is known only when every anomaly is explained by some known finding of the
-same SUT whose verdict (or one of its ``or`` alternatives) is the anomaly's and the failure's own. A consequence
-of other anomalies cites no error of its own and is explained by the findings that explain its cause
-(``_consequence_of``): a ``no-complete-checkpoint`` gap by those of the failed loads of the checkpoints it names
-(those the checker did not excuse), a train op's wrong tensor on a rank by those of what the load it trained on
-gave that rank. A state wrong tensor by tensor (a load that gave none of the versions it may give, a resumed run that
-differs) is explained by its parts (``_by_parts``): each of its tensor differences, taken as that op's, explained
-by a finding or as a consequence of what the op's state came from.
-Signatures match what was found, not how it reads, so rewording a detail line does not break them.
-
-Legacy form, for hand-written regression directories: a string, a regular expression that every detail line of
-the judgement must match.
+"""Known findings, so a campaign can look past them (``fuzz --skip-known DIR``): a failure whose every anomaly the
+``signature`` of a regression case explains is counted as that known bug instead of being shrunk, and a new bug on
+top of a known one still counts. docs/design.md §13 ("Known findings", "Rendered text") states the rules: what a
+signature is, how it matches anomalies, and how consequences and parts of anomalies are explained.
 """
 
 from __future__ import annotations

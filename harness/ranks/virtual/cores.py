@@ -1,4 +1,5 @@
-"""A thread woken by another runs on the waker's core: the handoff between virtual ranks (harness.ranks.virtual.baton).
+"""A thread woken by another runs on the waker's core: the handoff between virtual ranks
+(harness.ranks.virtual.scheduler).
 
 A switch between two virtual ranks is a lock the running thread releases and the next one was waiting on, and the
 running one blocks right after. Left to itself the kernel wakes the next thread on another, idle core: an
@@ -7,7 +8,7 @@ and a 16-rank case makes about 200 switches. So the waker restricts the sleeping
 before waking it, and the woken thread lifts the restriction at once: a thread that runs is never pinned, so
 what it starts (an async save's writer process, a framework's worker threads) inherits the whole machine. 9 us a
 switch, the two system calls included (bench/virtual.py). Only where the next thread runs changes, never which
-thread runs or what it computes: the baton alone decides that.
+thread runs or what it computes: the scheduler alone decides that.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def _sched_getcpu() -> Callable[[], int] | None:
     return fn
 
 
-class SameCore:
+class WakeOnWakerCore:
     """``wake_here(tid)`` before releasing the lock thread ``tid`` waits on; ``woken()`` first thing after an
     acquire returns. Does nothing where the platform cannot pin a thread, or the process has one core anyway."""
 

@@ -7,7 +7,7 @@ back.
 
 Exceptions are the builtin types Paddle raises (``RuntimeError`` for communication and gloo's enforce failures,
 ``ValueError`` for Paddle's InvalidArgument checks), with the measured messages, so a virtual failure reads — and
-buckets — as a real one. Two attributes ride on them for the baton: ``ckh_wait_s``, the seconds a real rank would
+buckets — as a real one. Two attributes ride on them for the scheduler: ``ckh_wait_s``, the seconds a real rank would
 have waited before raising (the timeout), and ``ckh_breaks``, set where the failure leaves the group dead for good.
 A rank whose process would die gets ``RankExit`` with the status the measurements saw.
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from harness.ranks.virtual.baton import Entry
+from harness.ranks.virtual.scheduler import Entry
 
 TIMEOUT_S = 30.0  # gloo's fixed wait for a peer (PADDLE_PG_TIMEOUT does not reach it)
 PEER_GONE_S = 0.4  # how soon a rank notices that a peer's process is gone
@@ -100,7 +100,7 @@ def _port(rank: int) -> int:
 
 
 class Gloo:
-    """The backend model the baton consults: what a rank meets before, at and after a collective."""
+    """The backend model the scheduler consults: what a rank meets before, at and after a collective."""
 
     def __init__(self, size: int) -> None:
         self.size = size  # the world: gloo's context size

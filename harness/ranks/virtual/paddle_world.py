@@ -1,11 +1,11 @@
-"""Paddle's unmodified checkpoint code on W virtual ranks: threads of one process under harness.ranks.virtual.baton.
+"""Paddle's unmodified checkpoint code on W virtual ranks: threads of one process under harness.ranks.virtual.scheduler.
 
 Nothing of flex checkpoint is replaced. What is faked is listed in ``FAKES`` and is only what a real launch gives
 a rank from outside Python's reach of one process: its identity, its default process group, and the backend
 behind that group (gloo, emulated from measurements: harness.ranks.virtual.gloo). Everything Paddle keeps at module
 level
 — caches, the metadata manager, the async save queue, the group maps — gets one copy per rank, swapped in when
-the baton passes (``RankGlobals``); a shared copy would let one rank see another's cache and report false bugs.
+the turn passes (``RankGlobals``); a shared copy would let one rank see another's cache and report false bugs.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from harness.ranks.virtual.baton import Baton
 from harness.ranks.virtual.gloo import Buffer, Gloo, Prefix, VirtualUnsupported
+from harness.ranks.virtual.scheduler import OneAtATimeScheduler
 from harness.ranks.virtual.shared_objects import GatherCopies, SharedCalls, deepcopy_keeping_immutable, frozen_classes
 
 FAKES: tuple[str, ...] = (
@@ -71,9 +71,9 @@ PURE = (("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommuni
         ("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommunicator", "schedule_read_items"))
 #: Modules whose module-level values are per rank (prefixes of module names). Of auto_parallel, only the process-wide
 #: registries every ``ProcessMesh`` writes to (the default DistributedContext's mesh list, process group 0, the unique
-#: mesh ids): a real rank's hold its own meshes; shared, they held every virtual rank's, and the linear membership
-#: scan of each new mesh took a 640-expert load on 205 ranks from 29.8 s to 35.0. The rest of auto_parallel (operator
-#: and cost registries, configuration) is code-like, and copying it per rank cost 5 ms a rank.
+#: mesh ids): a real rank's hold its own meshes; shared, they would hold every virtual rank's, and each new mesh's
+#: linear membership scan would cover all of them (docs/design.md §16). The rest of auto_parallel (operator and cost
+#: registries, configuration) is code-like, so it stays shared: copying it per rank would only cost time.
 WATCHED = ("paddle.distributed.flex_checkpoint", "paddle.distributed.parallel", "paddle.distributed.parallel_helper",
            "paddle.distributed.collective", "paddle.distributed.communication", "harness.sut",
            "paddle.distributed.auto_parallel.process_mesh", "paddle.distributed.auto_parallel.static.dist_context",
@@ -189,7 +189,7 @@ class _Task:
 
 
 class VirtualProcessGroup:
-    """The default group's backend on one virtual rank: each call meets the peers under the baton."""
+    """The default group's backend on one virtual rank: each call meets the peers under the scheduler."""
 
     def __init__(self, world: PaddleWorld, rank: int) -> None:
         self._world, self._rank = world, rank
@@ -256,7 +256,8 @@ class TensorBytes(Protocol):
 
 
 class PaddleWorld:
-    """W virtual ranks of a Paddle job in this process: their identities, groups and globals, and the baton."""
+    """W virtual ranks of a Paddle job in this process: their identities, groups and globals, and the scheduler
+    running them one at a time."""
 
     def __init__(self, size: int, codec: TensorBytes, share: bool = True) -> None:
         """``share=False``: nothing shared between ranks at any size (to show that sharing changes nothing)."""
@@ -294,14 +295,14 @@ class PaddleWorld:
                          (all_gather_mod, "all_gather_object", all_gather_mod.all_gather_object)]
         dist.new_group = collective.new_group = _no_new_group
         dist.all_gather_object = all_gather_mod.all_gather_object = self.all_gather_object
-        self.baton = Baton(size, self._switch, Gloo(size))
+        self.scheduler = OneAtATimeScheduler(size, self._switch, Gloo(size))
         self.copies = GatherCopies()
-        self.calls = SharedCalls(lambda: self.baton.completed)
+        self.calls = SharedCalls(lambda: self.scheduler.completed)
         self._dispatched: list[type] = []  # classes given copy.deepcopy's immutable shortcut, taken back by close()
         self.sharing = share and size >= SHARE_FROM
         if self.sharing:
             self._share_pure_planners()
-        self.gc = _EpochGc(self.baton)
+        self.gc = _EpochGc(self.scheduler)
         for name, module in list(sys.modules.items()):
             if name.startswith(WATCHED) and getattr(module, "gc", None) is gc:
                 self._patched.append((module, "gc", gc))
@@ -327,13 +328,13 @@ class PaddleWorld:
         os.environ.update(self.envs[rank])
 
     def collective(self, rank: int, kind: str, payload: Any) -> Any:
-        return self.baton.collective(rank, kind, payload)
+        return self.scheduler.collective(rank, kind, payload)
 
     def all_gather_object(self, object_list: list[Any], obj: Any, group: Any = None) -> None:
         """Paddle's all_gather_object, step for step, on bytes (see FAKES)."""
         if group is not None and not _is_default(group):
             raise VirtualUnsupported("virtual ranks have only the default group (all_gather_object on another)")
-        rank = self.baton.current
+        rank = self.scheduler.current
         assert rank is not None
         data = pickle.dumps(obj)
         lengths = self.collective(rank, "all_gather", Buffer(np.int64(len(data)).tobytes(), "I64", 1, ()))
@@ -343,21 +344,21 @@ class PaddleWorld:
         if not self.sharing:
             object_list.extend(pickle.loads(raw[:size]) for raw, size in zip(gathered, sizes))
             return
-        epoch = self.baton.completed  # the same for every rank reading this gather (the next cannot complete yet)
+        epoch = self.scheduler.completed  # the same for every rank reading this gather (the next cannot complete yet)
         object_list.extend(self.copies.loads(raw, epoch, sender, size)
                            for sender, (raw, size) in enumerate(zip(gathered, sizes)))
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
-        return self.baton.run(tasks)
+        return self.scheduler.run(tasks)
 
     @property
     def broken(self) -> bool:
         """A collective timed out: as after a real gloo timeout, the group is out of step for good."""
-        return self.baton.timeouts > 0
+        return self.scheduler.timeouts > 0
 
     def close(self) -> None:
         """End the rank threads and leave the process as it was (a test may make a world in its own process)."""
-        self.baton.close()
+        self.scheduler.close()
         self.globals.restore()
         for owner, name, original in self._patched:
             setattr(owner, name, original)
@@ -373,14 +374,14 @@ class PaddleWorld:
 class _EpochGc(types.ModuleType):
     """The ``gc`` module for the watched modules: ``collect()`` at most once between two collectives."""
 
-    def __init__(self, baton: Baton) -> None:
+    def __init__(self, scheduler: OneAtATimeScheduler) -> None:
         super().__init__("gc")
-        self._baton, self._epoch = baton, -1
+        self._scheduler, self._epoch = scheduler, -1
 
     def collect(self, generation: int = 2) -> int:
-        if self._baton.completed == self._epoch:
+        if self._scheduler.completed == self._epoch:
             return 0
-        self._epoch = self._baton.completed
+        self._epoch = self._scheduler.completed
         return gc.collect(generation)
 
     def __getattr__(self, name: str) -> Any:

@@ -1,4 +1,4 @@
-"""The baton that runs virtual ranks: one rank at a time, in rank order, collectives matched by order, a missing
+"""The scheduler that runs virtual ranks: one rank at a time, in rank order, collectives matched by order, a missing
 peer turned into the backend's error at once — deterministic whatever the OS scheduler does."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from harness.ranks.virtual.baton import Baton, Entry
-from harness.ranks.virtual.cores import SameCore
+from harness.ranks.virtual.cores import WakeOnWakerCore
+from harness.ranks.virtual.scheduler import Entry, OneAtATimeScheduler
 
-#: The cores this process may use, read before any test ran a baton (a thread left pinned would shrink its own).
+#: The cores this process may use, read before any test ran a scheduler (a thread left pinned would shrink its own).
 ALLOWED = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
 
@@ -51,17 +51,17 @@ class _Backend:
         return _Timeout(f"{'closed' if waited else 'late' if late else 'blocked'} after {how}")
 
 
-def _baton(world: int, switches: list[int] | None = None) -> Baton:
+def _scheduler(world: int, switches: list[int] | None = None) -> OneAtATimeScheduler:
     def on_switch(rank: int) -> None:
         if switches is not None:
             switches.append(rank)
 
-    return Baton(world, on_switch, _Backend())
+    return OneAtATimeScheduler(world, on_switch, _Backend())
 
 
 @pytest.fixture
 def closing():
-    made: list[Baton] = []
+    made: list[OneAtATimeScheduler] = []
     yield made
     for b in made:
         b.close()
@@ -73,10 +73,10 @@ def test_only_one_rank_runs_at_a_time_and_the_schedule_is_the_same_every_run(clo
     assert schedules[0][1][:4] == [(0, "before"), (1, "before"), (2, "before"), (3, "before")]
 
 
-def _one_schedule(closing: list[Baton]) -> tuple[list[int], list[tuple[int, str]]]:
+def _one_schedule(closing: list[OneAtATimeScheduler]) -> tuple[list[int], list[tuple[int, str]]]:
     switches: list[int] = []
-    baton = _baton(4, switches)
-    closing.append(baton)
+    scheduler = _scheduler(4, switches)
+    closing.append(scheduler)
     running: list[int] = []
     log: list[tuple[int, str]] = []
 
@@ -88,24 +88,24 @@ def _one_schedule(closing: list[Baton]) -> tuple[list[int], list[tuple[int, str]
 
     def task(rank: int) -> list:
         step(rank, "before")
-        got = baton.collective(rank, "all_gather", rank * 10)
+        got = scheduler.collective(rank, "all_gather", rank * 10)
         step(rank, "after")
         return got
 
-    assert baton.run([lambda r=r: task(r) for r in range(4)]) == [(True, [0, 10, 20, 30])] * 4
+    assert scheduler.run([lambda r=r: task(r) for r in range(4)]) == [(True, [0, 10, 20, 30])] * 4
     return switches, log
 
 
 def test_collectives_match_by_order_within_the_group(closing) -> None:
-    baton = _baton(3)
-    closing.append(baton)
+    scheduler = _scheduler(3)
+    closing.append(scheduler)
 
     def task(rank: int) -> list:
-        first = baton.collective(rank, "all_gather", ("a", rank))
-        second = baton.collective(rank, "all_gather", ("b", rank))
+        first = scheduler.collective(rank, "all_gather", ("a", rank))
+        second = scheduler.collective(rank, "all_gather", ("b", rank))
         return [first, second]
 
-    results = baton.run([lambda r=r: task(r) for r in range(3)])
+    results = scheduler.run([lambda r=r: task(r) for r in range(3)])
     for ok, (first, second) in results:
         assert ok
         assert first == [("a", 0), ("a", 1), ("a", 2)]
@@ -113,100 +113,101 @@ def test_collectives_match_by_order_within_the_group(closing) -> None:
 
 
 def test_a_rank_that_raised_leaves_its_peers_the_timeout_error_at_once(closing) -> None:
-    baton = _baton(3)
-    closing.append(baton)
+    scheduler = _scheduler(3)
+    closing.append(scheduler)
 
     def task(rank: int) -> object:
         if rank == 1:
             raise ValueError("rank 1's own bug")
-        return baton.collective(rank, "broadcast", rank)
+        return scheduler.collective(rank, "broadcast", rank)
 
-    results = baton.run([lambda r=r: task(r) for r in range(3)])
+    results = scheduler.run([lambda r=r: task(r) for r in range(3)])
     assert isinstance(results[1][1], ValueError)
     for r in (0, 2):
         ok, exc = results[r]
         assert not ok and isinstance(exc, _Timeout) and str(exc) == "timeout broadcast"
-    assert baton.timeouts == 1 and baton.timed_out_ranks == {0, 2} and baton.waited == {0: 30.0, 2: 30.0}
-    again = baton.run([lambda r=r: baton.collective(r, "barrier", None) for r in range(3)])
+    assert scheduler.timeouts == 1 and scheduler.timed_out_ranks == {0, 2} and scheduler.waited == {0: 30.0, 2: 30.0}
+    again = scheduler.run([lambda r=r: scheduler.collective(r, "barrier", None) for r in range(3)])
     # A dead group stays dead: the ranks that timed out have closed pairs in every later op; the rank that raised
     # arrives after the timeout passed.
     assert [str(exc) for _, exc in again] == ["closed after timeout", "late after timeout", "closed after timeout"]
-    assert baton.closed == {0, 2}
+    assert scheduler.closed == {0, 2}
 
 
 def test_ranks_in_different_collectives_meet_in_one_slot_and_the_resolver_decides(closing) -> None:
-    baton = _baton(2)
-    closing.append(baton)
-    results = baton.run([lambda: baton.collective(0, "barrier", None),
-                         lambda: baton.collective(1, "broadcast", 1)])
+    scheduler = _scheduler(2)
+    closing.append(scheduler)
+    results = scheduler.run([lambda: scheduler.collective(0, "barrier", None),
+                         lambda: scheduler.collective(1, "broadcast", 1)])
     assert all(not ok and "mismatch" in str(exc) for ok, exc in results)
 
 
 def test_a_rank_whose_process_exits_is_gone_and_its_peers_hear_the_connection_close(closing) -> None:
-    baton = _baton(3)
-    closing.append(baton)
+    scheduler = _scheduler(3)
+    closing.append(scheduler)
 
     def task(rank: int) -> object:
         if rank == 0:
             raise SystemExit(255)
-        return baton.collective(rank, "all_gather", rank)
+        return scheduler.collective(rank, "all_gather", rank)
 
-    results = baton.run([lambda r=r: task(r) for r in range(3)])
+    results = scheduler.run([lambda r=r: task(r) for r in range(3)])
     assert isinstance(results[0][1], SystemExit)
     assert [str(exc) for _, exc in results[1:]] == ["lost all_gather"] * 2
-    again = baton.run([lambda: "ran"] * 3)  # the gone rank runs nothing more; the others go on
+    again = scheduler.run([lambda: "ran"] * 3)  # the gone rank runs nothing more; the others go on
     assert isinstance(again[0][1], SystemExit) and again[1:] == [(True, "ran")] * 2
 
 
 def test_close_unwinds_a_rank_left_in_a_collective(closing) -> None:
-    baton = _baton(2)
-    baton.run([lambda: baton.collective(0, "all_gather", 0), lambda: None])
-    baton.close()
+    scheduler = _scheduler(2)
+    scheduler.run([lambda: scheduler.collective(0, "all_gather", 0), lambda: None])
+    scheduler.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("ckh-vrank-")]
 
 
 def test_a_call_the_backend_refuses_may_use_up_the_rank_s_turn(closing) -> None:
     """gloo takes a tag before it checks: a refused call on one rank leaves the ranks' next calls unpaired."""
-    baton = _baton(2)
-    closing.append(baton)
+    scheduler = _scheduler(2)
+    closing.append(scheduler)
 
     def task(rank: int) -> object:
         if rank == 0:
             with contextlib.suppress(ValueError):
-                baton.collective(0, "broadcast", "refuse")
-        return baton.collective(rank, "all_reduce", rank)
+                scheduler.collective(0, "broadcast", "refuse")
+        return scheduler.collective(rank, "all_reduce", rank)
 
-    results = baton.run([lambda r=r: task(r) for r in range(2)])
+    results = scheduler.run([lambda r=r: task(r) for r in range(2)])
     assert [str(exc) for _, exc in results] == ["timeout all_reduce"] * 2
 
 
-@pytest.mark.skipif(not SameCore().supported, reason="the platform cannot pin a thread, or the process has one core")
+@pytest.mark.skipif(not WakeOnWakerCore().supported,
+                    reason="the platform cannot pin a thread, or the process has one core")
 def test_a_rank_is_woken_on_its_waker_s_core_and_never_runs_pinned(closing) -> None:
-    """The baton wakes each rank on the core of the thread that wakes it (a cheaper switch), and the woken thread
+    """The scheduler wakes each rank on the core of the thread that wakes it (a cheaper switch), and the woken thread
     lifts that at once: a rank that starts a process or a thread (an async save's writer) gives it the whole
     machine, whichever rank woke it, before and after collectives, in every run."""
-    baton = _baton(4)
-    closing.append(baton)
+    scheduler = _scheduler(4)
+    closing.append(scheduler)
     allowed = ALLOWED
     seen: list[tuple[int, set[int]]] = []
 
     def task(rank: int) -> None:
         seen.append((rank, os.sched_getaffinity(0)))
-        baton.collective(rank, "all_gather", rank)
+        scheduler.collective(rank, "all_gather", rank)
         seen.append((rank, os.sched_getaffinity(0)))
-        baton.collective(rank, "barrier", None)
+        scheduler.collective(rank, "barrier", None)
         seen.append((rank, os.sched_getaffinity(0)))
 
     for _ in range(3):
-        results = baton.run([lambda r=r: task(r) for r in range(4)])
+        results = scheduler.run([lambda r=r: task(r) for r in range(4)])
         assert all(ok for ok, _ in results)
         assert os.sched_getaffinity(0) == allowed  # the driver, woken by the last rank
     assert len(seen) == 36 and all(mask == allowed for _, mask in seen)
 
 
 def test_a_thread_woken_on_a_core_is_handed_the_whole_machine_back() -> None:
-    """What the baton relies on: ``wake_here`` pins a sleeping thread to the caller's core, ``woken`` lifts it."""
-    core = SameCore()
+    """What the scheduler relies on: ``wake_here`` pins a sleeping thread to the caller's core, ``woken`` lifts it."""
+    core = WakeOnWakerCore()
     if not core.supported:
         pytest.skip("the platform cannot pin a thread, or the process has one core")
     allowed = ALLOWED

@@ -16,14 +16,16 @@ import gc
 THAW_EVERY = 256
 
 
-class Heap:
-    def __init__(self) -> None:
-        self.settled = 0
+class GcFreezer:
+    """Collects a rank process's garbage and freezes what survives, thawing every ``THAW_EVERY`` calls."""
 
-    def settle(self) -> None:
+    def __init__(self) -> None:
+        self.collections = 0
+
+    def collect_and_freeze(self) -> None:
         """After set-up or a case: collect what died, freeze what is left."""
-        self.settled += 1
-        if self.settled % THAW_EVERY == 0:
+        self.collections += 1
+        if self.collections % THAW_EVERY == 0:
             gc.unfreeze()
         gc.collect()
         gc.freeze()

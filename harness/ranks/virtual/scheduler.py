@@ -1,6 +1,6 @@
-"""W ranks as threads of one process, exactly one running at a time: the baton.
+"""W ranks as threads of one process, exactly one running at a time, in turn.
 
-A rank runs until it enters a collective or finishes its task; the baton then goes to the next runnable rank in
+A rank runs until it enters a collective or finishes its task; the turn then passes to the next runnable rank in
 rank order (cyclically). A collective completes when every member of its group has entered it, matched by order
 within the group, as gloo matches them; its results are handed out by a ``resolve`` function that knows the
 backend's semantics (harness.ranks.virtual.gloo). When no rank can run and some wait in collectives no peer will join,
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from harness.ranks.virtual.cores import SameCore
+from harness.ranks.virtual.cores import WakeOnWakerCore
 
 
 @dataclass
@@ -44,7 +44,7 @@ class Abandoned(BaseException):
 
 
 class Backend(Protocol):
-    """What the baton asks of a backend model (harness.ranks.virtual.gloo.Gloo)."""
+    """What the scheduler asks of a backend model (harness.ranks.virtual.gloo.Gloo)."""
 
     pending_reset: int | None
 
@@ -64,9 +64,9 @@ def _held_lock() -> threading.Lock:
     return lock
 
 
-class Baton:
-    """The scheduler. ``run(tasks)`` runs one task per rank to completion under the baton and returns each rank's
-    return value or exception; ``collective`` is what a rank's thread calls to meet its peers."""
+class OneAtATimeScheduler:
+    """Runs W rank threads one at a time. ``run(tasks)`` runs one task per rank to completion, in turn, and
+    returns each rank's return value or exception; ``collective`` is what a rank's thread calls to meet its peers."""
 
     def __init__(self, world: int, on_switch: Callable[[int], None], backend: Backend) -> None:
         self.world = world
@@ -97,14 +97,14 @@ class Baton:
         for t in self._threads:
             t.start()
         # a woken rank runs on its waker's core (harness.ranks.virtual.cores): where, never which
-        self._core = SameCore()
+        self._core = WakeOnWakerCore()
         self._tids = [t.native_id for t in self._threads]
         self._driver: int | None = None  # the thread that called run(), woken when every rank is done
 
     # -- driver side ---------------------------------------------------------------------------------------------
 
     def run(self, tasks: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
-        """Run ``tasks[r]`` on rank r, all of them, under the baton; (ok, value or exception) per rank."""
+        """Run ``tasks[r]`` on rank r, all of them, one at a time; (ok, value or exception) per rank."""
         if len(tasks) != self.world:
             raise ValueError(f"{len(tasks)} tasks for {self.world} ranks")
         for r, task in enumerate(tasks):
@@ -222,10 +222,10 @@ class Baton:
             self._state[rank] = "done"
             self._pass(rank)
 
-    # -- the baton -----------------------------------------------------------------------------------------------
+    # -- the turn ------------------------------------------------------------------------------------------------
 
     def _pass(self, after: int | None) -> None:
-        """Give the baton to the next runnable rank after ``after`` in rank order; with none runnable, time out
+        """Give the turn to the next runnable rank after ``after`` in rank order; with none runnable, time out
         the waiting ranks, or (all done) hand control back to the driver."""
         nxt = self._next_runnable(after)
         if nxt is None and self._waiting:

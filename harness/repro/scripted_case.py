@@ -117,7 +117,7 @@ class Phase:
 
 
 @dataclass
-class Plan:
+class ScriptedCase:
     sut: str
     options: dict
     phases: list[Phase]
@@ -149,8 +149,8 @@ class Plan:
 RANK_OPS = ("save", "load", "wait", "kill", "resume")
 
 
-def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int | None = None,
-              tolerated: frozenset[int] = frozenset(), corruptions: dict[int, dict] | None = None) -> Plan:
+def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int | None = None,
+              tolerated: frozenset[int] = frozenset(), corruptions: dict[int, dict] | None = None) -> ScriptedCase:
     """The case as launches and tables. ``expect_errors``: indices of ops the reference engine fails as well;
     ``upto``: the op where the reported failure shows (later ops are left out); ``tolerated``: earlier ops that fail
     on the SUT too, which the script reports and goes past; ``corruptions``: the concrete plan each ``corrupt`` op
@@ -214,7 +214,7 @@ def plan_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int
         elif after is not None and index == case.fault.op:
             phases[-1].steps.append(Step(index, "damage", None, edits=after[0], why=after[1]))
             fresh = True
-    return Plan(case.sut, dict(case.options), phases, tables, case.property)
+    return ScriptedCase(case.sut, dict(case.options), phases, tables, case.property)
 
 
 def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:

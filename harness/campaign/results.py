@@ -1,0 +1,97 @@
+"""What a campaign was asked and what it met: its findings and their buckets, counts and costs. The report stage reads
+these alone, so this module stays below the judging stack (nothing from ``harness.judging`` or ``harness.ranks``)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from harness.campaign.corpus import Corpus
+from properties.model.case import Case
+from properties.model.verdicts import Judgement
+from properties.triage.buckets import Bucket
+
+MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
+
+
+@dataclass
+class Finding:
+    case: Case
+    judgement: Judgement
+    shims: tuple[str, ...] = ()
+    traceback: str | None = None
+    fault: dict | None = None  # what the fault did in the failing run (mechanism, whether and where it fired)
+    bucket: Bucket | None = None  # its root cause (properties.triage.buckets): one finding per bucket and campaign
+    left_out: tuple[str, ...] = ()  # the swarm configuration of its batch: the capabilities it could not draw
+    found_at: float = 0.0  # seconds into the campaign when its bucket's first case failed (bench/detect.py)
+    # Found on virtual ranks: "yes" (the case fails the same way on real ranks), "no" (it does not: the virtual
+    # world differs from a real launch there, itself a bug to report), "virtual-only" (its worlds are larger than
+    # real ranks are launched for here); None: found on real ranks.
+    confirmed_real: str | None = None
+    io_map: dict | None = None  # a fault finding judged at every crash point of its op: the crash-point map
+
+
+@dataclass
+class Campaign:
+    sut: str
+    ranks: int
+    properties: list[str]
+    seconds: float
+    seed: int
+    mode: str = "pool"
+    cases_run: Counter = field(default_factory=Counter)
+    sut_seconds: float = 0.0
+    findings: list[Finding] = field(default_factory=list)
+    shims: set[str] = field(default_factory=set)
+    skipped: dict[str, str] = field(default_factory=dict)
+    wall: float = 0.0
+    launches: int = 0
+    recovery: dict = field(default_factory=dict)  # Runners.recovery(): launches and seconds lost to failed ranks
+    ptrace: bool = True  # fault cases may attach strace (else they use the psutil fallbacks)
+    unreplayable: int = 0  # drawn power-loss states skipped: the ranks never interleaved their IO as recorded
+    faults: bool = False  # the campaign injects faults (fault properties; P-RESUME may crash a save)
+    devices: list[str] = field(default_factory=list)  # where the ranks ran ("cuda:0 (cpu:gloo,cuda:nccl)", "cpu")
+    known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
+    harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
+    flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
+    fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (harness.campaign.fuzz)
+    swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities
+    stop_when: Callable[[Finding], bool] | None = None  # end at the first finding this accepts (bench/detect.py)
+    stopped: bool = False
+    corpus: Corpus | None = None  # --corpus: its bucket cases replayed first, new buckets kept in it
+    corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
+    prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
+    observed: dict[str, Counter] = field(default_factory=dict)  # Hypothesis's observations per property (_observer)
+    buckets: list[Bucket] = field(default_factory=list)  # the new bugs met, as their shrunk cases show them
+    bucket_hits: Counter = field(default_factory=Counter)  # bucket id -> failing cases in it (new buckets)
+    bucket_props: dict[str, set[str]] = field(default_factory=dict)  # bucket id -> properties that met it
+    swarm_cases: Counter = field(default_factory=Counter)  # swarm feature left out -> cases of batches without it
+    swarm_seconds: Counter = field(default_factory=Counter)  # ... and the seconds those batches took
+
+    def counted(self, bucket: Bucket, prop: str) -> bool:
+        """Count a failure in the campaign's bucket that covers it; False when none does (a new bug)."""
+        seen = next((b for b in self.buckets if b.covers(bucket)), None)
+        if seen is None:
+            return False
+        self.bucket_hits[seen.id] += 1
+        self.bucket_props.setdefault(seen.id, set()).add(prop)
+        return True
+
+    def register(self, bucket: Bucket, prop: str) -> None:
+        """A new bucket, as its smallest case shows it (found by ``prop``)."""
+        self.buckets.append(bucket)
+        self.bucket_hits[bucket.id] += 1
+        self.bucket_props.setdefault(bucket.id, set()).add(prop)
+
+    def done(self) -> bool:
+        """Nothing more to do before the time is up: ranks that cannot start, or a first finding was all asked."""
+        return self.fatal is not None or self.stopped
+
+    def examples_for(self, prop: str, seconds: float) -> int:
+        """Cases for one turn of ``prop``: as many as its past cases say fit in ``seconds`` (one at first)."""
+        done = self.cases_run[prop]
+        if not done:
+            return 1
+        per_case = self.prop_seconds[prop] / done
+        return max(1, min(MAX_EXAMPLES, int(seconds / max(per_case, 1e-3))))
