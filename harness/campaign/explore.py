@@ -12,10 +12,10 @@ then the latest is loaded (where the SUT has one), every saved name by the versi
 version is saved and loaded.
 
 Per shape the report counts ``judged / total``: total is what was enumerated, judged what got a verdict; a point or
-state that could not be run counts against judged and keeps its error, never dropped. Each fault op is traced once
-(faultrun.Traced) and its points and states reuse the trace. A failure is replayed as its own case in fresh
-processes (and charged to the fault only if the shape passes without it) before it counts; findings carry the exact
-concrete fault (``kill`` / ``state``) and replay with ``ckpt-harness replay``.
+state that could not be run counts against judged and keeps its error, never dropped. Each fault op is traced
+once (harness.judging.fault_runs.Traced) and its points and states reuse the trace. A failure is replayed as its own
+case in fresh processes (and charged to the fault only if the shape passes without it) before it counts; findings
+carry the exact concrete fault (``kill`` / ``state``) and replay with ``ckpt-harness replay``.
 """
 
 from __future__ import annotations

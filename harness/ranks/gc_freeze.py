@@ -1,8 +1,7 @@
 """What a rank process's garbage collector walks: only what the running case made.
 
 A rank process (harness.ranks.worker, harness.ranks.virtual_host) keeps the framework, the SUT's set-up and whatever
-its first
-cases imported or cached for as long as it lives, and Paddle calls ``gc.collect()`` after every load: a full
+its first cases imported or cached for as long as it lives, and Paddle calls ``gc.collect()`` after every load: a full
 collection walking all of that was up to a sixth of a small virtual case. So what outlives a case is frozen
 (``gc.freeze``: never walked, still freed by reference counting) once the case has ended; every ``THAW_EVERY``
 cases it is thawed and collected once, so a reference cycle that died after being frozen is freed within that many
