@@ -1,6 +1,5 @@
 """A failure that is only ranks dying or hanging runs once more while fuzzing (harness.judging.judge): one the same ops
-do
-not repeat is a pass excused as flaky and listed in the campaign's report; one that repeats, any failure about
+do not repeat is a pass excused as flaky and listed in the campaign's report; one that repeats, any failure about
 data, a fault case and a replay stand as they are."""
 
 from __future__ import annotations

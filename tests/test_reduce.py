@@ -1,6 +1,5 @@
 """Reducing a finding past Hypothesis (harness.campaign.reduce): smaller worlds first, then fewer ops, each kept only
-where
-the case still fails the same way; and a virtual campaign's finding too big for real ranks reduced to one they can
+where the case still fails the same way; and a virtual campaign's finding too big for real ranks reduced to one they can
 confirm (harness.campaign.fuzz._reduced)."""
 
 from __future__ import annotations

@@ -6,8 +6,7 @@ checkpoint root, the operation the fault hits. ``ARMING`` holds how each fault t
 around the op (strace, psutil triggers, a stall, RLIMIT_FSIZE, or none), what it reports, and the root it leaves
 for the next ops (a power-loss state, a corrupted root). Drawn faults (``point``, ``power``) are resolved into the
 concrete ``kill`` / ``error`` / ``state`` first (harness.judging.fault_runs.concrete_fault), so findings carry the
-concrete
-fault; a ``record`` fault only traces the op's IO, and the ranks still restart after it, like after any fault.
+concrete fault; a ``record`` fault only traces the op's IO, and the ranks still restart after it, like after any fault.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 Nothing of flex checkpoint is replaced. What is faked is listed in ``FAKES`` and is only what a real launch gives
 a rank from outside Python's reach of one process: its identity, its default process group, and the backend
 behind that group (gloo, emulated from measurements: harness.ranks.virtual.gloo). Everything Paddle keeps at module
-level
-— caches, the metadata manager, the async save queue, the group maps — gets one copy per rank, swapped in when
+level — caches, the metadata manager, the async save queue, the group maps — gets one copy per rank, swapped in when
 the turn passes (``RankGlobals``); a shared copy would let one rank see another's cache and report false bugs.
 """
 
@@ -65,8 +64,7 @@ SHARE_FROM = 8
 #: Paddle's static methods that are pure (the result a function of the arguments' values alone, no side effects)
 #: and that every rank calls on the same gathered read items: from SHARE_FROM ranks on, computed once per collective
 #: epoch for the ranks that pass the same immutable items (harness.ranks.virtual.shared_objects.SharedCalls). A real
-#: rank plans
-#: over every rank's items, so W virtual ranks would plan W times over W ranks' items.
+#: rank plans over every rank's items, so W virtual ranks would plan W times over W ranks' items.
 PURE = (("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommunicator", "split_read_items"),
         ("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "AbstractCommunicator", "schedule_read_items"))
 #: Modules whose module-level values are per rank (prefixes of module names). Of auto_parallel, only the process-wide

@@ -4,8 +4,7 @@ A rank runs until it enters a collective or finishes its task; the turn then pas
 rank order (cyclically). A collective completes when every member of its group has entered it, matched by order
 within the group, as gloo matches them; its results are handed out by a ``resolve`` function that knows the
 backend's semantics (harness.ranks.virtual.gloo). When no rank can run and some wait in collectives no peer will join,
-the
-waiting ranks get the backend's timeout raised in them — what it does after its timeout, without waiting for it —
+the waiting ranks get the backend's timeout raised in them — what it does after its timeout, without waiting for it —
 and a group that failed so stays dead, as a real one does. Nothing here knows a framework: ``on_switch`` swaps what
 each rank must own (harness.ranks.virtual.paddle_world).
 
