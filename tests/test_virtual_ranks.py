@@ -257,9 +257,8 @@ def two_processes():
 @given(case=_cases(("P-RESHARD", "P-MOE", "P-FLAT", "P-ROUNDTRIP", "P-EDGE"), 12))
 def test_what_virtual_ranks_share_changes_nothing(two_processes, case: Case) -> None:
     """From SHARE_FROM ranks on, gathered objects, pure planners and deep copies of immutable metadata are shared
-    between virtual ranks (harness.ranks.virtual.shared_objects): every op gives the same records and the same files as
-    the same
-    world with nothing shared."""
+    between virtual ranks (harness.ranks.virtual.shared_objects): every op gives the same records and the same files
+    as the same world with nothing shared."""
     from hypothesis import assume
 
     from harness.judging.fidelity import max_world
