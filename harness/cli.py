@@ -21,6 +21,7 @@ from faults.strace import ERRNO_NAMES
 from harness.campaign.corpus import Corpus
 from harness.campaign.fuzz import default_seed, fuzz
 from harness.campaign.results import Campaign
+from harness.fixes import FIXES, FixError, resolve
 from harness.fleet.driver import FleetError
 from harness.fleet.plan import PlanError
 from harness.judging.judge import EXHAUSTIVE_BOUND, Judge
@@ -44,7 +45,7 @@ class HarnessError(Exception):
 
 
 # their message is the whole story
-INPUT_ERRORS = (HarnessError, UnknownSut, CaseError, KnownFindingsError, PlanError, FleetError)
+INPUT_ERRORS = (HarnessError, FixError, UnknownSut, CaseError, KnownFindingsError, PlanError, FleetError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--exhaustive-bound", type=int, default=EXHAUSTIVE_BOUND, metavar="N",
                    help="a drawn crash point or power-loss state is judged together with every other one of the case "
                    f"where it has at most N of them (default {EXHAUSTIVE_BOUND}; 0: only the drawn one)")
+    f.add_argument("--cases", type=int, default=None, metavar="N",
+                   help="each property stops after N judged cases (default: as many as --time allows); --time "
+                   "still bounds the campaign")
     f.add_argument("--seed", type=int, default=None, help="campaign seed (default: random, recorded in summary)")
     known = f.add_mutually_exclusive_group()
     known.add_argument("--known", "--skip-known", type=Path, default=KNOWN_DIR, metavar="DIR", dest="known",
@@ -137,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
         p.add_argument("--nnodes", type=int, default=1,
                        help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
+        p.add_argument("--fixes", default="none", metavar="all|none|ID,...",
+                       help="patch known bugs of the SUT's framework on every rank first (harness/fixes/; `list` "
+                       "names them): all, none (default), or fix ids (with the fixes each requires)")
     fl = sub.add_parser("fleet", help="run a plan of campaigns (shards) as Ray tasks and merge their results "
                         "(docs/fleet.md; needs the fleet extra)")
     fl.add_argument("--plan", type=Path, required=True, help="the plan: TOML, [fleet] and [[shard]] "
@@ -165,8 +172,9 @@ def _parser() -> argparse.ArgumentParser:
 def _runners(args: argparse.Namespace, sut: str) -> Runners:
     if args.nnodes < 1:
         raise HarnessError("--nnodes must be at least 1")
+    fixes = resolve(args.fixes, adapter_class(sut).framework)
     try:
-        return Runners(sut, args.launch, args.op_timeout, device=args.device, nnodes=args.nnodes)
+        return Runners(sut, args.launch, args.op_timeout, device=args.device, nnodes=args.nnodes, fixes=fixes)
     except ValueError as exc:  # e.g. --launch virtual for a SUT without virtual ranks
         raise HarnessError(str(exc)) from None
 
@@ -215,14 +223,15 @@ def _fuzz(args: argparse.Namespace) -> int:
     needs_faults = [p for p in requested if catalogue.REGISTRY[p].fault and not args.faults]
     if needs_faults:
         raise HarnessError(f"properties {needs_faults} inject faults: add --faults")
-    if args.ranks < 1 or args.time <= 0:
-        raise HarnessError("--ranks must be at least 1 and --time positive")
+    if args.ranks < 1 or args.time <= 0 or (args.cases is not None and args.cases < 1):
+        raise HarnessError("--ranks and --cases must be at least 1 and --time positive")
     skipped = {p: catalogue.REGISTRY[p].skip_reason(caps) for p in requested}
     props = [p for p in requested if skipped[p] is None]
     seed = args.seed if args.seed is not None else default_seed()
     campaign = Campaign(args.sut, args.ranks, props, args.time, seed, mode=args.launch, faults=args.faults)
     campaign.skipped = {p: why for p, why in skipped.items() if why is not None}
     campaign.swarm = args.swarm
+    campaign.cases_per_property = args.cases
     if args.corpus_readonly is not None and args.corpus is None:
         raise HarnessError("--corpus-readonly needs --corpus (where this campaign writes)")
     campaign.corpus = Corpus(args.corpus, args.corpus_readonly) if args.corpus is not None else None
@@ -480,6 +489,9 @@ def _list(args: argparse.Namespace) -> int:
     print("  stall         SIGSTOP a rank for a while (a straggler)")
     print("  fsize         RLIMIT_FSIZE on the ranks (writes past it fail with EFBIG)")
     print("  corrupt       bit flip, truncate, append garbage, delete, stale marker, zero range (seeded, replayable)")
+    print("Fixes (`--fixes`; harness/fixes/, each a known bug's patch in upstream terms):")
+    for fix_id, fix in FIXES.items():
+        print(f"  {fix_id:<40} {fix.kind:<10} {fix.framework} {fix.version}: {fix.summary}")
     return 0
 
 

@@ -18,11 +18,13 @@ def _findings(out: Path) -> list[dict]:
 @pytest.mark.multirank
 @pytest.mark.parametrize("launch", ["pool", "in-process"])
 def test_reference_fuzz_finds_nothing(tmp_path: Path, capsys, launch: str) -> None:
-    code = main(["fuzz", "--sut", "reference", "--ranks", "2", "--time", "6", "--out", str(tmp_path), "--seed", "1",
-                 "--launch", launch])
+    code = main(["fuzz", "--sut", "reference", "--ranks", "2", "--time", "300", "--cases", "1", "--out", str(tmp_path),
+                 "--seed", "1", "--launch", launch])
     assert code == 0, capsys.readouterr()
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert sum(summary["cases_run"].values()) >= 9  # at least one case of each property
+    # Bounded by cases, not seconds: every property ran exactly its one, however slow the machine.
+    assert summary["cases_per_property"] == 1 and len(summary["cases_run"]) >= 9
+    assert set(summary["cases_run"].values()) == {1}, summary["cases_run"]
     assert all(v == 0 for v in summary["findings"].values())
     assert summary["launch_mode"] == launch and summary["shims"] == []
     assert summary["devices"] == ["cpu"]
@@ -87,6 +89,7 @@ def test_dead_or_hung_rank_is_a_verdict_and_the_pool_recovers(tmp_path: Path, ca
         (["fuzz", "--sut", "nosuchpkg.mod:Cls", "--time", "1", "--out", "{tmp}"], "cannot import SUT adapter"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--property", "P-NOPE"], "unknown property"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--nnodes", "0"], "--nnodes must be"),
+        (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--cases", "0"], "--cases must be at least"),
         (["fuzz", "--sut", "reference", "--time", "1", "--out", "{tmp}", "--launch", "virtual"], "no virtual ranks"),
         (["replay", "{tmp}/missing.json"], "no such case file"),
         (["replay", "{tmp}/garbage.json"], "not a JSON case file"),

@@ -28,7 +28,8 @@ BELOW: dict[str, set[str]] = {
     "properties.triage": {"properties.check"},
     "properties": {"properties.generate", "properties.triage"},
     "harness.ranks.virtual": {"properties"},
-    "harness.sut": {"harness.ranks.virtual"},
+    "harness.fixes": set(),
+    "harness.sut": {"harness.ranks.virtual", "harness.fixes"},
     "harness.ranks": {"harness.sut"},
     "harness.judging": {"harness.ranks"},
     "harness.campaign": {"harness.judging"},
@@ -212,8 +213,9 @@ def test_imports_point_down_the_stages(module: str) -> None:
 
 
 #: The stages that may import Paddle, PaddleFormers or torch: the adapters (on the ranks, and ``launch_gpus`` in the
-#: controller of a framework-launched SUT), the emulator that runs Paddle's ranks as threads, and bench/.
-IMPORTS_FRAMEWORKS = ("harness.sut", "harness.ranks.virtual", "bench")
+#: controller of a framework-launched SUT), the emulator that runs Paddle's ranks as threads, the fixes that patch
+#: a framework's known bugs, and bench/.
+IMPORTS_FRAMEWORKS = ("harness.sut", "harness.ranks.virtual", "harness.fixes", "bench")
 
 
 @pytest.mark.parametrize("module", sorted(GRAPH))

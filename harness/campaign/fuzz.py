@@ -101,7 +101,7 @@ class _Turn:
         if run.campaign.fatal is not None or now > run.hard_deadline or (
                 self.shrink_until is not None and now > self.shrink_until):
             return True
-        return self.shrink_until is None and now > self.turn_end
+        return self.shrink_until is None and (now > self.turn_end or run.campaign.capped(self.prop))
 
     def met(self, bucket: Bucket, finding: Finding, campaign: Campaign) -> None:
         """Shrink, count or keep a failure; raising ``_Failed`` makes it the case Hypothesis shrinks."""
@@ -146,6 +146,8 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
         for n, prop in enumerate(campaign.properties):
             if time.monotonic() >= deadline or campaign.done():
                 break
+            if campaign.capped(prop):
+                continue
             _turn(run, prop, campaign.seed + turn * len(campaign.properties) + n, reuse=turn == 0)
         turn += 1
     campaign.wall = time.monotonic() - start
@@ -159,6 +161,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
 def _tally(judge_case: Judge, campaign: Campaign) -> None:
     """What the judge and its runners counted over the campaign, kept in its results."""
     campaign.launches = judge_case.runners.launches
+    campaign.fixes = list(judge_case.runners.fixes)
     campaign.recovery = judge_case.runners.recovery()
     campaign.devices = sorted(judge_case.runners.devices)
     campaign.unreplayable = judge_case.unreplayable

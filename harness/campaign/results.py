@@ -44,6 +44,7 @@ class Campaign:
     sut_seconds: float = 0.0
     findings: list[Finding] = field(default_factory=list)
     shims: set[str] = field(default_factory=set)
+    fixes: list[str] = field(default_factory=list)  # known bugs patched on every rank (--fixes, harness.fixes)
     skipped: dict[str, str] = field(default_factory=dict)
     wall: float = 0.0
     launches: int = 0
@@ -59,6 +60,7 @@ class Campaign:
     swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities
     stop_when: Callable[[Finding], bool] | None = None  # end at the first finding this accepts (bench/detect.py)
     stopped: bool = False
+    cases_per_property: int | None = None  # --cases: each property stops after this many judged cases
     corpus: Corpus | None = None  # --corpus: its bucket cases replayed first, new buckets kept in it
     corpus_rows: list[dict] = field(default_factory=list)  # each stored bucket: still failing, known, passing
     prop_seconds: Counter = field(default_factory=Counter)  # wall seconds each property's turns took
@@ -85,13 +87,20 @@ class Campaign:
         self.bucket_props.setdefault(bucket.id, set()).add(prop)
 
     def done(self) -> bool:
-        """Nothing more to do before the time is up: ranks that cannot start, or a first finding was all asked."""
-        return self.fatal is not None or self.stopped
+        """Nothing more to do before the time is up: ranks that cannot start, a first finding was all asked, or
+        every property has run the cases asked of it."""
+        return self.fatal is not None or self.stopped or all(self.capped(p) for p in self.properties)
+
+    def capped(self, prop: str) -> bool:
+        """``prop`` has run all the cases ``--cases`` allows it (a count-bounded campaign is the same run on any
+        machine, however slow: the time bound then only guards against a hang)."""
+        return self.cases_per_property is not None and self.cases_run[prop] >= self.cases_per_property
 
     def examples_for(self, prop: str, seconds: float) -> int:
         """Cases for one turn of ``prop``: as many as its past cases say fit in ``seconds`` (one at first)."""
         done = self.cases_run[prop]
+        left = MAX_EXAMPLES if self.cases_per_property is None else max(1, self.cases_per_property - done)
         if not done:
             return 1
         per_case = self.prop_seconds[prop] / done
-        return max(1, min(MAX_EXAMPLES, int(seconds / max(per_case, 1e-3))))
+        return max(1, min(MAX_EXAMPLES, left, int(seconds / max(per_case, 1e-3))))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+from harness.fixes import FIXES, apply_fixes
 from harness.ranks.rankops import RankExecutor
 from harness.ranks.runner import Runner
 from harness.sut import adapter_class
@@ -17,6 +18,9 @@ class InProcessRunner(Runner):
     def __init__(self, sut: str, world: int, options: dict) -> None:
         super().__init__()
         cls = adapter_class(sut)
+        # The controller's own process: fixes applied here are taken back when the ranks close.
+        self.fixes = [FIXES[f] for f in options.get("fixes", ()) if not FIXES[f].applied()]
+        apply_fixes([f.id for f in self.fixes])
         self.executors = []
         for rank in range(world):
             adapter = cls()
@@ -44,3 +48,5 @@ class InProcessRunner(Runner):
         for ex in self.executors:
             ex.release()  # a held writer would keep the adapter's close waiting for ever
             ex.adapter.close()
+        for fix in reversed(self.fixes):
+            fix.revert()

@@ -30,13 +30,14 @@ class Runners:
     """Runners by (world size, setup options), created on demand and reused across cases (warm)."""
 
     def __init__(self, sut: str, mode: str = "pool", op_timeout: float = OP_TIMEOUT, *, device: str = "auto",
-                 nnodes: int = 1) -> None:
+                 nnodes: int = 1, fixes: tuple[str, ...] = ()) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown launch mode {mode!r}; known: {', '.join(MODES)}")
         if device not in DEVICES:
             raise ValueError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
         self.sut, self.mode, self.op_timeout = sut, mode, op_timeout
         self.device, self.nnodes = device, nnodes
+        self.fixes = fixes  # applied on every rank before the adapter's set-up (harness.fixes)
         self.cls = adapter_class(sut)
         if mode == "virtual" and "virtual" not in self.cls.capabilities:
             raise ValueError(f"{sut} has no virtual ranks (capability 'virtual'); launch it as a pool")
@@ -70,6 +71,8 @@ class Runners:
         ``fault_case``: the op belongs to a case with a fault, which virtual ranks never play (the job its fault
         restarts and the state it leaves are those of real processes)."""
         setup = {"shims": options.get("shims", True), "device": self.device}
+        if self.fixes:
+            setup["fixes"] = list(self.fixes)
         in_process = (not launched and self.mode == "in-process" and self.nnodes == 1
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
         virtual = not launched and not fault_case and self.mode == "virtual"

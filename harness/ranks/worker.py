@@ -17,6 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # started as a script by a framework launcher
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.fixes import apply_fixes
 from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rankops import RankExecutor
 from harness.sut import adapter_class
@@ -52,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     conn = Client(args.control, family="AF_UNIX")
     _keep_control_from_children(conn.fileno())
     try:
+        options = json.loads(args.options)
+        apply_fixes(options.get("fixes", ()))  # before the adapter runs any of the framework's code
         adapter = adapter_class(args.sut)()
-        shims = adapter.setup(rank, world, json.loads(args.options))
+        shims = adapter.setup(rank, world, options)
     except Exception as exc:  # the adapter does not import or set up here: the controller says why, in one line
         traceback.print_exc()  # the rank's log keeps where; the controller quotes its tail
         conn.send({"type": "setup-failed", "rank": rank, "error": f"{type(exc).__name__}: {exc}"})

@@ -13,9 +13,12 @@ from harness.campaign.results import Campaign, Finding
 from properties.model.verdicts import Verdict
 
 
-def finding_json(finding: Finding, replay: str) -> dict:
-    """A finding as its JSON file (a contract: docs/design.md §12)."""
+def finding_json(finding: Finding, replay: str, fixes: list[str] | None = None) -> dict:
+    """A finding as its JSON file (a contract: docs/design.md §12); ``fixes``: known bugs patched where it failed,
+    which its replay applies too."""
     details = list(finding.judgement.details)
+    if fixes:
+        replay += f" --fixes {','.join(fixes)}"
     return {
         "property": finding.judgement.property,
         "sut": finding.case.sut,
@@ -35,6 +38,7 @@ def finding_json(finding: Finding, replay: str) -> dict:
         "found_at_s": round(finding.found_at, 1),
         **({"confirmed_real": finding.confirmed_real} if finding.confirmed_real is not None else {}),
         **({"io_map": finding.io_map} if finding.io_map else {}),
+        **({"fixes": list(fixes)} if fixes else {}),
     }
 
 
@@ -47,7 +51,7 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
     for n, finding in enumerate(campaign.findings):
         safe_sut = re.sub(r"[^A-Za-z0-9._-]", "_", campaign.sut)
         path = findings_dir / f"{n:03d}-{finding.judgement.property}-{safe_sut}.json"
-        data = finding_json(finding, f"ckpt-harness replay {path}")
+        data = finding_json(finding, f"ckpt-harness replay {path}", campaign.fixes)
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         if extra is not None:
             data.update(extra(path))
@@ -57,6 +61,7 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
         "sut": campaign.sut,
         "ranks": campaign.ranks,
         "seed": campaign.seed,
+        "cases_per_property": campaign.cases_per_property,
         "cases_run": dict(sorted(campaign.cases_run.items())),
         "skipped_properties": campaign.skipped,
         "findings": {v.value: verdicts.get(v.value, 0) for v in Verdict if v is not Verdict.PASS},
@@ -66,6 +71,7 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
         "launches": campaign.launches,
         "recovery": campaign.recovery,
         "shims": sorted(campaign.shims),
+        "fixes": campaign.fixes,
         "devices": campaign.devices,
         "unreplayable_states": campaign.unreplayable,
         "known_findings_skipped": campaign.known,
@@ -123,6 +129,8 @@ def report(summary: dict, rows: list[dict]) -> str:
         f"{sum(summary['cases_run'].values())} cases in {summary['wall_time_s']} s on {summary['ranks']} rank(s), "
         f"launch mode {summary['launch_mode']} ({summary['launches']} launches), seed {summary['seed']}, "
         f"shims: {shims}, devices: {', '.join(summary.get('devices', [])) or 'unknown'}.",
+        *([f"Known bugs patched on every rank (--fixes): {', '.join(summary['fixes'])}."]
+          if summary.get("fixes") else []),
         *_recovery_line(summary.get("recovery") or {}),
         "",
         "| property | cases | seconds | drawn (gave up) | while shrinking | from database | drawing s |",

@@ -1,0 +1,52 @@
+"""Fixes of known bugs in the systems under test, one module per root cause: a known bug is identified by the patch
+that fixes it. Imports nothing of the harness above it; patches the framework only when a fix is applied."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from harness.fixes.patch import Fix, FixError
+
+__all__ = ["FIXES", "Fix", "FixError", "apply_fixes", "resolve"]
+
+
+def _load() -> dict[str, Fix]:
+    fixes: dict[str, Fix] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "patch":
+            fix = importlib.import_module(f"{__name__}.{info.name}").FIX
+            fixes[fix.id] = fix
+    return dict(sorted(fixes.items()))
+
+
+FIXES: dict[str, Fix] = _load()
+
+
+def resolve(spec: str | None, framework: str | None = None) -> tuple[str, ...]:
+    """``--fixes`` as fix ids: "all" (of ``framework``, where given), "none", or ids separated by commas, each with
+    the fixes it requires."""
+    if spec is None or spec == "none":
+        return ()
+    if spec == "all":
+        return tuple(i for i, f in FIXES.items() if framework is None or f.framework == framework)
+    wanted = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [w for w in wanted if w not in FIXES]
+    if unknown:
+        raise FixError(f"unknown fixes {unknown}; known: {', '.join(FIXES)}")
+    closed: list[str] = []
+    while wanted:
+        fix_id = wanted.pop(0)
+        if fix_id not in closed:
+            closed.append(fix_id)
+            wanted.extend(FIXES[fix_id].requires)
+    return tuple(sorted(closed))
+
+
+def apply_fixes(ids: tuple[str, ...] | list[str]) -> list[str]:
+    """Apply these fixes in this process (idempotent); the ids applied, for the hello every rank sends."""
+    for fix_id in ids:
+        if fix_id not in FIXES:
+            raise FixError(f"unknown fix {fix_id!r}")
+        FIXES[fix_id].apply()
+    return sorted(ids)

@@ -1,0 +1,203 @@
+"""A known bug's fix as the upstream change itself: hunks of a function's source, recompiled in its own module and
+bound wherever the framework (or anyone) holds the original.
+
+A hunk names its function, the exact lines it replaces and the digest of the source it was written against, so a
+fix is applied only to the code it was written for (a stale one refuses, naming what changed) and renders as the
+unified diff a maintainer would apply. The patched function is compiled in its module's own globals and bound by
+identity across ``sys.modules``: a function imported by name lives in several modules. The fix keeps no state of
+its own: what is bound where is read back from the functions themselves (``__ckpt_fixes__``), so virtual ranks that
+copy module state, forked ranks and repeated applies all see one truth.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import inspect
+import linecache
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+KINDS = ("fix", "workaround", "detector")
+EDITS_ATTR = "__ckpt_fixes__"  # on a patched function: ((fix id, edits), ...) in the order they were applied
+ORIGINAL_ATTR = "__ckpt_original__"  # ... and the framework's own function it replaces
+
+Edits = tuple[tuple[str, str], ...]  # (old, new): exact lines of the function's source and what replaces them
+
+
+class FixError(Exception):
+    """A fix that cannot be applied here: unknown, or written against other code (stale)."""
+
+
+def source_digest(text: str) -> str:
+    """The first 16 hex digits of the sha256 of a function's source, as ``inspect.getsource`` gives it."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Hunk:
+    """Edits of one function; ``digest`` is the source they were written against. Several fixes may edit one
+    function: the patched function is the original with every applied fix's edits, in the order applied."""
+
+    module: str
+    qualname: str  # a function of the module, or Class.method
+    digest: str
+    edits: Edits
+
+    def target(self) -> tuple[object, str, Callable]:
+        """Where the function is bound in its own module (the module or the class), its name, and the function."""
+        owner: object = importlib.import_module(self.module)
+        *path, name = self.qualname.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        return owner, name, inspect.getattr_static(owner, name)
+
+    def current(self) -> Callable:
+        return self.target()[2]
+
+    def original(self) -> Callable:
+        func = self.current()
+        return getattr(func, ORIGINAL_ATTR, func)
+
+    def applied(self) -> tuple[tuple[str, Edits], ...]:
+        return getattr(self.current(), EDITS_ATTR, ())
+
+    def check(self, fix_id: str) -> str:
+        """The original's source, after checking it is the code this hunk was written for."""
+        func = self.original()
+        code = getattr(func, "__code__", None)
+        if code is None or code.co_freevars:
+            raise FixError(f"fix {fix_id}: {self.module}.{self.qualname} is not a plain function (closure or "
+                           "builtin): it cannot be recompiled")
+        source = inspect.getsource(func)
+        if source_digest(source) != self.digest:
+            raise FixError(f"fix {fix_id} is stale: {self.module}.{self.qualname} is not the source it was written "
+                           f"against (digest {source_digest(source)}, expected {self.digest}); the installed framework "
+                           "changed there: check whether upstream fixed the bug, then rewrite or retire the fix")
+        return source
+
+    def rebuilt(self, stack: tuple[tuple[str, Edits], ...], fix_id: str) -> Callable:
+        """The original with ``stack``'s edits, compiled in the module's own globals (it sees what the original
+        sees); the original itself when the stack is empty."""
+        original = self.original()
+        if not stack:
+            return original
+        source = self.check(fix_id)
+        for who, edits in stack:
+            source = _edited(source, edits, who, f"{self.module}.{self.qualname}")
+        patched = textwrap.dedent(source)
+        ids = "+".join(who for who, _ in stack)
+        filename = f"<ckpt-harness fix {ids}: {self.module}.{self.qualname}>"
+        linecache.cache[filename] = (len(patched), None, patched.splitlines(True), filename)  # readable tracebacks
+        namespace: dict = {}
+        exec(compile(patched, filename, "exec"), original.__globals__, namespace)
+        func = namespace[original.__name__]
+        func.__qualname__, func.__module__ = original.__qualname__, original.__module__
+        setattr(func, EDITS_ATTR, stack)
+        setattr(func, ORIGINAL_ATTR, original)
+        return func
+
+    def upstream_diff(self, root: Path, fix_id: str) -> str:
+        """The hunk as a unified diff of the source file, its path relative to the framework's package parent."""
+        original = self.original()
+        self.check(fix_id)
+        path = Path(inspect.getsourcefile(original) or "")
+        lines = path.read_text().splitlines(True)
+        source, first = inspect.getsourcelines(original)
+        patched = _edited("".join(source), self.edits, fix_id, self.qualname).splitlines(True)
+        after = lines[:first - 1] + patched + lines[first - 1 + len(source):]
+        rel = path.relative_to(root) if path.is_relative_to(root) else path
+        return "".join(difflib.unified_diff(lines, after, f"a/{rel}", f"b/{rel}"))
+
+
+def _edited(source: str, edits: Edits, fix_id: str, where: str) -> str:
+    for old, new in edits:
+        if source.count(old) != 1:
+            raise FixError(f"fix {fix_id}: the lines it replaces occur {source.count(old)} times in {where} "
+                           "(another fix applied there changed them?)")
+        source = source.replace(old, new)
+    return source
+
+
+@dataclass(frozen=True)
+class Fix:
+    """One known root cause's patch: what it fixes, the regression cases it covers, what must be fixed first."""
+
+    id: str
+    kind: Literal["fix", "workaround", "detector"]
+    framework: str  # the importable package it patches ("paddle")
+    version: str  # the framework version it was written against (the digests are the check)
+    summary: str  # the bug and the change, in one line
+    hunks: tuple[Hunk, ...]
+    covers: tuple[str, ...]  # regression case stems (tests/regressions/<stem>.json) it makes pass
+    requires: tuple[str, ...] = ()  # fixes that must be applied with it (its covered cases fail without them)
+
+    def applied(self) -> bool:
+        return all(any(who == self.id for who, _ in h.applied()) for h in self.hunks)
+
+    def apply(self) -> None:
+        """Bind the patched functions everywhere the originals are bound; a second apply changes nothing."""
+        if self.kind not in KINDS:
+            raise FixError(f"fix {self.id}: unknown kind {self.kind!r}")
+        for hunk in self.hunks:
+            hunk.check(self.id)  # all or nothing: a stale hunk refuses before any is bound
+        for hunk in self.hunks:
+            stack = hunk.applied()
+            if all(who != self.id for who, _ in stack):
+                _rebind(hunk.current(), hunk.rebuilt((*stack, (self.id, hunk.edits)), self.id))
+
+    def revert(self) -> None:
+        """Bind the functions back without this fix's edits (other fixes' stay); a fix not applied changes nothing."""
+        for hunk in self.hunks:
+            stack = hunk.applied()
+            if any(who == self.id for who, _ in stack):
+                _rebind(hunk.current(), hunk.rebuilt(tuple(e for e in stack if e[0] != self.id), self.id))
+
+    def diff(self) -> str:
+        """The change in upstream terms: a unified diff per hunk, paths as in the framework's source tree."""
+        root = Path(importlib.import_module(self.framework).__file__ or "").parent.parent
+        return "".join(h.upstream_diff(root, self.id) for h in self.hunks)
+
+
+def _rebind(old: Callable, new: Callable) -> None:
+    """Every module attribute and class attribute that is ``old`` becomes ``new``."""
+    for namespace in _namespaces():
+        for name, value in list(namespace.items()):
+            if value is old:
+                _set(namespace, name, new)
+
+
+def _namespaces() -> Iterator[dict]:
+    """The dicts of every loaded module and of the classes defined in them."""
+    for module in list(sys.modules.values()):
+        if not isinstance(module, types.ModuleType):
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        yield namespace
+        for value in list(namespace.values()):
+            if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
+                yield _ClassNamespace(value)
+
+
+class _ClassNamespace(dict):
+    """A class's attributes, read as a dict and written through ``setattr`` (a mappingproxy is read-only)."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__(vars(cls))
+        self.cls = cls
+
+
+def _set(namespace: dict, name: str, value: object) -> None:
+    if isinstance(namespace, _ClassNamespace):
+        setattr(namespace.cls, name, value)
+    else:
+        namespace[name] = value
