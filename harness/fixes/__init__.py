@@ -24,12 +24,12 @@ FIXES: dict[str, Fix] = _load()
 
 
 def resolve(spec: str | None, framework: str | None = None) -> tuple[str, ...]:
-    """``--fixes`` as fix ids: "all" (of ``framework``, where given), "none", or ids separated by commas, each with
+    """``--fixes`` as fix ids: "all" (the fixes of ``framework``), "none", or ids separated by commas, each with
     the fixes it requires."""
     if spec is None or spec == "none":
         return ()
     if spec == "all":
-        return tuple(i for i, f in FIXES.items() if framework is None or f.framework == framework)
+        return tuple(i for i, f in FIXES.items() if f.framework == framework)
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [w for w in wanted if w not in FIXES]
     if unknown:

@@ -72,7 +72,7 @@ class Hunk:
         """The original's source, after checking it is the code this hunk was written for."""
         func = self.original()
         code = getattr(func, "__code__", None)
-        if code is None or code.co_freevars:
+        if code is None or set(code.co_freevars) - {"__class__"}:  # zero-argument super() is rebuilt below
             raise FixError(f"fix {fix_id}: {self.module}.{self.qualname} is not a plain function (closure or "
                            "builtin): it cannot be recompiled")
         source = inspect.getsource(func)
@@ -92,12 +92,15 @@ class Hunk:
         for who, edits in stack:
             source = _edited(source, edits, who, f"{self.module}.{self.qualname}")
         patched = textwrap.dedent(source)
+        # A method calling super() closes over its class: it is compiled inside a function that binds __class__.
+        body = textwrap.indent(patched, "    ")
+        factory = f"def __ckpt_factory__(__class__):\n{body}    return {original.__name__}\n"
         ids = "+".join(who for who, _ in stack)
         filename = f"<ckpt-harness fix {ids}: {self.module}.{self.qualname}>"
-        linecache.cache[filename] = (len(patched), None, patched.splitlines(True), filename)  # readable tracebacks
+        linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)  # readable tracebacks
         namespace: dict = {}
-        exec(compile(patched, filename, "exec"), original.__globals__, namespace)
-        func = namespace[original.__name__]
+        exec(compile(factory, filename, "exec"), original.__globals__, namespace)
+        func = namespace["__ckpt_factory__"](self.target()[0])
         func.__qualname__, func.__module__ = original.__qualname__, original.__module__
         setattr(func, EDITS_ATTR, stack)
         setattr(func, ORIGINAL_ATTR, original)

@@ -13,6 +13,7 @@ from collections import Counter
 
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault
+from harness.fixes import FIXES
 from harness.judging.fault_runs import judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.run import run_case
@@ -51,7 +52,7 @@ class Judge:
     """Runs a case and judges it; P-DIFF also runs the reference engine on the same case, in-process."""
 
     def __init__(self, runners: Runners, *, exploring: bool = False, known: list[Known] | None = None,
-                 exhaustive: int = 0) -> None:
+                 exhaustive: int = 0, prove: tuple[str, ...] = ()) -> None:
         self.runners = runners
         self.exhaustive = exhaustive  # a drawn point or state: judge all of them where there are at most this many
         self.exploring = exploring  # fuzzing: a power-loss state that cannot be replayed is skipped, not an error
@@ -62,6 +63,10 @@ class Judge:
         # exploring: the bucket core of a judgement cut short -> (the known finding, the bucket) its waited-out run
         # found (Judge._rerun_waiting)
         self.waited_out: dict[str, tuple[str | None, Bucket]] = {}
+        # prove: fixes (harness.fixes) a failure no signature explains is replayed with; where it passes with them
+        # it is known, by the smallest set of them it needs (``fixed_by``: bucket core -> that set, or None)
+        self.prove = prove
+        self.fixed_by: dict[str, tuple[str, ...] | None] = {}
         runners.fast_failures = exploring
         self._reference: Runners | None = None
 
@@ -78,7 +83,44 @@ class Judge:
             first = f"flaky: {judgement.details[0]}; the case passed when run again"
             return Judgement(case.property, Verdict.PASS, (first, *judgement.details[1:]), judgement.anomalies,
                              Excuse.FLAKY), outcome
+        fixes = self._proven(case, judgement, outcome) if not judgement.ok else None
+        if fixes:
+            self.known_hits[f"fixed by {'+'.join(fixes)}"] += 1
+            return Judgement(case.property, Verdict.PASS, (
+                f"known: passes with fixes {', '.join(fixes)}: {judgement.details[0]}",), judgement.anomalies,
+                Excuse.KNOWN), outcome
         return judgement, outcome
+
+    def _proven(self, case: Case, judgement: Judgement, outcome: Outcome) -> tuple[str, ...] | None:
+        """The smallest set of ``prove``'s fixes with which the case passes, the first case of each bucket core
+        deciding for its core; None when it fails with all of them too. The whole set must pass twice (a racy
+        failure can pass once by chance); then each fix is left out in turn, with the fixes that require it,
+        where the case still passes. Fault cases are not proven this way: a fix may pass one by no longer making
+        the faulted call."""
+        if not self.prove or case.fault is not None:
+            return None
+        core = self._bucket(case, judgement, outcome).core
+        if core not in self.fixed_by:
+            self.fixed_by[core] = self._smallest_fix_set(case)
+        return self.fixed_by[core]
+
+    def _smallest_fix_set(self, case: Case) -> tuple[str, ...] | None:
+        def passes(fixes: tuple[str, ...]) -> bool:
+            with self.runners.patched(tuple(sorted({*self.runners.fixes, *fixes}))):
+                try:
+                    return self._judge(case)[0].ok
+                except Exception:  # the patched ranks could not run it: not proven
+                    return False
+
+        kept = tuple(self.prove)
+        if not (passes(kept) and passes(kept)):
+            return None
+        for fix_id in self.prove:
+            if fix_id in kept:
+                trial = tuple(k for k in kept if k != fix_id and fix_id not in FIXES[k].requires)
+                if passes(trial):
+                    kept = trial
+        return kept or None  # passing with none of them: the failure did not recur, nothing is proven
 
     @staticmethod
     def _known(case: Case, known: str, judgement: Judgement) -> Judgement:

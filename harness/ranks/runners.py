@@ -117,6 +117,24 @@ class Runners:
         """Its runners host ranks virtually (launch mode "virtual"): a campaign reduces and confirms its findings."""
         return self.mode == "virtual"
 
+    @contextmanager
+    def patched(self, fixes: tuple[str, ...]) -> Iterator[Runners]:
+        """Cases run with these fixes instead (harness.fixes): a patched replay proving a failure known. The
+        runners and spares started meanwhile are closed on the way out: no patched pool outlives it, and an
+        in-process runner takes its patches back."""
+        before, self.fixes = self.fixes, fixes
+        kept, spared = set(self._runners), set(self._spares)
+        try:
+            yield self
+        finally:
+            self.fixes = before
+            for runner in [r for k, r in self._runners.items() if k not in kept]:
+                self.discard(runner)
+            for key in [k for k in self._spares if k not in spared]:
+                for spare in self._spares.pop(key):
+                    self._retired_launches += spare.close()
+                    self._retired.append(spare.pool)
+
     def waiting(self) -> AbstractContextManager[Runners]:
         """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""
         return self._off("fast_failures")
