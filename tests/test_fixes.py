@@ -154,7 +154,7 @@ def test_a_failure_that_passes_patched_is_known_by_its_smallest_fix_set(monkeypa
         judgement = judge_case(case)[0]
         assert judgement.ok and judgement.excuse is Excuse.KNOWN, judgement
         assert judgement.details[0].startswith("known: passes with fixes test-flip: op 1 (load step-1)")
-        assert judge_case.known_hits == {"fixed by test-flip": 1}
+        assert judge_case.known_hits == {"fixed by test-flip": 1}  # the summary's known buckets name it so
         assert buggy.FlipsLastElementSut.load is original  # the patched runners closed, their patches taken back
         judge_case(case)  # the bucket's core is decided once
         assert judge_case.known_hits == {"fixed by test-flip": 2} and len(judge_case.fixed_by) == 1
@@ -166,6 +166,22 @@ def test_a_failure_that_passes_patched_is_known_by_its_smallest_fix_set(monkeypa
         assert judgement.verdict.value == "silent-corruption" and not unfixed.known_hits
     finally:
         unfixed.close()
+
+
+def test_a_campaign_counts_a_patched_pass_as_known_not_new(tmp_path: Path, monkeypatch, capsys) -> None:
+    flipped = "                flat[-1] ^= np.array(1, dtype=flat.dtype)\n"
+    flip = _test_fix("test-flip", buggy.FlipsLastElementSut, flipped, "                pass\n")
+    monkeypatch.setitem(FIXES, flip.id, flip)
+    monkeypatch.setattr(buggy.FlipsLastElementSut, "framework", "tests")  # the SUT's framework: its fixes are tried
+    argv = ["fuzz", "--sut", "tests.suts.buggy:FlipsLastElementSut", "--ranks", "2", "--time", "120", "--cases", "3",
+            "--out", str(tmp_path / "out"), "--property", "P-ROUNDTRIP", "--seed", "1", "--launch", "in-process"]
+    assert main(argv) == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    (known,) = summary["buckets"]
+    assert known["status"] == "known" and known["fixes"] == ["test-flip"] and known["cases"] >= 1
+    assert summary["known_findings_skipped"] == {"fixed by test-flip": known["cases"]}
+    assert "known by a patched replay, fixed by test-flip" in (tmp_path / "out" / "report.md").read_text()
+    assert main([*argv, "--no-known"]) == 1  # no signatures, no proofs: the same bug is new
 
 
 PROOFS = sorted((fix_id, stem) for fix_id, fix in FIXES.items() for stem in fix.covers)

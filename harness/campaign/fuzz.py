@@ -141,6 +141,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     deadline = start + campaign.seconds
     run = _Run(judge_case, campaign, capabilities, progress, start, deadline,
                deadline + max(60.0, campaign.seconds * 0.5))
+    judge_case.prove_until = run.hard_deadline
     turn = 0
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
         for n, prop in enumerate(campaign.properties):

@@ -9,6 +9,7 @@ explains. A judgement of verdict ``pass`` carries its excuse where it is not a p
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 
 from faults.errors import TraceMismatch
@@ -29,6 +30,7 @@ from properties.registry import Checker, checker_for
 from properties.triage.buckets import Bucket, bucket_of
 from properties.triage.known import Known, explained_by
 
+FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
 EXHAUSTIVE_BOUND = 64  # fuzz: a drawn crash point or state is judged with all of its kind where there are this few
 
@@ -67,6 +69,7 @@ class Judge:
         # it is known, by the smallest set of them it needs (``fixed_by``: bucket core -> that set, or None)
         self.prove = prove
         self.fixed_by: dict[str, tuple[str, ...] | None] = {}
+        self.prove_until: float | None = None  # a campaign's hard deadline: no proof starts or narrows past it
         runners.fast_failures = exploring
         self._reference: Runners | None = None
 
@@ -85,7 +88,7 @@ class Judge:
                              Excuse.FLAKY), outcome
         fixes = self._proven(case, judgement, outcome) if not judgement.ok else None
         if fixes:
-            self.known_hits[f"fixed by {'+'.join(fixes)}"] += 1
+            self.known_hits[FIXED_BY + "+".join(fixes)] += 1
             return Judgement(case.property, Verdict.PASS, (
                 f"known: passes with fixes {', '.join(fixes)}: {judgement.details[0]}",), judgement.anomalies,
                 Excuse.KNOWN), outcome
@@ -97,12 +100,15 @@ class Judge:
         failure can pass once by chance); then each fix is left out in turn, with the fixes that require it,
         where the case still passes. Fault cases are not proven this way: a fix may pass one by no longer making
         the faulted call."""
-        if not self.prove or case.fault is not None:
+        if not self.prove or case.fault is not None or self._late():
             return None
         core = self._bucket(case, judgement, outcome).core
         if core not in self.fixed_by:
             self.fixed_by[core] = self._smallest_fix_set(case)
         return self.fixed_by[core]
+
+    def _late(self) -> bool:
+        return self.prove_until is not None and time.monotonic() > self.prove_until
 
     def _smallest_fix_set(self, case: Case) -> tuple[str, ...] | None:
         def passes(fixes: tuple[str, ...]) -> bool:
@@ -116,6 +122,8 @@ class Judge:
         if not (passes(kept) and passes(kept)):
             return None
         for fix_id in self.prove:
+            if self._late():  # known by every fix still kept: proven, if not the smallest set
+                break
             if fix_id in kept:
                 trial = tuple(k for k in kept if k != fix_id and fix_id not in FIXES[k].requires)
                 if passes(trial):

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.campaign.results import Campaign, Finding
+from harness.judging.judge import FIXED_BY
 from properties.model.verdicts import Verdict
 
 
@@ -139,7 +140,8 @@ def report(summary: dict, rows: list[dict]) -> str:
           for p, n in summary["cases_run"].items()],
         *[f"| {p} | skipped: {why} |" for p, why in summary["skipped_properties"].items()],
         "",
-        *[f"Cases explained by the known finding `{k}` (not shrunk): {n}." for k, n in
+        *[f"Cases explained by the known finding `{k}` (not shrunk): {n}." if not k.startswith(FIXED_BY) else
+          f"Cases known by a patched replay, {k} (not shrunk): {n}." for k, n in
           summary.get("known_findings_skipped", {}).items()],
         *[f"The harness itself failed on a case (a harness bug, not a finding): {e}" for e in
           summary.get("harness_errors", [])],
@@ -166,9 +168,18 @@ def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
             "smallest": case_size(r["case"]),
             **{k: r[k] for k in ("repro", "standalone_verified") if k in r}}
            for r in rows]
-    out += [{"bucket": Path(case_file).stem, "status": "known", "title": f"known finding {case_file} (FINDINGS.md)",
-             "cases": n} for case_file, n in sorted(campaign.known.items())]
+    out += [_known_row(name, n) for name, n in sorted(campaign.known.items())]
     return out
+
+
+def _known_row(name: str, cases: int) -> dict:
+    """A known bucket: a regression case's signature explained it, or ("fixed by a+b") a patched replay passed."""
+    if name.startswith(FIXED_BY):
+        fixes = name[len(FIXED_BY):]
+        return {"bucket": name, "status": "known", "cases": cases, "fixes": fixes.split("+"),
+                "title": f"known: passes with fixes {fixes.replace('+', ', ')} (harness/fixes/)"}
+    return {"bucket": Path(name).stem, "status": "known", "title": f"known finding {name} (FINDINGS.md)",
+            "cases": cases}
 
 
 def case_size(case: dict) -> str:
