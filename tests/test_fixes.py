@@ -45,6 +45,14 @@ def test_every_fix_names_real_cases_and_fixes() -> None:
             covered[stem] = fix.id
 
 
+def test_findings_md_lists_every_fix_with_its_rows() -> None:
+    listed = (REGRESSIONS.parent.parent / "FINDINGS.md").read_text().split("## Fixes", 1)[1].split("\n## ", 1)[0]
+    for fix in FIXES.values():
+        row = next((line for line in listed.splitlines() if line.startswith(f"| `{fix.id}` |")), None)
+        assert row is not None, f"FINDINGS.md's Fixes section has no row for {fix.id}"
+        assert all(f"`{stem}.json`" in row for stem in fix.covers), row
+
+
 def test_resolve_spells_out_requirements() -> None:
     assert resolve("none") == () and resolve(None) == ()
     assert resolve("all", "paddle") == tuple(i for i, f in FIXES.items() if f.framework == "paddle")
