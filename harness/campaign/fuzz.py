@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import sys
 import time
@@ -104,19 +105,21 @@ class _Turn:
         return self.shrink_until is None and (now > self.turn_end or run.campaign.capped(self.prop))
 
     def met(self, bucket: Bucket, finding: Finding, campaign: Campaign) -> None:
-        """Shrink, count or keep a failure; raising ``_Failed`` makes it the case Hypothesis shrinks."""
+        """Shrink, count or keep a failure; raising ``_Failed`` makes it the case Hypothesis shrinks. It is raised
+        from one place only: Hypothesis tells bugs apart by where they were raised, and shrinks a failure only
+        into cases that fail at the same place."""
         if self.target is not None and bucket.core == self.target.core:  # shrinking: features may go
             self.smallest = finding
-            raise _Failed("; ".join(finding.judgement.details))
-        if campaign.counted(bucket, self.prop):
+        elif campaign.counted(bucket, self.prop):
             return  # a bug this campaign already has a case of: counted, not shrunk again
-        if self.target is not None:
+        elif self.target is not None:
             self.others.setdefault(bucket.core, finding)  # another new bug, met while shrinking the first
             return
-        self.target = bucket
-        self.first_seen[bucket.core] = finding.found_at  # the shrunk case keeps when its bucket was first met
-        self.smallest = finding
-        self.shrink_until = time.monotonic() + _shrink_budget(campaign)
+        else:
+            self.target = bucket
+            self.first_seen[bucket.core] = finding.found_at  # the shrunk case keeps when its bucket was first met
+            self.smallest = finding
+            self.shrink_until = time.monotonic() + _shrink_budget(campaign)
         raise _Failed("; ".join(finding.judgement.details))
 
     def count_swarm(self, campaign: Campaign) -> None:
@@ -180,7 +183,8 @@ def _turn(run: _Run, prop: str, seed: int, reuse: bool) -> None:
     campaign = run.campaign
     began = time.monotonic()
     examples = campaign.examples_for(prop, _slice(campaign))
-    turn_end = min(run.deadline, began + _slice(campaign))
+    # Bounded by cases, a property's turn runs them all: no time slice decides which cases are drawn.
+    turn_end = run.deadline if campaign.cases_per_property else min(run.deadline, began + _slice(campaign))
     for finding in _batch(run, prop, seed, examples, turn_end, reuse=reuse):
         campaign.findings.append(finding)
         campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
@@ -294,6 +298,10 @@ def _found(run: _Run, turn: _Turn) -> list[Finding]:
 
 
 def _shrink_budget(campaign: Campaign) -> float:
+    """Seconds of shrinking per new bucket; bounded by cases, as long as Hypothesis shrinks (the hard deadline
+    still ends it), so the smallest case does not depend on the machine's speed."""
+    if campaign.cases_per_property is not None:
+        return math.inf
     return min(SHRINK_MAX, max(SHRINK_MIN, campaign.seconds * 0.1))
 
 
