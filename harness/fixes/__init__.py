@@ -8,7 +8,9 @@ import pkgutil
 
 from harness.fixes.patch import Fix, FixError
 
-__all__ = ["FIXES", "Fix", "FixError", "apply_fixes", "resolve"]
+__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "resolve"]
+
+FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 
 
 def _load() -> dict[str, Fix]:

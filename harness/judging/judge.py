@@ -14,7 +14,7 @@ from collections import Counter
 
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault
-from harness.fixes import FIXES
+from harness.fixes import FIXED_BY, FIXES
 from harness.judging.fault_runs import judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.run import run_case
@@ -30,7 +30,6 @@ from properties.registry import Checker, checker_for
 from properties.triage.buckets import Bucket, bucket_of
 from properties.triage.known import Known, explained_by
 
-FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 STATE_ATTEMPTS = 8  # runs tried for a power-loss state whose recorded IO interleaving must recur
 EXHAUSTIVE_BOUND = 64  # fuzz: a drawn crash point or state is judged with all of its kind where there are this few
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from harness.campaign.results import Campaign, Finding
-from harness.judging.judge import FIXED_BY
+from harness.fixes import FIXED_BY
 from properties.model.verdicts import Verdict
 
 
