@@ -334,9 +334,9 @@ def _replay(args: argparse.Namespace) -> int:
         shims = outcome.shims
     finally:
         judge_case.close()
-    print(
-        f"{case.property} on {case.sut}: {judgement.verdict.value}" + (f" (shims: {', '.join(shims)})" if shims else "")
-    )
+    fixes = judge_case.runners.fixes
+    print(f"{case.property} on {case.sut}: {judgement.verdict.value}"
+          + (f" (shims: {', '.join(shims)})" if shims else "") + (f" (fixes: {', '.join(fixes)})" if fixes else ""))
     for line in judgement.details:
         print(f"  {line}")
     return 0 if judgement.ok else 1
