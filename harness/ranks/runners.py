@@ -130,10 +130,7 @@ class Runners:
             self.fixes = before
             for runner in [r for k, r in self._runners.items() if k not in kept]:
                 self.discard(runner)
-            for key in [k for k in self._spares if k not in spared]:
-                for spare in self._spares.pop(key):
-                    self._retired_launches += spare.close()
-                    self._retired.append(spare.pool)
+            self._close_spares([k for k in self._spares if k not in spared])
 
     def waiting(self) -> AbstractContextManager[Runners]:
         """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""
@@ -196,10 +193,7 @@ class Runners:
     def _evict_spares(self, keep: int) -> None:
         """Close the spares of all but the ``keep`` world sizes stocked last (each holds a world's processes)."""
         keys = list(self._spares)
-        for key in keys[:max(0, len(keys) - keep)]:
-            for spare in self._spares.pop(key):
-                self._retired_launches += spare.close()
-                self._retired.append(spare.pool)
+        self._close_spares(keys[:max(0, len(keys) - keep)])
 
     def after_case(self) -> None:
         if self.mode == "fresh":
@@ -223,11 +217,12 @@ class Runners:
         """Where the ranks ran, as "device (backend)" strings (a GPU run shows cuda:N here)."""
         return self._retired_devices.union(*(r.devices() for r in self._runners.values()))
 
-    def _close_spares(self) -> None:
-        spares, self._spares = [s for group in self._spares.values() for s in group], {}
-        for spare in spares:
-            self._retired_launches += spare.close()
-            self._retired.append(spare.pool)
+    def _close_spares(self, keys: list[tuple[int, str, str]] | None = None) -> None:
+        """Close the spares of ``keys`` (all of them by default), keeping their launches for the recovery figures."""
+        for key in list(self._spares) if keys is None else keys:
+            for spare in self._spares.pop(key, []):
+                self._retired_launches += spare.close()
+                self._retired.append(spare.pool)
 
     def close(self) -> None:
         self._close_spares()
