@@ -45,10 +45,9 @@ def resolve(spec: str | None, framework: str | None = None) -> tuple[str, ...]:
     return tuple(sorted(closed))
 
 
-def apply_fixes(ids: tuple[str, ...] | list[str]) -> list[str]:
-    """Apply these fixes in this process (idempotent); the ids applied, for the hello every rank sends."""
+def apply_fixes(ids: tuple[str, ...] | list[str]) -> None:
+    """Apply these fixes in this process (idempotent)."""
     for fix_id in ids:
         if fix_id not in FIXES:
             raise FixError(f"unknown fix {fix_id!r}")
         FIXES[fix_id].apply()
-    return sorted(ids)

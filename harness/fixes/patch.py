@@ -68,6 +68,10 @@ class Hunk:
     def applied(self) -> tuple[tuple[str, Edits], ...]:
         return getattr(self.current(), EDITS_ATTR, ())
 
+    def carries(self, fix_id: str) -> bool:
+        """The bound function has ``fix_id``'s edits."""
+        return any(who == fix_id for who, _ in self.applied())
+
     def check(self, fix_id: str) -> str:
         """The original's source, after checking it is the code this hunk was written for."""
         func = self.original()
@@ -142,7 +146,7 @@ class Fix:
     requires: tuple[str, ...] = ()  # fixes that must be applied with it (its covered cases fail without them)
 
     def applied(self) -> bool:
-        return all(any(who == self.id for who, _ in h.applied()) for h in self.hunks)
+        return all(h.carries(self.id) for h in self.hunks)
 
     def apply(self) -> None:
         """Bind the patched functions everywhere the originals are bound; a second apply changes nothing."""
@@ -151,16 +155,14 @@ class Fix:
         for hunk in self.hunks:
             hunk.check(self.id)  # all or nothing: a stale hunk refuses before any is bound
         for hunk in self.hunks:
-            stack = hunk.applied()
-            if all(who != self.id for who, _ in stack):
-                _rebind(hunk.current(), hunk.rebuilt((*stack, (self.id, hunk.edits)), self.id))
+            if not hunk.carries(self.id):
+                _rebind(hunk.current(), hunk.rebuilt((*hunk.applied(), (self.id, hunk.edits)), self.id))
 
     def revert(self) -> None:
         """Bind the functions back without this fix's edits (other fixes' stay); a fix not applied changes nothing."""
         for hunk in self.hunks:
-            stack = hunk.applied()
-            if any(who == self.id for who, _ in stack):
-                _rebind(hunk.current(), hunk.rebuilt(tuple(e for e in stack if e[0] != self.id), self.id))
+            if hunk.carries(self.id):
+                _rebind(hunk.current(), hunk.rebuilt(tuple(e for e in hunk.applied() if e[0] != self.id), self.id))
 
     def diff(self) -> str:
         """The change in upstream terms: a unified diff per hunk, paths as in the framework's source tree."""
