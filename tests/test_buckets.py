@@ -40,6 +40,19 @@ def test_messages_are_abstracted_and_the_innermost_sut_frame_found() -> None:
     assert innermost_frame("no traceback") is None
 
 
+def test_names_a_run_generates_are_abstracted_and_dtypes_kept() -> None:
+    """One bug met through another generated tensor name, temp directory or uuid is one bucket; a dtype name
+    (float8_e5m2, bfloat16) carries meaning and stays."""
+    messages = [f"Variable [ eager_tmp_{i} ] of float8_e5m2 read as int8 from {tmp} ({uid})" for i, tmp, uid in (
+        (0, "tmpab12cd_9", "3f2a9c1e-1b2c-4d5e-8f90-0123456789ab"),
+        (17, "tmpzz99yy00", "00000000-1111-2222-3333-444444444444"))]
+    assert abstract(messages[0]) == abstract(messages[1]) == \
+        "Variable [ eager_tmp_<n> ] of float8_e5m2 read as int8 from <tmp> (<id>)"
+    assert abstract("linear_3.w_0 digest 9f86d081884c7d65 bfloat16") == "linear_<n>.w_<n> digest <hex> bfloat16"
+    errors = [OpFailed("P-ROUNDTRIP", LOAD, SutError("ValueError", m)) for m in messages]
+    assert bucket_of(_case(), errors[:1]) == bucket_of(_case(), errors[1:])
+
+
 def test_one_error_is_one_bucket_whatever_the_numbers_names_and_rule() -> None:
     a = OpFailed("P-ROUNDTRIP", LOAD, SutError("KeyError", "rank 0: 'model/w' not in step-3"))
     b = OpFailed("P-NOLOSS", At(4, "load", None), SutError("KeyError", "rank 1: 'ema/x' not in step-12"))

@@ -6,8 +6,9 @@ its bucket, so properties go on looking for other bugs instead of re-finding the
 The bucket of a failure is read from its worst anomaly (the judgement's first, properties.model.verdicts.worst):
 
 * An anomaly that quotes the SUT's error (a failed op, a dead or hung rank, an error only the SUT raised): the
-  class (``error``, ``crash``, ``hang``), the exception type, the message with numbers, quoted names, hex values
-  and paths abstracted, and the innermost frame of the traceback inside a third-party package (the SUT), e.g.
+  class (``error``, ``crash``, ``hang``), the exception type, the message with numbers, quoted names, hex values,
+  paths and generated names (``eager_tmp_3``, uuids, temp names) abstracted, and the innermost frame of the
+  traceback inside a third-party package (the SUT), e.g.
   ``paddle/distributed/flex_checkpoint/dcp/reshard_comm.py:communicate``. Which rule the error broke (a lost
   acknowledged checkpoint, a listed one that does not load) does not count: the error names the bug.
 * Wrong bits (in a load, a version that is none of those saved, a resumed run) and a lost or mixed checkpoint:
@@ -47,6 +48,11 @@ _ABSTRACT = [
     (re.compile(r"(?:[A-Za-z]:)?(?:/[\w.@+-]+){2,}/?"), "<path>"),
     (re.compile(r"0x[0-9a-fA-F]+"), "<hex>"),
     (re.compile(r"'[^']*'|\"[^\"]*\"|`[^`]*`"), "<name>"),
+    # Names a run generates: uuids, digests, temp names, counters behind an underscore (eager_tmp_7, linear_3.w_0).
+    (re.compile(r"\b[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\b"), "<id>"),
+    (re.compile(r"\b(?=[0-9a-fA-F]*\d)[0-9a-fA-F]{12,}\b"), "<hex>"),
+    (re.compile(r"\btmp[a-z0-9_]{8}\b"), "<tmp>"),
+    (re.compile(r"(?<=_)\d+\b"), "<n>"),
     (re.compile(r"\b\d+(?:\.\d+)?(?:e[+-]?\d+)?\b"), "<n>"),
     (re.compile(r"\s+"), " "),
 ]
