@@ -14,7 +14,7 @@ from properties.generate.profiles import register
 
 PROFILE = register()
 # Fixtures that keep a warm rank pool across tests (closed when their scope ends): the leak guard leaves them be.
-POOL_FIXTURES = {"sut_judge", "torch_judge", "uc_judge", "virtual_sides"}
+POOL_FIXTURES = {"sut_judge", "torch_judge", "uc_judge", "virtual_sides", "warm_runners"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -93,6 +93,45 @@ def sut_judge(request: pytest.FixtureRequest):
         pytest.fail(f"--sut {name}: {exc}")
     yield judge
     judge.close()
+
+
+class WarmRunners:
+    """Rank runners kept warm across the tests of one xdist worker, by (SUT, launch, fixes): replaying the
+    regression findings and proving their fixes on warm ranks instead of a launch per case. Only the few last used
+    stay open (each holds rank processes with the framework loaded). The nightly run replays in fresh launches, as a
+    maintainer would."""
+
+    KEEP = 3
+
+    def __init__(self, fresh: bool) -> None:
+        self.fresh = fresh
+        self._open: dict[tuple[str, str, tuple[str, ...]], object] = {}
+
+    def launch(self, recorded: str) -> str:
+        """How a finding recorded with launch ``recorded`` replays here."""
+        return "pool" if recorded == "fresh" and not self.fresh else recorded
+
+    def get(self, sut: str, recorded: str = "fresh", fixes: tuple[str, ...] = ()):
+        from harness.ranks.runners import Runners
+
+        key = (sut, self.launch(recorded), tuple(fixes))
+        runners = self._open.pop(key, None) or Runners(sut, key[1], fixes=key[2])
+        self._open[key] = runners  # most recently used last
+        while len(self._open) > self.KEEP:
+            self._open.pop(next(iter(self._open))).close()
+        return runners
+
+    def close(self) -> None:
+        for runners in self._open.values():
+            runners.close()
+        self._open.clear()
+
+
+@pytest.fixture(scope="session")
+def warm_runners(request: pytest.FixtureRequest):
+    cache = WarmRunners(fresh=bool(request.config.getoption("--run-nightly")) or PROFILE == "nightly")
+    yield cache
+    cache.close()
 
 
 @pytest.fixture(autouse=True)

@@ -71,17 +71,17 @@ def _counts(reports) -> dict[str, tuple[int, int, int]]:
 
 @needs_strace
 @pytest.mark.slow
-def test_reference_passes_every_power_loss_state_of_every_shape_up_to_2_ops() -> None:
-    """CI's share: every power-loss state of every op of every shape of up to 2 ops (the crash points of those
-    shapes, and shapes of 3 ops, run nightly)."""
+def test_reference_passes_every_power_loss_state_of_one_and_two_saves() -> None:
+    """CI's share: every power-loss state of every op of the shapes S and SS (the other shapes, their crash
+    points, and shapes of 3 ops run nightly)."""
     judge = Judge(Runners("reference", "in-process"))
     try:
-        reports = explore("reference", judge.runners, 2, 2, judge, points=False)
+        reports = explore("reference", judge.runners, 2, 2, judge, points=False, only=("S", "SS"))
     finally:
         judge.close()
     counts = _counts(reports)
     print("reference, power-loss states, judged/total/failing per shape:", counts)
-    assert set(counts) == {"S", "SS", "SR", "ST"}
+    assert set(counts) == {"S", "SS"}
     for r in reports:
         assert r.control.ok and not r.errors
         assert r.total >= 50 and r.judged == r.total, (r.shape, r.row())

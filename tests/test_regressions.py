@@ -21,32 +21,33 @@ from properties.triage.known import explanations, read_known
 CASES = sorted((Path(__file__).parent / "regressions").glob("*.json"))
 
 
-def _judged(case: Case, launch: str = "fresh", attempts: int = 3) -> Judgement:
-    """The case judged in fresh processes (or, for a finding larger than real ranks here, ``launch`` "virtual"). A
-    power-loss state replays only where the ranks interleave their IO as recorded (the judge tries several runs);
-    on a loaded machine a whole attempt may miss it, so a few are made."""
+def _judged(case: Case, runners: Runners, attempts: int = 3) -> Judgement:
+    """The case judged on ``runners`` (tests/conftest.py WarmRunners: warm ranks, fresh launches nightly, virtual
+    ranks for a finding larger than real ranks here). A power-loss state replays only where the ranks interleave
+    their IO as recorded (the judge tries several runs); on a loaded machine a whole attempt may miss it, so a few
+    are made."""
     for attempt in range(attempts):
-        judge_case = Judge(Runners(case.sut, mode=launch))
+        judge_case = Judge(runners)
         try:
             return judge_case(case)[0]
         except CaseError as exc:
             if "cannot be replayed on this machine" not in str(exc) or attempt == attempts - 1:
                 raise
         finally:
-            judge_case.close()
+            judge_case.close(runners=False)
     raise AssertionError(f"no attempt made ({attempts})")
 
 
 @pytest.mark.multirank
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
-def test_finding_still_reproduces(path: Path) -> None:
+def test_finding_still_reproduces(path: Path, warm_runners) -> None:
     case, finding = read_case_file(path)
     info = REGISTRY.get(case.sut)
     if info is not None and not framework_available(info):
         how = ("its own environment (README: PaddleFormers)" if info.framework == "paddleformers"
                else f"pip install -e '.[{info.framework}]'")
         pytest.skip(f"{case.sut} needs {info.framework}: {how}")
-    judgement = _judged(case, finding.get("launch", "fresh"))
+    judgement = _judged(case, warm_runners.get(case.sut, finding.get("launch", "fresh")))
     # A racy bug may show one of several ways; each way is listed with what its failure says ("or").
     ways = [finding, *finding.get("or", [])]
     way = next((w for w in ways if judgement.verdict.value == w["verdict"]), None)

@@ -111,11 +111,8 @@ class Judge:
 
     def _smallest_fix_set(self, case: Case) -> tuple[str, ...] | None:
         def passes(fixes: tuple[str, ...]) -> bool:
-            with self.runners.patched(tuple(sorted({*self.runners.fixes, *fixes}))):
-                try:
-                    return self._judge(case)[0].ok
-                except Exception:  # the patched ranks could not run it: not proven
-                    return False
+            judged = self.judged_with(case, (*self.runners.fixes, *fixes))
+            return judged is not None and judged[0].ok
 
         kept = tuple(self.prove)
         if not (passes(kept) and passes(kept)):
@@ -124,10 +121,39 @@ class Judge:
             if self._late():  # known by every fix still kept: proven, if not the smallest set
                 break
             if fix_id in kept:
-                trial = tuple(k for k in kept if k != fix_id and fix_id not in FIXES[k].requires)
+                trial = _without(kept, fix_id)
                 if passes(trial):
                     kept = trial
         return kept or None  # passing with none of them: the failure did not recur, nothing is proven
+
+    def judged_with(self, case: Case, fixes: tuple[str, ...]) -> tuple[Judgement, Outcome] | None:
+        """The case judged with exactly these fixes applied on fresh runners; None where they could not run it."""
+        with self.runners.patched(tuple(sorted(set(fixes)))):
+            try:
+                return self._judge(case)
+            except Exception:
+                return None
+
+    def fixes_needed(self, case: Case, core: str) -> tuple[str, ...]:
+        """A failure (bucket ``core``) met with fixes applied counts as a bug of stock code only where stock code
+        fails the same way: then (). Where stock code passes twice, or fails in another bucket (a known bug met
+        first), the smallest set of the applied fixes with which it still fails: a bug they unmask, or a bug of
+        theirs; the report says which fixes."""
+        applied = tuple(self.runners.fixes)
+
+        def fails_alike(fixes: tuple[str, ...]) -> bool:
+            judged = self.judged_with(case, fixes)
+            return judged is None or (not judged[0].ok and self.bucket(case, *judged).core == core)
+
+        if not applied or fails_alike(()) or fails_alike(()):
+            return ()
+        kept = applied
+        for fix_id in applied:
+            if fix_id in kept and not self._late():
+                trial = _without(kept, fix_id)
+                if fails_alike(trial):
+                    kept = trial
+        return kept
 
     @staticmethod
     def _known(case: Case, known: str, judgement: Judgement) -> Judgement:
@@ -270,7 +296,14 @@ class Judge:
                                     "recorded; the state cannot be replayed on this machine)") from None
         raise AssertionError("unreachable")
 
-    def close(self) -> None:
-        self.runners.close()
+    def close(self, runners: bool = True) -> None:
+        """Close what the judge started, and its runners unless they are shared (``runners`` False)."""
+        if runners:
+            self.runners.close()
         if self._reference is not None:
             self._reference.close()
+
+
+def _without(fixes: tuple[str, ...], fix_id: str) -> tuple[str, ...]:
+    """``fixes`` less ``fix_id`` and the fixes that require it."""
+    return tuple(k for k in fixes if k != fix_id and fix_id not in FIXES[k].requires)
