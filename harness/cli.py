@@ -141,9 +141,13 @@ def _parser() -> argparse.ArgumentParser:
                        help="auto (default): one GPU per rank where the framework has CUDA and enough GPUs; cpu; gpu")
         p.add_argument("--nnodes", type=int, default=1,
                        help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
-        p.add_argument("--fixes", default="none", metavar="all|none|ID,...",
+        campaign = p is f  # a campaign runs past the known bugs; a replay or a crash point shows stock code
+        p.add_argument("--fixes", default="all" if campaign else "none", metavar="all|none|ID,...",
                        help="patch known bugs of the SUT's framework on every rank first (harness/fixes/; `list` "
-                       "names them): all, none (default), or fix ids (with the fixes each requires)")
+                       f"names them): all{' (default)' if campaign else ''}, none{'' if campaign else ' (default)'}, "
+                       "or fix ids (with the fixes each requires)" + (
+                           "; a failure met with fixes applied is replayed on stock code, and the report names "
+                           "the fixes it needs where stock code passes" if campaign else ""))
     fl = sub.add_parser("fleet", help="run a plan of campaigns (shards) as Ray tasks and merge their results "
                         "(docs/fleet.md; needs the fleet extra)")
     fl.add_argument("--plan", type=Path, required=True, help="the plan: TOML, [fleet] and [[shard]] "

@@ -182,7 +182,8 @@ def test_a_campaign_counts_a_patched_pass_as_known_not_new(tmp_path: Path, monke
     monkeypatch.setitem(FIXES, flip.id, flip)
     monkeypatch.setattr(buggy.FlipsLastElementSut, "framework", "tests")  # the SUT's framework: its fixes are tried
     argv = ["fuzz", "--sut", "tests.suts.buggy:FlipsLastElementSut", "--ranks", "2", "--time", "120", "--cases", "3",
-            "--out", str(tmp_path / "out"), "--property", "P-ROUNDTRIP", "--seed", "1", "--launch", "in-process"]
+            "--out", str(tmp_path / "out"), "--property", "P-ROUNDTRIP", "--seed", "1", "--launch", "in-process",
+            "--fixes", "none"]
     assert main(argv) == 0, capsys.readouterr()
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     (known,) = summary["buckets"]
@@ -190,6 +191,33 @@ def test_a_campaign_counts_a_patched_pass_as_known_not_new(tmp_path: Path, monke
     assert summary["known_findings_skipped"] == {"fixed by test-flip": known["cases"]}
     assert "known by a patched replay, fixed by test-flip" in (tmp_path / "out" / "report.md").read_text()
     assert main([*argv, "--no-known"]) == 1  # no signatures, no proofs: the same bug is new
+
+
+def test_a_campaign_runs_past_fixed_bugs_and_names_the_fixes_a_new_bug_needs(tmp_path: Path, monkeypatch,
+                                                                              capsys) -> None:
+    """By default a campaign applies every fix of the SUT's framework: the fixed bug never fires. A failure met
+    with fixes applied is replayed on stock code; where stock code passes (here: a fix that breaks loads), the
+    finding names the smallest set of fixes it needs."""
+    flipped = "                flat[-1] ^= np.array(1, dtype=flat.dtype)\n"
+    flip = _test_fix("test-flip", buggy.FlipsLastElementSut, flipped, "                pass\n")
+    loaded = "        out = super().load(root, name, targets, options=options)\n"
+    bad = _test_fix("test-bad", buggy.FlipsLastElementSut, loaded,
+                    loaded + "        if out:\n            raise ValueError('broken by a fix')\n")
+    monkeypatch.setattr(buggy.FlipsLastElementSut, "framework", "tests")
+    argv = ["fuzz", "--sut", "tests.suts.buggy:FlipsLastElementSut", "--ranks", "2", "--time", "120", "--cases", "2",
+            "--property", "P-ROUNDTRIP", "--seed", "1", "--launch", "in-process"]
+    monkeypatch.setitem(FIXES, flip.id, flip)
+    assert main([*argv, "--out", str(tmp_path / "fixed")]) == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "fixed" / "summary.json").read_text())
+    assert summary["fixes"] == ["test-flip"] and summary["buckets"] == []
+    monkeypatch.setitem(FIXES, bad.id, bad)
+    assert main([*argv, "--out", str(tmp_path / "broken")]) == 1, capsys.readouterr()
+    summary = json.loads((tmp_path / "broken" / "summary.json").read_text())
+    (new,) = summary["buckets"]
+    assert new["status"] == "new (only with fixes test-bad)" and "broken by a fix" in new["title"], new
+    (finding,) = (tmp_path / "broken" / "findings").glob("*.json")
+    data = json.loads(finding.read_text())
+    assert data["needs_fixes"] == ["test-bad"] and sorted(data["fixes"]) == ["test-bad", "test-flip"]
 
 
 PROOFS = sorted((fix_id, stem) for fix_id, fix in FIXES.items() for stem in fix.covers)
@@ -202,16 +230,17 @@ def _ways(finding: dict) -> list[str]:
 @needs_paddle
 @pytest.mark.multirank
 @pytest.mark.parametrize(("fix_id", "stem"), PROOFS, ids=[f"{f}:{s}" for f, s in PROOFS])
-def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str) -> None:
+def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runners) -> None:
     """Its proof: the case fails on stock code (tests/test_regressions.py) and passes with the fix and what it
-    requires, in fresh rank processes as a maintainer would run it. A case whose bug is set off by another known bug
-    (a failed load poisoning the next) may still fail with that other bug's own failure, never with its own."""
+    requires, on patched warm ranks (fresh rank processes nightly, as a maintainer would run it). A case whose bug is
+    set off by another known bug (a failed load poisoning the next) may still fail with that other bug's own
+    failure, never with its own."""
     case, finding = read_case_file(REGRESSIONS / f"{stem}.json")
-    judge_case = Judge(Runners(case.sut, mode=finding.get("launch", "fresh"), fixes=resolve(fix_id)))
+    judge_case = Judge(warm_runners.get(case.sut, finding.get("launch", "fresh"), resolve(fix_id)))
     try:
         judgement = judge_case(case)[0]
     finally:
-        judge_case.close()
+        judge_case.close(runners=False)
     details = "\n".join(judgement.details)
     assert not any(e in details for e in _ways(finding)), f"{stem} with {fix_id}: still its own bug\n{details}"
     others = [e for p in REGRESSIONS.glob("*.json") if p.stem != stem for e in _ways(json.loads(p.read_text()))]

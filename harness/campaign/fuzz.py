@@ -294,6 +294,10 @@ def _found(run: _Run, turn: _Turn) -> list[Finding]:
                  for finding in found]
         for finding in found:
             finding.confirmed_real = _confirm_real(run, finding)
+    if run.judge_case.runners.fixes:
+        for finding in found:
+            assert finding.bucket is not None
+            finding.needs_fixes = run.judge_case.fixes_needed(finding.case, finding.bucket.core)
     return found
 
 

@@ -30,6 +30,9 @@ class Finding:
     # real ranks are launched for here); None: found on real ranks.
     confirmed_real: str | None = None
     io_map: dict | None = None  # a fault finding judged at every crash point of its op: the crash-point map
+    # Found with fixes applied (--fixes): () where stock code fails the same way too; else the fixes without which
+    # it passes (a bug they unmask, or a bug of theirs). None: no fixes were applied.
+    needs_fixes: tuple[str, ...] | None = None
 
 
 @dataclass

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+from harness.fixes import FIXES
 from harness.ranks.forkserver import ForkServer
 from harness.ranks.inprocess import InProcessRunner
 from harness.ranks.pool import RankPool
@@ -121,9 +122,14 @@ class Runners:
     def patched(self, fixes: tuple[str, ...]) -> Iterator[Runners]:
         """Cases run with these fixes instead (harness.fixes): a patched replay proving a failure known. The
         runners and spares started meanwhile are closed on the way out: no patched pool outlives it, and an
-        in-process runner takes its patches back."""
+        in-process runner takes its patches back. In-process, the fixes this process carries and ``fixes`` lacks
+        are lifted meanwhile (a replay on stock code), and put back after."""
         before, self.fixes = self.fixes, fixes
         kept, spared = set(self._runners), set(self._spares)
+        lifted = [FIXES[f] for f in before if f not in fixes and FIXES[f].applied()] if self.mode == "in-process" \
+            else []
+        for fix in reversed(lifted):
+            fix.revert()
         try:
             yield self
         finally:
@@ -131,6 +137,8 @@ class Runners:
             for runner in [r for k, r in self._runners.items() if k not in kept]:
                 self.discard(runner)
             self._close_spares([k for k in self._spares if k not in spared])
+            for fix in lifted:
+                fix.apply()
 
     def waiting(self) -> AbstractContextManager[Runners]:
         """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""

@@ -40,6 +40,7 @@ def finding_json(finding: Finding, replay: str, fixes: list[str] | None = None) 
         **({"confirmed_real": finding.confirmed_real} if finding.confirmed_real is not None else {}),
         **({"io_map": finding.io_map} if finding.io_map else {}),
         **({"fixes": list(fixes)} if fixes else {}),
+        **({"needs_fixes": list(finding.needs_fixes)} if finding.needs_fixes is not None else {}),
     }
 
 
@@ -159,8 +160,7 @@ def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
     """Every root-cause bucket the campaign met: the new ones (one shrunk finding each, how many cases fell in
     them, which properties) and the known ones (the regression case that explains them, as FINDINGS.md lists
     it)."""
-    out = [{"bucket": r["bucket"], "status": "new" + (f" (real ranks: {r['confirmed_real']})"
-                                                      if "confirmed_real" in r else ""), "title": r["bucket_title"],
+    out = [{"bucket": r["bucket"], "status": _new_status(r), "title": r["bucket_title"],
             "cases": campaign.bucket_hits.get(r["bucket"], 1),
             "properties": sorted(campaign.bucket_props.get(r["bucket"], {r["property"]})), "replay": r["replay"],
             "swarm_left_out": r.get("swarm_left_out", []), "core": r.get("bucket_core"),
@@ -170,6 +170,15 @@ def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
            for r in rows]
     out += [_known_row(name, n) for name, n in sorted(campaign.known.items())]
     return out
+
+
+def _new_status(row: dict) -> str:
+    """A new bucket's status: where its finding was confirmed on real ranks, and whether it fails on stock code
+    or only with some of the fixes applied."""
+    notes = [f"real ranks: {row['confirmed_real']}"] if "confirmed_real" in row else []
+    if row.get("needs_fixes"):
+        notes.append(f"only with fixes {', '.join(row['needs_fixes'])}")
+    return "new" + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _known_row(name: str, cases: int) -> dict:
