@@ -15,9 +15,9 @@ FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the
 
 def _load() -> dict[str, Fix]:
     fixes: dict[str, Fix] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name != "patch":
-            fix = importlib.import_module(f"{__name__}.{info.name}").FIX
+    for info in pkgutil.walk_packages(__path__, f"{__name__}."):
+        if not info.ispkg and info.name != f"{__name__}.patch":
+            fix = importlib.import_module(info.name).FIX
             fixes[fix.id] = fix
     return dict(sorted(fixes.items()))
 

@@ -1,0 +1,1 @@
+"""Fixes of bugs met when a checkpoint is loaded: version resolution, unflattening, resharding reads."""

@@ -1,0 +1,1 @@
+"""Fixes of bugs met when a checkpoint is saved: async snapshots, metadata, what each rank writes."""
