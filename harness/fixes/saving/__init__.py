@@ -1,1 +1,2 @@
-"""Fixes of bugs met when a checkpoint is saved: async snapshots, metadata, what each rank writes."""
+"""Fixes of bugs met when a checkpoint is saved: async snapshots, metadata, what each rank writes. Each module
+imports only harness.fixes.patch."""
