@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from harness.judging.fidelity import differences, run_side
+from harness.judging.fidelity import differences, run_side, run_sides
 from harness.judging.judge import Judge
 from harness.ranks.runners import Runners
 from harness.sut import adapter_class
@@ -47,8 +47,7 @@ def _cases(props: tuple[str, ...], ranks: int) -> st.SearchStrategy[Case]:
 
 
 def _same(sides, case: Case) -> None:
-    real, virtual = sides
-    assert differences(run_side(case, real), run_side(case, virtual)) == []
+    assert differences(*run_sides(case, *sides)) == []
 
 
 _SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "phases": [Phase.explicit, Phase.generate],
@@ -224,7 +223,7 @@ def test_a_dead_group_fails_later_ops_as_real_gloo_does(virtual_sides) -> None:
     case = Case.from_json(json.loads((Path(__file__).parent / "fidelity_cases" / "dead-group-later-ops.json")
                                      .read_text()))
     with real.waiting(), virtual.waiting():
-        real_side, virtual_side = run_side(case, real), run_side(case, virtual)
+        real_side, virtual_side = run_sides(case, real, virtual)
     assert differences(real_side, virtual_side) == []
     last = virtual_side.records[-1]
     assert "pair.cc" in last.errors[0][1] and last.errors[1][1] == last.errors[2][1] == \

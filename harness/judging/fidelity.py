@@ -45,10 +45,12 @@ class Side:
     files: dict[str, Any] = field(default_factory=dict)  # relative path -> file_form
 
 
-def run_side(case: Case, runners: RunnerSet) -> Side:
-    """Run ``case`` on ``runners`` in a fresh directory and keep its records and files."""
+def run_side(case: Case, runners: RunnerSet, at: Path | None = None) -> Side:
+    """Run ``case`` on ``runners`` in a fresh directory and keep its records and files. ``at``: the folder to run
+    it in (emptied after), so two sides can run one after the other under the same path: the SUT may order its
+    work by hashes of the paths it reads (which of two broken tensors a load names first)."""
     outcome = Outcome(sut=case.sut, launch_mode=runners.mode)
-    tmp = Path(tempfile.mkdtemp(prefix="ckh-fid-"))
+    tmp = at if at is not None else Path(tempfile.mkdtemp(prefix="ckh-fid-"))
     root = tmp / "ckpt"
     root.mkdir()
     try:
@@ -58,8 +60,17 @@ def run_side(case: Case, runners: RunnerSet) -> Side:
         records = [_normalised(rec, final) for rec in outcome.records]
         return Side(records, files)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(root if at is not None else tmp, ignore_errors=True)
         runners.after_case()
+
+
+def run_sides(case: Case, real: RunnerSet, virtual: RunnerSet) -> tuple[Side, Side]:
+    """The case on real ranks, then on virtual ones, under one path."""
+    tmp = Path(tempfile.mkdtemp(prefix="ckh-fid-"))
+    try:
+        return run_side(case, real, tmp), run_side(case, virtual, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def normalise(text: str, root: Path) -> str:

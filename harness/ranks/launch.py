@@ -40,6 +40,9 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env["PYTHONPATH"] = rank_pythonpath(env.get("PYTHONPATH"))
     env.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off on shared GPU machines
     env.setdefault("GLOG_minloglevel", "2")
+    # One hash seed for every launched process: where the SUT orders its work by a set of names, a case replays the
+    # same way each time, and real and virtual ranks agree on it.
+    env.setdefault("PYTHONHASHSEED", "0")
     # Paddle's NCCL groups give up after PADDLE_PG_TIMEOUT ms (default 30 min): well inside the harness's op bound
     # instead, so a rank left in a collective raises rather than being killed at the bound (gloo: fixed 30 s).
     env.setdefault("PADDLE_PG_TIMEOUT", str(COLLECTIVE_TIMEOUT_MS))
