@@ -1,0 +1,47 @@
+"""A resharding load broadcasts each chunk in its own dtype, but gloo carries neither int16 nor float8 (it exits the
+rank, in C++) and CPU Paddle has no float8 ``zeros_like`` for the receive buffer. Such chunks travel as a view of a
+same-width dtype gloo carries (int16 as float16, float8 as uint8), which shares their bits and memory."""
+
+from harness.fixes.patch import Fix, Hunk
+
+FIX = Fix(
+    id="paddle-dcp-broadcast-wire-dtype",
+    kind="workaround",
+    framework="paddle",
+    version="3.3.1",
+    summary="BroadcastCommunicator.communicate: no gloo int16/float8, no CPU float8 zeros_like; send same-width views",
+    hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "BroadcastCommunicator.communicate",
+                "747df7945b980b9f", (
+        ("        total_task_len = len(comm_tasks)\n",
+         "        total_task_len = len(comm_tasks)\n"
+         "        # gloo carries neither int16 nor float8 (the rank exits) and CPU has no\n"
+         "        # float8 zeros_like: such chunks travel as a same-width dtype gloo carries.\n"
+         "        wire_dtypes = {\n"
+         "            \"int16\": paddle.float16,\n"
+         "            \"float8_e4m3fn\": paddle.uint8,\n"
+         "            \"float8_e5m2\": paddle.uint8,\n"
+         "        }\n"
+         "\n"
+         "        def on_the_wire(tensor):\n"
+         "            wire = wire_dtypes.get(str(tensor.dtype).split(\".\")[-1])\n"
+         "            return tensor if wire is None else tensor.view(wire)\n"
+         "\n"),
+        ("                    src_tensor = source_tensors[(tensor_name, item.file_name)]\n",
+         "                    src_tensor = on_the_wire(\n"
+         "                        source_tensors[(tensor_name, item.file_name)]\n"
+         "                    )\n"),
+        ("                    dst_tensor = destination_tensors[\n"
+         "                        (tensor_name, cur_rank, item.dst_global_offset)\n"
+         "                    ]\n",
+         "                    dst_tensor = on_the_wire(\n"
+         "                        destination_tensors[\n"
+         "                            (tensor_name, cur_rank, item.dst_global_offset)\n"
+         "                        ]\n"
+         "                    )\n"),
+        ("                    buffer_tensor = paddle.zeros(item.slice_shape, item.dtype)\n",
+         "                    buffer_tensor = paddle.zeros(\n"
+         "                        item.slice_shape, wire_dtypes.get(item.dtype, item.dtype)\n"
+         "                    )\n"),
+    )),),
+    covers=("paddle-dcp-int16-reshard-kills-rank", "paddle-dcp-fp8-broadcast-timeout"),
+)
