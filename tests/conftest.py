@@ -98,24 +98,31 @@ def sut_judge(request: pytest.FixtureRequest):
 class WarmRunners:
     """Rank runners kept warm across the tests of one xdist worker, by (SUT, launch, fixes): replaying the
     regression findings and proving their fixes on warm ranks instead of a launch per case. Only the few last used
-    stay open (each holds rank processes with the framework loaded). The nightly run replays in fresh launches, as a
-    maintainer would."""
+    stay open (each holds rank processes with the framework loaded); a new one forks its ranks from one fork server
+    per SUT once a real launch taught it the shape. The nightly run replays in fresh launches, as a maintainer
+    would."""
 
     KEEP = 3
 
     def __init__(self, fresh: bool) -> None:
         self.fresh = fresh
         self._open: dict[tuple[str, str, tuple[str, ...]], object] = {}
+        self._forks: dict[str, object] = {}  # per SUT: one fork server for the runner sets of every fix set
 
     def launch(self, recorded: str) -> str:
         """How a finding recorded with launch ``recorded`` replays here."""
         return "pool" if recorded == "fresh" and not self.fresh else recorded
 
     def get(self, sut: str, recorded: str = "fresh", fixes: tuple[str, ...] = ()):
+        from harness.ranks.forkserver import ForkServer
         from harness.ranks.runners import Runners
 
         key = (sut, self.launch(recorded), tuple(fixes))
-        runners = self._open.pop(key, None) or Runners(sut, key[1], fixes=key[2])
+        runners = self._open.pop(key, None)
+        if runners is None:
+            forks = self._forks.setdefault(sut, ForkServer(sut)) if key[1] == "pool" else None
+            runners = Runners(sut, key[1], fixes=key[2], forks=forks)
+            runners.fork_pools = forks is not None
         self._open[key] = runners  # most recently used last
         while len(self._open) > self.KEEP:
             self._open.pop(next(iter(self._open))).close()
@@ -125,6 +132,9 @@ class WarmRunners:
         for runners in self._open.values():
             runners.close()
         self._open.clear()
+        for forks in self._forks.values():
+            forks.close()
+        self._forks.clear()
 
 
 @pytest.fixture(scope="session")

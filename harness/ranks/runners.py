@@ -31,7 +31,7 @@ class Runners:
     """Runners by (world size, setup options), created on demand and reused across cases (warm)."""
 
     def __init__(self, sut: str, mode: str = "pool", op_timeout: float = OP_TIMEOUT, *, device: str = "auto",
-                 nnodes: int = 1, fixes: tuple[str, ...] = ()) -> None:
+                 nnodes: int = 1, fixes: tuple[str, ...] = (), forks: ForkServer | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown launch mode {mode!r}; known: {', '.join(MODES)}")
         if device not in DEVICES:
@@ -64,8 +64,13 @@ class Runners:
         self.fast_failures = False
         # Exploring (fuzzing, warm passes), a lost pool is replaced by ranks forked from a process that has the
         # framework imported, told by the first real launch what its ranks get (harness.ranks.forkserver); replays under
-        # the strict rules and everything else launch for real.
-        self.forks = ForkServer(sut) if mode in ("pool", "virtual") else None
+        # the strict rules and everything else launch for real. ``forks``: a fork server shared with other runner
+        # sets (of other fixes), which its owner closes.
+        self._owns_forks = forks is None
+        self.forks = forks if forks is not None else ForkServer(sut) if mode in ("pool", "virtual") else None
+        # fork_pools: every pool after the first real launch of its shape is forked, exploring or not (a test suite
+        # replaying many findings on warm ranks; fresh launches are its nightly run).
+        self.fork_pools = False
 
     def get(self, world: int, options: dict, launched: bool = False, fault_case: bool = False) -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids).
@@ -90,7 +95,8 @@ class Runners:
             nodes = self.nnodes if world % self.nnodes == 0 else 1  # a world too small to split runs on one node
             runner = (InProcessRunner(self.sut, world, setup) if in_process
                       else VirtualPool(self.sut, world, setup, forks=self.forks) if virtual
-                      else RankPool(self.sut, world, setup, nnodes=nodes, forks=self.forks, fork=self.exploring))
+                      else RankPool(self.sut, world, setup, nnodes=nodes, forks=self.forks,
+                                     fork=self.exploring or self.fork_pools))
             runner.replacement = key in self._keys_launched
             self._keys_launched.add(key)
             self._runners[key] = runner
@@ -236,7 +242,7 @@ class Runners:
         self._close_spares()
         for runner in list(self._runners.values()):
             self.discard(runner)
-        if self.forks is not None:
+        if self.forks is not None and self._owns_forks:
             self.forks.close()
 
 
