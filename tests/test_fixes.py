@@ -20,6 +20,7 @@ from harness.ranks.runners import Runners
 from harness.sut import REGISTRY, framework_available
 from properties.model.case import Case, read_case_file
 from properties.model.verdicts import Excuse
+from properties.triage.known import explanations, read_known
 from tests.suts import buggy
 
 REGRESSIONS = Path(__file__).parent / "regressions"
@@ -244,4 +245,8 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
     details = "\n".join(judgement.details)
     assert not any(e in details for e in _ways(finding)), f"{stem} with {fix_id}: still its own bug\n{details}"
     others = [e for p in REGRESSIONS.glob("*.json") if p.stem != stem for e in _ways(json.loads(p.read_text()))]
-    assert judgement.ok or any(e in details for e in others), f"{stem} with {fix_id}: another failure\n{details}"
+    # Another known bug the fixed case goes on to meet may show one of its racy ways (which rank's failure is seen
+    # first): its signature recognises it where its expect text does not.
+    known = explanations(read_known(REGRESSIONS), case.sut, judgement) or []
+    assert judgement.ok or any(e in details for e in others) or (known and f"{stem}.json" not in known), \
+        f"{stem} with {fix_id}: another failure\n{details}"
