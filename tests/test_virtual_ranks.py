@@ -46,8 +46,18 @@ def _cases(props: tuple[str, ...], ranks: int) -> st.SearchStrategy[Case]:
     return st.sampled_from(props).flatmap(lambda p: property_cases(p, SUT, ranks, CAPS, worlds="drawn"))
 
 
-def _same(sides, case: Case) -> None:
-    assert differences(*run_sides(case, *sides)) == []
+def _same(sides, case: Case, real_runs: int = 4) -> None:
+    """No difference between the sides, unless real ranks show it against themselves: where the SUT is not
+    deterministic (safetensors' loader yields a file's tensors from a Rust HashMap, so which of two broken tensors
+    a load names first varies per process), the virtual side must match one of up to ``real_runs`` real runs."""
+    real, virtual = sides
+    first, other = run_sides(case, real, virtual)
+    found = differences(first, other)
+    if found:
+        runs = [first, *(run_side(case, real) for _ in range(real_runs - 1))]
+        if any(differences(first, again) for again in runs[1:]):  # the SUT's own nondeterminism
+            found = min((differences(r, other) for r in runs), key=len)
+    assert found == []
 
 
 _SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "phases": [Phase.explicit, Phase.generate],
