@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("replay", help="re-run one case or finding file, or a standalone repro folder (its run.sh, "
                        "without the harness); exit 1 if the failure reproduces")
     r.add_argument("case", type=Path)
+    r.add_argument("--with-fix", action="store_true", help="a repro folder only: run it with its candidate fix "
+                   "(run.sh --with-fix); exit 0 when the fix makes every launch pass, 1 when not")
     r.add_argument("--launch", choices=MODES, default="fresh")
     r.add_argument("--op-timeout", type=float, default=120.0)
     c = sub.add_parser("crashpoints", help="kill a save at every syscall it makes (or, with --states, lose power in "
@@ -167,6 +169,9 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--no-simplify", dest="simplify", action="store_false",
                    help="write the case as it is (no simpler variants tried)")
     w.add_argument("--no-verify", dest="verify", action="store_false", help="do not run the written script")
+    w.add_argument("--candidate-only", action="store_true", help="OUT is the case's repro already written: give it "
+                   "today's candidate fix (fix.py, fix.diff, run.sh --with-fix, REPORT.md) and run it with the fix, "
+                   "without writing or verifying the repro again")
     listing = sub.add_parser("list", help="SUTs, properties and faults")
     for p in (f, r, c, fl, w, listing):  # also after the command; SUPPRESS: an absent one keeps the top-level value
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -330,7 +335,10 @@ def _read_case(path: Path):
 
 def _replay(args: argparse.Namespace) -> int:
     if args.case.is_dir():
-        return _check_repro(args.case)
+        return _check_repro(args.case, args.with_fix)
+    if args.with_fix:
+        raise HarnessError(f"{args.case}: --with-fix runs a repro folder (one written by `ckpt-harness repro`); for a "
+                           "case file use --fixes")
     case, _ = _read_case(args.case)
     judge_case = Judge(_runners(args, case.sut))
     try:
@@ -351,6 +359,8 @@ def _repro(args: argparse.Namespace) -> int:
     from harness.repro import make_repro
 
     _read_case(args.case)  # a malformed file is the user's error, said in one line
+    if args.candidate_only:
+        return _refresh_candidate(args)
     summary = make_repro(args.case, args.out, simplify_first=args.simplify, verify=args.verify)
     if "unsupported" in summary:
         print(f"{args.case}: no standalone script: the case uses {summary['unsupported']}; wrote {args.out}/REPORT.md")
@@ -362,13 +372,37 @@ def _repro(args: argparse.Namespace) -> int:
     return 0 if summary["standalone_verified"] or not args.verify else 1
 
 
-def _check_repro(folder: Path) -> int:
-    from harness.repro import check_repro
+def _refresh_candidate(args: argparse.Namespace) -> int:
+    """Exit 0 when the repro has a candidate fix and runs clean with it (or was not asked to run), 1 when not."""
+    from harness.repro import refresh_candidate
 
     try:
-        result = check_repro(folder)
+        summary = refresh_candidate(args.case, args.out, verify=args.verify)
+    except (FileNotFoundError, ValueError) as exc:
+        raise HarnessError(str(exc)) from None
+    fix = summary.get("fix")
+    if not fix:
+        print(f"{args.case}: no known fix covers it; {args.out}/REPORT.md says none")
+        return 1
+    ran = fix.get("with_fix")
+    state = "not run" if ran is None else f"run.sh --with-fix: {ran['how']} (exit {ran['status']})"
+    print(f"{args.out}: candidate fix {', '.join(fix['ids'])}; {state}")
+    return 0 if ran is None or ran["passed"] else 1
+
+
+def _check_repro(folder: Path, with_fix: bool = False) -> int:
+    from harness.repro import check_fix, check_repro
+
+    try:
+        result = check_fix(folder) if with_fix else check_repro(folder)
     except FileNotFoundError as exc:
         raise HarnessError(str(exc)) from None
+    if with_fix:
+        print(f"{folder}: with its candidate fix: {result.how} (exit {result.status})")
+        for line in result.output.splitlines():
+            if line.startswith(("BUG", "EXPECTED", "ACTUAL", "STALE FIX")):
+                print(f"  {line}")
+        return 0 if result.shown else 1
     print(f"{folder}: {'reproduces' if result.shown else 'does not reproduce'} standalone ({result.how}, exit "
           f"{result.status})")
     for line in result.output.splitlines():

@@ -250,3 +250,67 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
     known = explanations(read_known(REGRESSIONS), case.sut, judgement) or []
     assert judgement.ok or any(e in details for e in others) or (known and f"{stem}.json" not in known), \
         f"{stem} with {fix_id}: another failure\n{details}"
+
+
+PROBE = """
+import inspect, json, sys, textwrap
+sys.path.insert(0, sys.argv[1])
+import fix
+from harness.fixes.rebind import target
+originals = {(m, q): target(m, q)[2] for m, q, _, _ in fix.PATCHES}
+fix.apply()
+fix.apply()
+held = [f"{name}.{attr}" for name, module in list(sys.modules.items()) for attr, value in
+        list(getattr(module, "__dict__", {}).items()) if any(value is o for o in originals.values())]
+print(json.dumps({"held": held, "patched": {f"{m}.{q}": textwrap.dedent(inspect.getsource(target(m, q)[2]))
+                                            for m, q in originals}}))
+"""
+
+
+@needs_paddle
+def test_a_fix_file_binds_what_the_harness_binds_and_refuses_when_stale(tmp_path: Path) -> None:
+    """A repro's fix.py (harness/fixes/script.py), run without the harness's fixes, binds the very functions the
+    harness's ranks run, every holder included (two fixes of one function stack), and a stale one stops the run."""
+    import subprocess
+    import textwrap
+
+    from harness.fixes.script import fix_script
+
+    ids = resolve("paddle-dcp-failed-load-clears-metadata,paddle-dcp-unflatten-world-of-one")
+    (tmp_path / "fix.py").write_text(fix_script([FIXES[i] for i in ids], "a test's fix"))
+    run = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.splitlines()[-1])
+    assert got["held"] == []  # no module still holds an original
+    try:
+        apply_fixes(ids)
+        for fix_id in ids:
+            for hunk in FIXES[fix_id].hunks:
+                want = hunk.patched_source(hunk.applied(), fix_id)
+                assert got["patched"][f"{hunk.module}.{hunk.qualname}"] == textwrap.dedent(want)
+    finally:
+        for fix_id in ids:
+            FIXES[fix_id].revert()
+    text = (tmp_path / "fix.py").read_text()
+    (tmp_path / "fix.py").write_text(text.replace(repr(FIXES[ids[0]].hunks[0].digest), repr("0" * 16), 1))
+    stale = subprocess.run([sys.executable, "-c", "import fix; fix.apply()"], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=120)
+    assert stale.returncode == 3 and "STALE FIX" in stale.stdout and "expected 0000000000000000" in stale.stdout
+
+
+def test_a_recompiled_function_keeps_its_modules_annotations() -> None:
+    """Annotations a module leaves unevaluated (``from __future__ import annotations``) stay unevaluated in the
+    recompiled function, and a module without it gets them evaluated, as the framework's own compile did."""
+    from harness.fixes.rebind import compiled
+
+    lazy_source = "def _lazy_annotated(x: NoSuchName) -> int:\n    return 1\n"
+    lazy = compiled(_lazy_annotated, lazy_source, sys.modules[__name__], "<t>")
+    assert lazy(0) == 1 and lazy.__annotations__["x"] == "NoSuchName"
+    eager = compiled(Path.exists, "def exists(self) -> bool:\n    return True\n", Path, "<t>")
+    assert eager.__annotations__["return"] is bool
+    with pytest.raises(NameError):
+        compiled(Path.exists, lazy_source.replace("_lazy_annotated", "exists"), Path, "<t>")
+
+
+def _lazy_annotated(x: int) -> int:
+    return x

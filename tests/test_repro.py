@@ -373,6 +373,60 @@ def test_a_repro_the_harness_fails_to_write_never_costs_the_campaigns_results(tm
     assert "the harness failed writing it" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not framework_available(REGISTRY["paddle-dcp"]), reason="a diff reads paddle")
+def test_a_repro_gets_its_candidate_fix_once(tmp_path: Path) -> None:
+    """A repro written before its bug's fix existed gets it (repro --candidate-only): fix.py and fix.diff beside the
+    script, run.sh's --with-fix and repro.py's hook each once however often it is refreshed, and REPORT.md's
+    "Candidate fix" with the patch and the other rows the fix resolves; a finding no fix covers gets none."""
+    import shutil
+
+    from harness.fixes import FIXES, covering
+    from harness.repro import refresh_candidate
+
+    stem = "paddle-dcp-version-cache"
+    data = json.loads((REGRESSIONS / f"{stem}.json").read_text())
+    shutil.copy(REGRESSIONS / f"{stem}.json", tmp_path / f"{stem}.json")
+    folder = shutil.copytree(REGRESSIONS / data["repro"], tmp_path / "repro")
+    for name in ("fix.py", "fix.diff"):
+        (folder / name).unlink(missing_ok=True)
+    for _ in range(2):
+        summary = refresh_candidate(tmp_path / f"{stem}.json", folder, verify=False)
+    (own,) = summary["fix"]["own"]
+    assert summary["fix"]["ids"] == list(covering(stem)) and stem in FIXES[own].covers
+    run_text, script = (folder / "run.sh").read_text(), (folder / "repro.py").read_text()
+    assert run_text.count("--with-fix") == 2 and script.count("fix.apply()") == 1  # run.sh: its comment, its test
+    report = (folder / "REPORT.md").read_text()
+    assert "## Candidate fix" in report and f"`{own}`" in report and (folder / "fix.diff").read_text() in report
+    assert all(f"`{s}`" in report for s in FIXES[own].covers if s != stem)
+    assert "PATCHES = [" in (folder / "fix.py").read_text()
+
+    other = "paddle-save-resave-crash-mixes-versions"  # a row no fix covers
+    if not covering(other):
+        shutil.copy(REGRESSIONS / f"{other}.json", tmp_path / f"{other}.json")
+        bare = shutil.copytree(REGRESSIONS / json.loads((REGRESSIONS / f"{other}.json").read_text())["repro"],
+                               tmp_path / "bare")
+        assert "fix" not in refresh_candidate(tmp_path / f"{other}.json", bare, verify=False)
+        assert not (bare / "fix.py").exists() and "Candidate fix" not in (bare / "REPORT.md").read_text()
+
+
+def test_a_report_offers_the_fix_and_says_when_it_does_not_pass() -> None:
+    from harness.repro.report import report_md
+
+    fix = {"ids": ["a-first", "b-own"], "own": ["b-own"], "kinds": {"a-first": "fix", "b-own": "workaround"},
+           "summaries": {"a-first": "first this", "b-own": "then that"}, "written_against": ["paddle 3.3.1"],
+           "resolves": ["row-two"],
+           "with_fix": {"passed": False, "how": "failed", "status": 1, "output": "BUG: step 2: it still fails"}}
+    summary = {"source": "row-one.json", "sut": "paddle-dcp", "verdict": "data-loss", "fix": fix,
+               "standalone_verified": True, "how": "marked", "status": 1, "launches": [], "output": "BUG: x"}
+    report = report_md(summary, {"property": "P-ROUNDTRIP"}, "--- a/x.py\n+++ b/x.py\n")
+    section = report.split("## Candidate fix", 1)[1]
+    assert "`a-first` (needed first" in section and "- `b-own`: a workaround" in section
+    assert "`row-two`" in section and "```diff\n--- a/x.py\n+++ b/x.py\n```" in section
+    assert "does not pass (failed, exit status 1)" in section and "BUG: step 2: it still fails" in section
+    fix["with_fix"] = {"passed": True, "how": "passed", "status": 0}
+    assert "it exits 0 with the fix" in report_md(summary, {}, "d")
+
+
 def test_every_open_row_says_whether_it_has_a_verified_repro() -> None:
     listed = (REGRESSIONS.parent.parent / "FINDINGS.md").read_text()
     for path in CASES:
@@ -387,8 +441,9 @@ def test_every_open_row_says_whether_it_has_a_verified_repro() -> None:
 @pytest.mark.parametrize("path", _ci_share(WITH_REPRO))
 def test_standalone_repro_still_reproduces(path: Path) -> None:
     """Each verified repro, run as its reader runs it (bash run.sh, fresh processes, no harness), still shows the bug
-    at the reported step; the day it passes, upstream fixed it: its row moves to "Fixed upstream"."""
-    from harness.repro import check_repro
+    at the reported step, and ``run.sh --with-fix`` passes where it has a candidate fix; the day plain run.sh passes,
+    upstream fixed it: its row moves to "Fixed upstream"."""
+    from harness.repro import check_fix, check_repro
 
     data = json.loads(path.read_text())
     info = REGISTRY[data["sut"]]
@@ -396,3 +451,6 @@ def test_standalone_repro_still_reproduces(path: Path) -> None:
         pytest.skip(f"{data['sut']} needs {info.framework}")
     result = check_repro(path.parent / data["repro"])
     assert result.shown, f"{result.how} (exit {result.status}):\n{result.output[-3000:]}"
+    if (path.parent / data["repro"] / "fix.py").is_file():  # and its candidate fix makes every launch pass
+        fixed = check_fix(path.parent / data["repro"])
+        assert fixed.shown, f"run.sh --with-fix: {fixed.how} (exit {fixed.status}):\n{fixed.output[-3000:]}"

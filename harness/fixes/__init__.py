@@ -8,7 +8,7 @@ import pkgutil
 
 from harness.fixes.patch import Fix, FixError
 
-__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "resolve"]
+__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "covering", "resolve"]
 
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 
@@ -16,7 +16,7 @@ FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the
 def _load() -> dict[str, Fix]:
     fixes: dict[str, Fix] = {}
     for info in pkgutil.walk_packages(__path__, f"{__name__}."):
-        if not info.ispkg and info.name != f"{__name__}.patch":
+        if not info.ispkg and info.name.count(".") > __name__.count(".") + 1:  # a stage's module, not the machinery
             fix = importlib.import_module(info.name).FIX
             fixes[fix.id] = fix
     return dict(sorted(fixes.items()))
@@ -43,6 +43,12 @@ def resolve(spec: str | None, framework: str | None = None) -> tuple[str, ...]:
             closed.append(fix_id)
             wanted.extend(FIXES[fix_id].requires)
     return tuple(sorted(closed))
+
+
+def covering(stem: str) -> tuple[str, ...]:
+    """The fixes whose proof is the regression case ``stem``, with the fixes they require: its candidate fix."""
+    own = [i for i, f in FIXES.items() if stem in f.covers]
+    return resolve(",".join(own)) if own else ()
 
 
 def apply_fixes(ids: tuple[str, ...] | list[str]) -> None:

@@ -12,17 +12,14 @@ copy module state, forked ranks and repeated applies all see one truth.
 from __future__ import annotations
 
 import difflib
-import hashlib
 import importlib
 import inspect
-import linecache
-import sys
-import textwrap
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from harness.fixes.rebind import compiled, rebind, source_digest, target
 
 KINDS = ("fix", "workaround", "detector")
 EDITS_ATTR = "__ckpt_fixes__"  # on a patched function: ((fix id, edits), ...) in the order they were applied
@@ -35,11 +32,6 @@ class FixError(Exception):
     """A fix that cannot be applied here: unknown, or written against other code (stale)."""
 
 
-def source_digest(text: str) -> str:
-    """The first 16 hex digits of the sha256 of a function's source, as ``inspect.getsource`` gives it."""
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 @dataclass(frozen=True)
 class Hunk:
     """Edits of one function; ``digest`` is the source they were written against. Several fixes may edit one
@@ -50,16 +42,8 @@ class Hunk:
     digest: str
     edits: Edits
 
-    def target(self) -> tuple[object, str, Callable]:
-        """Where the function is bound in its own module (the module or the class), its name, and the function."""
-        owner: object = importlib.import_module(self.module)
-        *path, name = self.qualname.split(".")
-        for part in path:
-            owner = getattr(owner, part)
-        return owner, name, inspect.getattr_static(owner, name)
-
     def current(self) -> Callable:
-        return self.target()[2]
+        return target(self.module, self.qualname)[2]
 
     def original(self) -> Callable:
         func = self.current()
@@ -92,23 +76,19 @@ class Hunk:
         original = self.original()
         if not stack:
             return original
-        source = self.check(fix_id)
-        for who, edits in stack:
-            source = _edited(source, edits, who, f"{self.module}.{self.qualname}")
-        patched = textwrap.dedent(source)
-        # A method calling super() closes over its class: it is compiled inside a function that binds __class__.
-        body = textwrap.indent(patched, "    ")
-        factory = f"def __ckpt_factory__(__class__):\n{body}    return {original.__name__}\n"
-        ids = "+".join(who for who, _ in stack)
-        filename = f"<ckpt-harness fix {ids}: {self.module}.{self.qualname}>"
-        linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)  # readable tracebacks
-        namespace: dict = {}
-        exec(compile(factory, filename, "exec"), original.__globals__, namespace)
-        func = namespace["__ckpt_factory__"](self.target()[0])
-        func.__qualname__, func.__module__ = original.__qualname__, original.__module__
+        source = self.patched_source(stack, fix_id)
+        filename = f"<ckpt-harness fix {'+'.join(who for who, _ in stack)}: {self.module}.{self.qualname}>"
+        func = compiled(original, source, target(self.module, self.qualname)[0], filename)
         setattr(func, EDITS_ATTR, stack)
         setattr(func, ORIGINAL_ATTR, original)
         return func
+
+    def patched_source(self, stack: tuple[tuple[str, Edits], ...], fix_id: str) -> str:
+        """The original's source with ``stack``'s edits, in order."""
+        source = self.check(fix_id)
+        for who, edits in stack:
+            source = _edited(source, edits, who, f"{self.module}.{self.qualname}")
+        return source
 
     def upstream_diff(self, root: Path, fix_id: str) -> str:
         """The hunk as a unified diff of the source file, its path relative to the framework's package parent."""
@@ -156,53 +136,15 @@ class Fix:
             hunk.check(self.id)  # all or nothing: a stale hunk refuses before any is bound
         for hunk in self.hunks:
             if not hunk.carries(self.id):
-                _rebind(hunk.current(), hunk.rebuilt((*hunk.applied(), (self.id, hunk.edits)), self.id))
+                rebind(hunk.current(), hunk.rebuilt((*hunk.applied(), (self.id, hunk.edits)), self.id))
 
     def revert(self) -> None:
         """Bind the functions back without this fix's edits (other fixes' stay); a fix not applied changes nothing."""
         for hunk in self.hunks:
             if hunk.carries(self.id):
-                _rebind(hunk.current(), hunk.rebuilt(tuple(e for e in hunk.applied() if e[0] != self.id), self.id))
+                rebind(hunk.current(), hunk.rebuilt(tuple(e for e in hunk.applied() if e[0] != self.id), self.id))
 
     def diff(self) -> str:
         """The change in upstream terms: a unified diff per hunk, paths as in the framework's source tree."""
         root = Path(importlib.import_module(self.framework).__file__ or "").parent.parent
         return "".join(h.upstream_diff(root, self.id) for h in self.hunks)
-
-
-def _rebind(old: Callable, new: Callable) -> None:
-    """Every module attribute and class attribute that is ``old`` becomes ``new``."""
-    for namespace in _namespaces():
-        for name, value in list(namespace.items()):
-            if value is old:
-                _set(namespace, name, new)
-
-
-def _namespaces() -> Iterator[dict]:
-    """The dicts of every loaded module and of the classes defined in them."""
-    for module in list(sys.modules.values()):
-        if not isinstance(module, types.ModuleType):
-            continue
-        try:
-            namespace = vars(module)
-        except TypeError:
-            continue
-        yield namespace
-        for value in list(namespace.values()):
-            if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
-                yield _ClassNamespace(value)
-
-
-class _ClassNamespace(dict):
-    """A class's attributes, read as a dict and written through ``setattr`` (a mappingproxy is read-only)."""
-
-    def __init__(self, cls: type) -> None:
-        super().__init__(vars(cls))
-        self.cls = cls
-
-
-def _set(namespace: dict, name: str, value: object) -> None:
-    if isinstance(namespace, _ClassNamespace):
-        setattr(namespace.cls, name, value)
-    else:
-        namespace[name] = value

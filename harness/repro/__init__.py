@@ -17,14 +17,15 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from harness.repro.render import emitter, repro_py, run_sh
+from harness.repro.candidate import write_candidate
+from harness.repro.render import WITH_FIX, WITH_FIX_ARG, emitter, repro_py, run_sh
 from harness.repro.report import report_md
 from harness.repro.scripted_case import ReproUnsupported, check_supported, script_case
 from harness.repro.simplify import judged, simplify
-from harness.repro.verify import Verification, judge_run, run_repro
+from harness.repro.verify import Verification, judge_fixed_run, judge_run, run_repro
 from properties.model.case import Case, Op, read_case_file
 
-__all__ = ["ReproUnsupported", "check_repro", "make_repro"]
+__all__ = ["ReproUnsupported", "check_fix", "check_repro", "make_repro", "refresh_candidate"]
 
 
 
@@ -42,6 +43,9 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"source": _shown_path(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
     kept: list[str] = []
+    fix = write_candidate(out, path.stem, _title(path, finding, case))
+    if fix:
+        summary["fix"] = fix
     try:
         emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
         check_supported(case)
@@ -59,8 +63,8 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
                          corruptions=corruptions)
         title = _title(path, finding, case)
         source = f"ckpt-harness finding {path.name}"
-        (out / "repro.py").write_text(repro_py(scripted, title, source), encoding="utf-8")
-        (out / "run.sh").write_text(run_sh(scripted), encoding="utf-8")
+        (out / "repro.py").write_text(repro_py(scripted, title, source, with_fix=bool(fix)), encoding="utf-8")
+        (out / "run.sh").write_text(run_sh(scripted, with_fix=bool(fix)), encoding="utf-8")
         os.chmod(out / "run.sh", 0o755)
         summary.update(phases=len(scripted.phases), ranks=scripted.max_world, case=case.to_json(),
                        launches=[[phase.world, [step.label for step in phase.steps]] for phase in scripted.phases])
@@ -76,8 +80,14 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     if result is not None:
         summary.update(result.to_json())
         summary["output"] = portable(_excerpt(result.output))
+        if fix:
+            fixed = check_fix(out)
+            fix["with_fix"] = {"passed": fixed.shown, "how": fixed.how, "status": fixed.status}
+            if not fixed.shown:
+                fix["with_fix"]["output"] = portable(_excerpt(fixed.output))
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    (out / "REPORT.md").write_text(report_md(summary, finding), encoding="utf-8")
+    diff = (out / "fix.diff").read_text(encoding="utf-8") if fix else ""
+    (out / "REPORT.md").write_text(report_md(summary, finding, diff), encoding="utf-8")
     if update_finding and finding:
         finding["repro"] = os.path.relpath(out, path.parent)
         finding["standalone_verified"] = summary["standalone_verified"]
@@ -96,6 +106,51 @@ def check_repro(folder: Path, verdict: str | None = None, step: int | None = Non
     status, output = run_repro(folder, int(meta.get("phases", 1)))
     return judge_run(status, output, verdict or meta.get("verdict", ""), step if step is not None else meta.get("step"),
                      meta.get("ways", ()) if ways is None else ways)
+
+
+def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
+    """Give the existing repro folder ``out`` of the finding or case at ``path`` today's candidate fix (fix.py,
+    fix.diff, run.sh --with-fix, REPORT.md's section), run with it unless not ``verify``, without simplifying or
+    re-verifying the bug itself: for repros written before their bug's fix was. The updated repro.json is
+    returned."""
+    case, finding = read_case_file(path)
+    if not (out / "repro.json").is_file():
+        raise FileNotFoundError(f"{out}: no repro.json (write the repro first: ckpt-harness repro)")
+    summary = json.loads((out / "repro.json").read_text(encoding="utf-8"))
+    summary.pop("fix", None)
+    fix = write_candidate(out, path.stem, _title(path, finding, case))
+    if fix and (out / "run.sh").is_file():
+        _insert_once(out / "repro.py", "from collections import namedtuple\n", WITH_FIX)
+        _insert_once(out / "run.sh", 'cd "$(dirname "$0")"\n', WITH_FIX_ARG)
+        if verify:
+            fixed = check_fix(out)
+            fix["with_fix"] = {"passed": fixed.shown, "how": fixed.how, "status": fixed.status}
+            if not fixed.shown:
+                fix["with_fix"]["output"] = portable(_excerpt(fixed.output))
+    if fix:
+        summary["fix"] = fix
+    (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    diff = (out / "fix.diff").read_text(encoding="utf-8") if fix else ""
+    (out / "REPORT.md").write_text(report_md(summary, finding, diff), encoding="utf-8")
+    return summary
+
+
+def _insert_once(path: Path, after: str, text: str) -> None:
+    """``text`` after the first ``after`` line of a written script, unless it is there already."""
+    body = path.read_text(encoding="utf-8")
+    if text not in body:
+        if after not in body:
+            raise ValueError(f"{path}: no {after.strip()!r} line to put the fix's hook after (not a written repro?)")
+        path.write_text(body.replace(after, after + text, 1), encoding="utf-8")
+
+
+def check_fix(folder: Path) -> Verification:
+    """Run an existing repro folder with its candidate fix (``bash run.sh --with-fix``, fresh processes): shown when
+    every launch exits 0."""
+    if not (folder / "fix.py").is_file():
+        raise FileNotFoundError(f"{folder}: no fix.py (no known fix covers this finding)")
+    meta = json.loads((folder / "repro.json").read_text(encoding="utf-8")) if (folder / "repro.json").is_file() else {}
+    return judge_fixed_run(*run_repro(folder, int(meta.get("phases", 1)), with_fix=True))
 
 
 def reported_op(details: tuple[str, ...] | list[str], words: str = "") -> int | None:

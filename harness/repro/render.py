@@ -232,7 +232,25 @@ def emitter(sut: str) -> ModuleType:
     return importlib.import_module(f"{__package__}.{EMITTERS[sut]}")
 
 
-def repro_py(scripted: ScriptedCase, title: str, source: str) -> str:
+# repro.py's hook for ``run.sh --with-fix``: at import, so writer processes the framework spawns (which import this
+# file again) run with the fix too.
+WITH_FIX = """
+if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
+    import fix
+
+    fix.apply()
+"""
+
+# run.sh's reading of its argument; the launches inherit REPRO_WITH_FIX.
+WITH_FIX_ARG = """# bash run.sh --with-fix: the same, with the candidate fix (fix.py; fix.diff as a patch) applied.
+if [ "${1:-}" = "--with-fix" ]; then  # the candidate fix (fix.py) in every process: then it exits 0
+  export REPRO_WITH_FIX=1
+fi
+"""
+
+
+def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = False) -> str:
+    """The script; ``with_fix``: the folder has a candidate fix (fix.py) that ``run.sh --with-fix`` applies."""
     module = emitter(scripted.sut)
     text = module.TEXT
     dtypes = {p.dtype for table in scripted.tables.values() for pieces in table.values() for p in pieces.values()}
@@ -242,6 +260,7 @@ def repro_py(scripted: ScriptedCase, title: str, source: str) -> str:
         'bug is there; every rank exits 0 once it is fixed.\n"""\n',
         text.IMPORTS,
         "from collections import namedtuple\n",
+        WITH_FIX if with_fix else "",
         "ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank\n",
         module.settings(scripted),
         text.carriers(dtypes),
@@ -356,8 +375,9 @@ def launch_bound(scripted: ScriptedCase) -> int:
     return STEP_TIMEOUT_S if op_timeout is None else min(STEP_TIMEOUT_S, START_S + 2 * int(op_timeout))
 
 
-def run_sh(scripted: ScriptedCase) -> str:
-    """Each phase a launch of fresh processes into one checkpoint directory; the first that fails ends the run."""
+def run_sh(scripted: ScriptedCase, with_fix: bool = False) -> str:
+    """Each phase a launch of fresh processes into one checkpoint directory; the first that fails ends the run.
+    ``with_fix``: ``run.sh --with-fix`` runs it with the candidate fix."""
     bound = launch_bound(scripted)
     lines = [
         "#!/usr/bin/env bash",
@@ -367,6 +387,7 @@ def run_sh(scripted: ScriptedCase) -> str:
         f"# 124 when a launch hangs (bounded at {bound} s).",
         "set -u",
         'cd "$(dirname "$0")"',
+        *([WITH_FIX_ARG.rstrip("\n")] if with_fix else []),
         'WORK=$(mktemp -d)',
         "trap 'rm -rf \"$WORK\"' EXIT",
         'export TMPDIR="$WORK"  # temporary files of the launchers and frameworks go with it',

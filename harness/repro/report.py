@@ -8,6 +8,8 @@ import re
 from importlib import metadata
 from pathlib import Path
 
+from harness.repro.candidate import KIND_MEANS
+
 DISTRIBUTIONS = {"paddle-dcp": ("paddlepaddle",), "paddle-save": ("paddlepaddle",),
                  "torch-dcp": ("torch",), "paddleformers-uc": ("paddleformers", "paddlepaddle")}
 
@@ -24,7 +26,8 @@ def versions(sut: str) -> str:
     return ", ".join(found)
 
 
-def report_md(summary: dict, finding: dict) -> str:
+def report_md(summary: dict, finding: dict, diff: str = "") -> str:
+    """The report; ``diff``: the candidate fix's patch (fix.diff), shown under "Candidate fix"."""
     stem = Path(summary["source"]).stem
     title = f"[{summary['sut']}] {finding.get('property', '')} {summary.get('verdict', '')}: {stem}"
     cause = finding.get("note") or finding.get("why") or ""
@@ -47,7 +50,31 @@ def report_md(summary: dict, finding: dict) -> str:
                       + "; ".join(summary["simplified"]) + ".", ""]
     if cause:
         lines += ["## Likely cause", "", _with_sources(cause), ""]
+    if summary.get("fix"):
+        lines += _candidate(summary["fix"], diff)
     return "\n".join(lines)
+
+
+def _candidate(fix: dict, diff: str) -> list[str]:
+    """The fix the harness proved on this bug: what it is, what else it resolves, and whether the repro passes with
+    it; then the patch."""
+    own = fix.get("own") or fix["ids"]
+    lines = ["## Candidate fix", ""]
+    for fix_id in fix["ids"]:
+        role = "" if fix_id in own else " (needed first: without it the fixed code meets another known bug)"
+        lines.append(f"- `{fix_id}`{role}: {KIND_MEANS[fix['kinds'][fix_id]]}. {fix['summaries'][fix_id]}.")
+    lines.append("")
+    if fix.get("resolves"):
+        lines += ["The same change also resolves: " + ", ".join(f"`{s}`" for s in fix["resolves"]) + ".", ""]
+    checked = fix.get("with_fix")
+    shown = ("not run" if checked is None else "exits 0" if checked["passed"]
+             else f"does not pass ({checked['how']}, exit status {checked['status']})")
+    lines += [f"Written against {', '.join(fix['written_against'])}. `bash run.sh --with-fix` applies it (`fix.py`) in "
+              f"every process of the run: it {shown} with the fix, while plain `bash run.sh` shows the bug. `fix.diff` "
+              "is the same change as a patch of the framework's source:", "", "```diff", diff.rstrip("\n"), "```", ""]
+    if checked and not checked["passed"] and checked.get("output"):
+        lines += ["With the fix, the run printed:", "", "```", checked["output"], "```", ""]
+    return lines
 
 
 def _steps(launches: list) -> str:

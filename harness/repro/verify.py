@@ -29,13 +29,14 @@ class Verification:
         return {"standalone_verified": self.shown, "how": self.how, "status": self.status}
 
 
-def run_repro(folder: Path, phases: int, timeout: float | None = None) -> tuple[int, str]:
-    """(exit status, output) of ``bash run.sh`` in ``folder``, its whole process tree killed at the bound."""
+def run_repro(folder: Path, phases: int, timeout: float | None = None, with_fix: bool = False) -> tuple[int, str]:
+    """(exit status, output) of ``bash run.sh`` (``--with-fix``: with the candidate fix) in ``folder``, its whole
+    process tree killed at the bound."""
     bound = timeout if timeout is not None else phases * (STEP_TIMEOUT_S + 10) + SLACK_S
     env = child_env()
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # "python" is this one
-    proc = subprocess.Popen(["bash", "run.sh"], cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(["bash", "run.sh", *(["--with-fix"] if with_fix else [])], cwd=folder, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=bound)
     except subprocess.TimeoutExpired:
@@ -45,6 +46,14 @@ def run_repro(folder: Path, phases: int, timeout: float | None = None) -> tuple[
     finally:
         kill_tree(proc)
     return proc.returncode, out.decode("utf-8", "replace")
+
+
+def judge_fixed_run(status: int, output: str) -> Verification:
+    """Does the run with the candidate fix pass? Every launch must exit 0: a hang, a stale fix (fix.py says the
+    framework's source is not what it was written against) or any failure says the fix does not fix it here.
+    ``shown`` is True when the fix is shown to work."""
+    how = "stale-fix" if "STALE FIX:" in output else {0: "passed", 124: "hang"}.get(status, "failed")
+    return Verification(status == 0, how, status, output)
 
 
 def judge_run(status: int, output: str, verdict: str, step: int | None = None,

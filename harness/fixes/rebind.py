@@ -1,0 +1,83 @@
+"""Putting a recompiled function where the framework holds the original: found by module and qualified name, compiled
+in the original's own globals, bound by identity across every loaded module and class (a function imported by name
+lives in several modules). Standard library only, and no ``__future__`` import: a standalone repro's ``fix.py``
+carries this module's text, so a maintainer's run applies a fix exactly as the harness's ranks do."""
+
+import __future__
+
+import hashlib
+import importlib
+import inspect
+import linecache
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Iterator
+
+
+def source_digest(text: str) -> str:
+    """The first 16 hex digits of the sha256 of a function's source, as ``inspect.getsource`` gives it."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def target(module: str, qualname: str) -> tuple[object, str, Callable]:
+    """Where the function is bound in its own module (the module or the class), its name, and the function."""
+    owner: object = importlib.import_module(module)
+    *path, name = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name, inspect.getattr_static(owner, name)
+
+
+def compiled(original: Callable, source: str, owner: object, filename: str) -> Callable:
+    """``source`` (the function's whole text) compiled in ``original``'s module globals, so it sees what the original
+    sees. A method calling super() closes over its class: it is compiled inside a function that binds ``__class__``
+    to ``owner``. It is compiled under the original's own ``__future__`` annotations, so annotations the module leaves
+    unevaluated stay so. ``filename`` names it in tracebacks, which show its lines."""
+    body = textwrap.indent(textwrap.dedent(source), "    ")
+    factory = f"def __ckpt_factory__(__class__):\n{body}    return {original.__name__}\n"
+    linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
+    namespace: dict = {}
+    lazy = original.__code__.co_flags & __future__.annotations.compiler_flag
+    exec(compile(factory, filename, "exec", flags=lazy, dont_inherit=True), original.__globals__, namespace)
+    func = namespace["__ckpt_factory__"](owner)
+    func.__qualname__, func.__module__ = original.__qualname__, original.__module__
+    return func
+
+
+def rebind(old: Callable, new: Callable) -> None:
+    """Every module attribute and class attribute that is ``old`` becomes ``new``."""
+    for namespace in _namespaces():
+        for name, value in list(namespace.items()):
+            if value is old:
+                _set(namespace, name, new)
+
+
+def _namespaces() -> Iterator[dict]:
+    """The dicts of every loaded module and of the classes defined in them."""
+    for module in list(sys.modules.values()):
+        if not isinstance(module, types.ModuleType):
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        yield namespace
+        for value in list(namespace.values()):
+            if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
+                yield _ClassNamespace(value)
+
+
+class _ClassNamespace(dict):
+    """A class's attributes, read as a dict and written through ``setattr`` (a mappingproxy is read-only)."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__(vars(cls))
+        self.cls = cls
+
+
+def _set(namespace: dict, name: str, value: object) -> None:
+    if isinstance(namespace, _ClassNamespace):
+        setattr(namespace.cls, name, value)
+    else:
+        namespace[name] = value

@@ -1,0 +1,42 @@
+"""A repro's candidate fix: the known fix whose proof is the finding's regression case (with the fixes it requires),
+written beside the script as ``fix.py`` (what ``run.sh --with-fix`` applies) and ``fix.diff`` (the same change as a
+patch of the framework's source), and described in REPORT.md with the other rows it resolves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harness.fixes import FIXES, covering
+from harness.fixes.patch import Fix
+from harness.fixes.script import fix_script
+
+KIND_MEANS = {
+    "fix": "a fix of the root cause",
+    "workaround": "a workaround: the root cause lies where a Python patch cannot reach (C++, a collective backend, a "
+                  "file format), so the patch steers around it",
+    "detector": "a detector: it does not repair the bug but turns its silent or hanging outcome into the same typed "
+                "error on every rank",
+}
+
+
+def candidate_fixes(stem: str) -> list[Fix]:
+    """The regression case ``stem``'s fixes, those required first; none for a finding no known fix covers."""
+    return [FIXES[i] for i in covering(stem)]
+
+
+def write_candidate(out: Path, stem: str, title: str) -> dict | None:
+    """``out``/fix.py and fix.diff for ``stem``'s candidate fix, and what REPORT.md says of it; None without one."""
+    fixes = candidate_fixes(stem)
+    if not fixes:
+        for name in ("fix.py", "fix.diff"):
+            (out / name).unlink(missing_ok=True)
+        return None
+    (out / "fix.py").write_text(fix_script(fixes, title.splitlines()[0]), encoding="utf-8")
+    (out / "fix.diff").write_text("".join(f.diff() for f in fixes), encoding="utf-8")
+    own = [f for f in fixes if stem in f.covers]
+    return {"ids": [f.id for f in fixes],
+            "own": [f.id for f in own],
+            "kinds": {f.id: f.kind for f in fixes},
+            "summaries": {f.id: f.summary for f in fixes},
+            "written_against": sorted({f"{f.framework} {f.version}" for f in fixes}),
+            "resolves": sorted({s for f in own for s in f.covers} - {stem})}
