@@ -5,6 +5,7 @@ diff, and makes the regression cases it covers pass (its proof), in fresh rank p
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import inspect
 import json
 import sys
@@ -26,6 +27,15 @@ from tests.suts import buggy
 REGRESSIONS = Path(__file__).parent / "regressions"
 PADDLE = framework_available(REGISTRY["paddle-dcp"])
 needs_paddle = pytest.mark.skipif(not PADDLE, reason="needs paddle: pip install -e '.[paddle]'")
+
+
+def _per_fix(values: list, fix_of=lambda v: v, ids: list[str] | None = None) -> list:
+    """Parameters each skipped where its fix's framework is not installed (PaddleFormers' fixes run in its own
+    environment: README, PaddleFormers)."""
+    return [pytest.param(*(v if isinstance(v, tuple) else (v,)), id=None if ids is None else ids[n],
+                         marks=pytest.mark.skipif(importlib.util.find_spec(FIXES[fix_of(v)].framework) is None,
+                                                  reason=f"needs {FIXES[fix_of(v)].framework}"))
+            for n, v in enumerate(values)]
 
 
 def _holders(func: object) -> list[str]:
@@ -65,8 +75,7 @@ def test_resolve_spells_out_requirements() -> None:
         resolve("paddle-dcp-flatten-0d,no-such-fix")
 
 
-@needs_paddle
-@pytest.mark.parametrize("fix_id", sorted(FIXES))
+@pytest.mark.parametrize("fix_id", _per_fix(sorted(FIXES)))
 def test_a_fix_binds_everywhere_is_idempotent_and_reverts(fix_id: str) -> None:
     fix = FIXES[fix_id]
     originals = [h.current() for h in fix.hunks]
@@ -121,8 +130,7 @@ def test_a_stale_fix_refuses_and_says_why() -> None:
     assert not fix.applied() and not stale.applied()
 
 
-@needs_paddle
-@pytest.mark.parametrize("fix_id", sorted(FIXES))
+@pytest.mark.parametrize("fix_id", _per_fix(sorted(FIXES)))
 def test_a_fix_reads_as_an_upstream_diff(fix_id: str) -> None:
     diff = FIXES[fix_id].diff()
     files = [line for line in diff.splitlines() if line.startswith("+++ b/")]
@@ -228,18 +236,19 @@ def _ways(finding: dict) -> list[str]:
     return [w["expect"] for w in (finding, *finding.get("or", []))]
 
 
-@needs_paddle
 @pytest.mark.multirank
-@pytest.mark.parametrize(("fix_id", "stem"), PROOFS, ids=[f"{f}:{s}" for f, s in PROOFS])
+@pytest.mark.parametrize(("fix_id", "stem"), _per_fix(PROOFS, lambda p: p[0], [f"{f}:{s}" for f, s in PROOFS]))
 def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runners) -> None:
     """Its proof: the case fails on stock code (tests/test_regressions.py) and passes with the fix and what it
     requires, on patched warm ranks (fresh rank processes nightly, as a maintainer would run it). A case whose bug is
     set off by another known bug (a failed load poisoning the next) may still fail with that other bug's own
-    failure, never with its own."""
+    failure, never with its own. A fault case's fault must have fired, else its op's crash points are judged."""
     case, finding = read_case_file(REGRESSIONS / f"{stem}.json")
     judge_case = Judge(warm_runners.get(case.sut, finding.get("launch", "fresh"), resolve(fix_id)))
     try:
-        judgement = judge_case(case)[0]
+        judgement, outcome = judge_case(case)
+        if case.fault is not None and not (outcome.fault or {}).get("fired"):
+            _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}")
     finally:
         judge_case.close(runners=False)
     details = "\n".join(judgement.details)
@@ -250,6 +259,23 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
     known = explanations(read_known(REGRESSIONS), case.sut, judgement) or []
     assert judgement.ok or any(e in details for e in others) or (known and f"{stem}.json" not in known), \
         f"{stem} with {fix_id}: another failure\n{details}"
+
+
+def _every_crash_point_passes(case: Case, judge_case: Judge, label: str, sample: int = 6) -> None:
+    """A fault case whose fault never fired with the fix proves nothing by passing: the fixed save no longer makes
+    the faulted call (it writes no lock file, it renames a temporary). The crash is then proven fixed where it can
+    still happen: the fault op killed at crash points spread over every call it makes (``sample`` of them), each
+    judged with the fix; at least one must fire and every one must pass."""
+    from faults import strace
+    from harness.judging.fault_runs import crashpoints
+
+    if not strace.available():
+        pytest.skip("the fault no longer fires with the fix; its crash points need strace")
+    results = crashpoints(case, judge_case, sample=sample)
+    assert any(r.report.get("fired") for r in results), f"{label}: no crash point of op {case.fault.op} fired"
+    failing = [f"{r.description}: {r.judgement.details[:1] if r.judgement else r.error}" for r in results
+               if r.judgement is None or not r.judgement.ok]
+    assert not failing, f"{label}: the fault never fired; crash points of its op fail:\n" + "\n".join(failing)
 
 
 PROBE = """
