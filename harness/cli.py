@@ -160,6 +160,9 @@ def _parser() -> argparse.ArgumentParser:
                     "summary.json, report.md, report.html)")
     fl.add_argument("--address", default=None, help="join this Ray cluster (default: start one on this machine for "
                     "the night and shut it down afterwards)")
+    fl.add_argument("--fixes", default="all", metavar="all|none|ID,...",
+                    help="each shard's fuzz --fixes where the plan gives it none (default all: campaigns run past "
+                    "the known bugs)")
     fl.add_argument("--corpus", type=Path, default=None, metavar="DIR",
                     help="every shard reads this corpus; what they learn is folded back into it")
     w = sub.add_parser("repro", help="write a standalone reproduction (repro.py, run.sh, REPORT.md) of a finding or "
@@ -289,7 +292,7 @@ def _fleet(args: argparse.Namespace) -> int:
 
     if args.time <= 0:
         raise HarnessError("--time must be positive")
-    plan = read_plan(args.plan)
+    plan = read_plan(args.plan, args.fixes)
     summary = run_fleet(plan, args.time, args.out, args.address, args.corpus, on_event=print_line)
     fleet = summary["fleet"]
     print(f"{len(summary['shards'])} shard runs, {sum(summary['cases_run'].values())} cases, {fleet['wall_s']} s; "

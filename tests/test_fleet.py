@@ -137,6 +137,8 @@ def test_a_shard_killed_mid_run_is_reported_and_retried(tmp_path: Path, capsys) 
         ("[[shard]]\nsut = 'reference'\nseeds = [1]\ncolour = 'red'\n", "unknown field 'colour'"),
         ("[[shard]]\nsut = 'reference'\nseeds = [1, 1]\n", "appears twice"),
         ("[fleet]\nretries = -1\n[[shard]]\nsut = 'reference'\nseeds = [1]\n", "field 'retries'"),
+        ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfixes = 'no-such-fix'\n", "field 'fixes': unknown fixes"),
+        ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfixes = 1\n", "field 'fixes': expected 'all', 'none'"),
     ],
 )
 def test_a_bad_plan_is_one_line_exit_2(tmp_path: Path, capsys, plan: str | None, message: str) -> None:
@@ -156,6 +158,18 @@ def test_the_example_plan_is_valid() -> None:
     plan = read_plan(Path(__file__).resolve().parent.parent / "examples" / "nightly-cpu.toml")
     assert len(plan.runs) >= 2 and {r.sut for r in plan.runs} >= {"reference", "paddle-dcp"}
     assert all(r.ranks == 2 and r.device == "cpu" for r in plan.runs)
+
+
+def test_a_shard_runs_with_its_own_fixes_or_the_fleets(tmp_path: Path) -> None:
+    from harness.fixes import FIXES
+    from harness.fleet.plan import read_plan
+
+    some = next(iter(FIXES))
+    plan = _plan(tmp_path / "plan.toml", [{"sut": "paddle-dcp", "seeds": [1], "fixes": some},
+                                          {"sut": "paddle-dcp", "name": "stock", "seeds": [1]}])
+    argvs = [r.fuzz_argv(10, "out") for r in read_plan(plan, fixes="none").runs]
+    assert [a[a.index("--fixes") + 1] for a in argvs] == [some, "none"]
+    assert read_plan(plan).runs[1].fixes == "all"  # a campaign's default
 
 
 def test_without_ray_the_fleet_is_one_line_exit_2(tmp_path: Path, capsys, monkeypatch) -> None:

@@ -17,6 +17,7 @@ properties = []      # default: fuzz's default set (with the fault properties wh
 seeds = [1, 2]       # one shard run per seed, each its own campaign
 cpus = 1             # CPUs the shard reserves (default 1)
 time = 300           # optional: this shard's seconds instead of --time
+fixes = "all"        # optional: fuzz --fixes for this shard (all | none | ids), instead of fleet --fixes
 ```
 """
 
@@ -28,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.fixes import FixError, resolve
 from harness.ranks.runners import DEVICES, MODES
 from harness.sut import REGISTRY
 from properties import registry as catalogue
@@ -39,7 +41,7 @@ else:  # Python 3.10: the fleet extra installs tomli, tomllib's origin
 
 FLEET_KEYS = {"slack": float, "retries": int}
 SHARD_KEYS = ("name", "sut", "ranks", "device", "launch", "faults", "properties", "seeds", "cpus", "time",
-              "op_timeout")
+              "op_timeout", "fixes")
 _EXTERNAL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 DEFAULT_SLACK = 120.0
@@ -65,6 +67,7 @@ class ShardRun:
     cpus: float
     time: float | None
     op_timeout: float | None
+    fixes: str = "all"  # fuzz --fixes
 
     def gpus(self) -> int:
         """GPUs to reserve on one node: one per rank for a GPU shard (docs/gpu.md)."""
@@ -73,7 +76,8 @@ class ShardRun:
     def fuzz_argv(self, seconds: float, out: str) -> list[str]:
         """The ordinary ``fuzz`` command this shard is (its corpus flags are added by the shard runner)."""
         argv = ["fuzz", "--sut", self.sut, "--ranks", str(self.ranks), "--time", str(self.time or seconds),
-                "--out", out, "--seed", str(self.seed), "--launch", self.launch, "--device", self.device]
+                "--out", out, "--seed", str(self.seed), "--launch", self.launch, "--device", self.device,
+                "--fixes", self.fixes]
         for prop in self.properties:
             argv += ["--property", prop]
         if self.faults:
@@ -91,8 +95,9 @@ class Plan:
     retries: int = 1
 
 
-def read_plan(path: Path) -> Plan:
-    """Parse and check a plan file; every problem is a ``PlanError`` naming where it is."""
+def read_plan(path: Path, fixes: str = "all") -> Plan:
+    """Parse and check a plan file; every problem is a ``PlanError`` naming where it is. ``fixes``: the shards'
+    ``fuzz --fixes`` where a shard names none."""
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -117,7 +122,7 @@ def read_plan(path: Path) -> Plan:
     runs: list[ShardRun] = []
     names: set[str] = set()
     for n, raw in enumerate(shards):
-        for run in _shard(path, n, raw):
+        for run in _shard(path, n, raw, fixes):
             if run.id in names:
                 raise PlanError(f"{path}: shard {n}: shard run {run.id!r} appears twice (names and seeds must differ)")
             names.add(run.id)
@@ -125,7 +130,7 @@ def read_plan(path: Path) -> Plan:
     return Plan(path, tuple(runs), slack, retries)
 
 
-def _shard(path: Path, n: int, raw: Any) -> list[ShardRun]:
+def _shard(path: Path, n: int, raw: Any, fixes: str) -> list[ShardRun]:
     if not isinstance(raw, dict):
         raise PlanError(f"{path}: shard {n}: must be a table")
     where = f"{path}: shard {n}" + (f" ({raw['name']!r})" if isinstance(raw.get("name"), str) else "")
@@ -162,8 +167,20 @@ def _shard(path: Path, n: int, raw: Any) -> list[ShardRun]:
     time = None if time is None else _number(time, f"{where}: field 'time'", low=1.0)
     op_timeout = raw.get("op_timeout")
     op_timeout = None if op_timeout is None else _number(op_timeout, f"{where}: field 'op_timeout'", low=1.0)
+    fixes = _fixes(raw.get("fixes", fixes), f"{where}: field 'fixes'")
     return [ShardRun(f"{name}-{seed}", name, sut, ranks, device, launch, faults, tuple(props), seed, cpus, time,
-                     op_timeout) for seed in seeds]
+                     op_timeout, fixes) for seed in seeds]
+
+
+def _fixes(value: Any, where: str) -> str:
+    """A ``--fixes`` value every shard run will accept: all, none or known fix ids."""
+    if not isinstance(value, str):
+        raise PlanError(f"{where}: expected 'all', 'none' or fix ids separated by commas, got {value!r}")
+    try:
+        resolve(value)
+    except FixError as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    return value
 
 
 def _choice(value: Any, allowed: tuple[str, ...], where: str) -> str:
