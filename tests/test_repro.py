@@ -23,14 +23,15 @@ CASES = sorted(REGRESSIONS.glob("*.json"))
 WITH_REPRO = [p for p in CASES if json.loads(p.read_text()).get("standalone_verified")]
 
 
-def _ci_share(paths: list[Path]) -> list:
+def _ci_share(paths: list[Path], kind_of=lambda data: (data["sut"], data["verdict"])) -> list:
     """Every verified repro, run as its reader runs it, takes fresh launches (tens of seconds each): CI runs the
-    first of each (SUT, verdict), so every way a script shows a bug is run on every SUT; the nightly run runs all."""
-    seen: set[tuple[str, str]] = set()
+    first of each kind (by default each (SUT, verdict), so every way a script shows a bug is run on every SUT); the
+    nightly run runs all."""
+    seen: set = set()
     params = []
     for path in paths:
         data = json.loads(path.read_text())
-        kind = (data["sut"], data["verdict"])
+        kind = kind_of(data)
         params.append(pytest.param(path, id=path.stem, marks=() if kind not in seen else pytest.mark.nightly))
         seen.add(kind)
     return params
@@ -319,6 +320,25 @@ def test_simplification_keeps_only_changes_that_still_fail() -> None:
     assert simpler.options["format"] == "pickle" and kept == ["pickle instead of safetensors"]
 
 
+def test_simplification_keeps_the_bug_not_the_verdict(monkeypatch) -> None:
+    """A simpler case failing with the finding's verdict and words, but in another bucket (another known bug met
+    on the simpler path), is not kept: the repro must show the finding's own bug."""
+    import importlib
+
+    from properties.model.verdicts import Judgement, Verdict
+
+    module = importlib.import_module("harness.repro.simplify")  # the package re-exports the function by this name
+    def fake(case, launch):
+        core = "its-bug" if case.options.get("format") == "safetensors" else "another-bug"
+        return Judgement(case.property, Verdict.LOUD_FAILURE, ("op 1 (load): raised",)), None, core
+
+    monkeypatch.setattr(module, "_judged", fake)
+    finding = {"verdict": Verdict.LOUD_FAILURE.value, "expect": "raised"}
+    case = _case("paddle-dcp-zero-size-safetensors")
+    simpler, kept, tried = simplify(case, finding, "fresh")
+    assert simpler == case and kept == [] and "pickle instead of safetensors" in tried
+
+
 def test_a_report_names_no_path_of_the_machine_that_wrote_it() -> None:
     import sys
     import sysconfig
@@ -441,9 +461,8 @@ def test_every_open_row_says_whether_it_has_a_verified_repro() -> None:
 @pytest.mark.parametrize("path", _ci_share(WITH_REPRO))
 def test_standalone_repro_still_reproduces(path: Path) -> None:
     """Each verified repro, run as its reader runs it (bash run.sh, fresh processes, no harness), still shows the bug
-    at the reported step, and ``run.sh --with-fix`` passes where it has a candidate fix; the day plain run.sh passes,
-    upstream fixed it: its row moves to "Fixed upstream"."""
-    from harness.repro import check_fix, check_repro
+    at the reported step; the day it passes, upstream fixed it: its row moves to "Fixed upstream"."""
+    from harness.repro import check_repro
 
     data = json.loads(path.read_text())
     info = REGISTRY[data["sut"]]
@@ -451,6 +470,21 @@ def test_standalone_repro_still_reproduces(path: Path) -> None:
         pytest.skip(f"{data['sut']} needs {info.framework}")
     result = check_repro(path.parent / data["repro"])
     assert result.shown, f"{result.how} (exit {result.status}):\n{result.output[-3000:]}"
-    if (path.parent / data["repro"] / "fix.py").is_file():  # and its candidate fix makes every launch pass
-        fixed = check_fix(path.parent / data["repro"])
-        assert fixed.shown, f"run.sh --with-fix: {fixed.how} (exit {fixed.status}):\n{fixed.output[-3000:]}"
+
+
+WITH_FIX = [p for p in WITH_REPRO if (p.parent / json.loads(p.read_text())["repro"] / "fix.py").is_file()]
+
+
+@pytest.mark.multirank
+@pytest.mark.parametrize("path", _ci_share(WITH_FIX, lambda data: data["sut"]))
+def test_standalone_repro_passes_with_its_candidate_fix(path: Path) -> None:
+    """``run.sh --with-fix`` applies the candidate fix (fix.py) in every process, writers included, and every launch
+    exits 0: the fix a report offers fixes the bug outside the harness too. CI runs the first repro of each SUT."""
+    from harness.repro import check_fix
+
+    data = json.loads(path.read_text())
+    info = REGISTRY[data["sut"]]
+    if not framework_available(info):
+        pytest.skip(f"{data['sut']} needs {info.framework}")
+    fixed = check_fix(path.parent / data["repro"])
+    assert fixed.shown, f"run.sh --with-fix: {fixed.how} (exit {fixed.status}):\n{fixed.output[-3000:]}"

@@ -46,6 +46,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     fix = write_candidate(out, path.stem, _title(path, finding, case))
     if fix:
         summary["fix"] = fix
+        fix = None if "error" in fix else fix
     try:
         emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
         check_supported(case)
@@ -81,10 +82,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         summary.update(result.to_json())
         summary["output"] = portable(_excerpt(result.output))
         if fix:
-            fixed = check_fix(out)
-            fix["with_fix"] = {"passed": fixed.shown, "how": fixed.how, "status": fixed.status}
-            if not fixed.shown:
-                fix["with_fix"]["output"] = portable(_excerpt(fixed.output))
+            fix["with_fix"] = _with_fix(out)
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     diff = (out / "fix.diff").read_text(encoding="utf-8") if fix else ""
     (out / "REPORT.md").write_text(report_md(summary, finding, diff), encoding="utf-8")
@@ -119,20 +117,24 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
     summary = json.loads((out / "repro.json").read_text(encoding="utf-8"))
     summary.pop("fix", None)
     fix = write_candidate(out, path.stem, _title(path, finding, case))
-    if fix and (out / "run.sh").is_file():
+    if fix and "error" not in fix and (out / "run.sh").is_file():
         _insert_once(out / "repro.py", "from collections import namedtuple\n", WITH_FIX)
         _insert_once(out / "run.sh", 'cd "$(dirname "$0")"\n', WITH_FIX_ARG)
         if verify:
-            fixed = check_fix(out)
-            fix["with_fix"] = {"passed": fixed.shown, "how": fixed.how, "status": fixed.status}
-            if not fixed.shown:
-                fix["with_fix"]["output"] = portable(_excerpt(fixed.output))
+            fix["with_fix"] = _with_fix(out)
     if fix:
         summary["fix"] = fix
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    diff = (out / "fix.diff").read_text(encoding="utf-8") if fix else ""
+    diff = (out / "fix.diff").read_text(encoding="utf-8") if fix and "error" not in fix else ""
     (out / "REPORT.md").write_text(report_md(summary, finding, diff), encoding="utf-8")
     return summary
+
+
+def _with_fix(out: Path) -> dict:
+    """What ``run.sh --with-fix`` did, for repro.json and REPORT.md."""
+    fixed = check_fix(out)
+    ran = {"passed": fixed.shown, "how": fixed.how, "status": fixed.status}
+    return ran if fixed.shown else {**ran, "output": portable(_excerpt(fixed.output))}
 
 
 def _insert_once(path: Path, after: str, text: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.fixes import FIXES, covering
-from harness.fixes.patch import Fix
+from harness.fixes.patch import Fix, FixError
 from harness.fixes.script import fix_script
 
 KIND_MEANS = {
@@ -25,14 +25,19 @@ def candidate_fixes(stem: str) -> list[Fix]:
 
 
 def write_candidate(out: Path, stem: str, title: str) -> dict | None:
-    """``out``/fix.py and fix.diff for ``stem``'s candidate fix, and what REPORT.md says of it; None without one."""
+    """``out``/fix.py and fix.diff for ``stem``'s candidate fix, and what REPORT.md says of it; None without one.
+    A fix that cannot be rendered here (stale, or its framework missing) is named with the error, no files."""
     fixes = candidate_fixes(stem)
     if not fixes:
         for name in ("fix.py", "fix.diff"):
             (out / name).unlink(missing_ok=True)
         return None
-    (out / "fix.py").write_text(fix_script(fixes, title.splitlines()[0]), encoding="utf-8")
-    (out / "fix.diff").write_text("".join(f.diff() for f in fixes), encoding="utf-8")
+    try:
+        script, diff = fix_script(fixes, title.splitlines()[0]), "".join(f.diff() for f in fixes)
+    except (FixError, ImportError) as exc:  # stale here, or its framework is not installed where the repro is written
+        return {"ids": [f.id for f in fixes], "error": f"{type(exc).__name__}: {exc}"}
+    (out / "fix.py").write_text(script, encoding="utf-8")
+    (out / "fix.diff").write_text(diff, encoding="utf-8")
     own = [f for f in fixes if stem in f.covers]
     return {"ids": [f.id for f in fixes],
             "own": [f.id for f in own],

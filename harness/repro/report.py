@@ -58,8 +58,11 @@ def report_md(summary: dict, finding: dict, diff: str = "") -> str:
 def _candidate(fix: dict, diff: str) -> list[str]:
     """The fix the harness proved on this bug: what it is, what else it resolves, and whether the repro passes with
     it; then the patch."""
-    own = fix.get("own") or fix["ids"]
     lines = ["## Candidate fix", ""]
+    if "error" in fix:
+        return [*lines, f"Known fix {', '.join(fix['ids'])}, not rendered where this report was written: "
+                f"{fix['error']}.", ""]
+    own = fix.get("own") or fix["ids"]
     for fix_id in fix["ids"]:
         role = "" if fix_id in own else " (needed first: without it the fixed code meets another known bug)"
         lines.append(f"- `{fix_id}`{role}: {KIND_MEANS[fix['kinds'][fix_id]]}. {fix['summaries'][fix_id]}.")

@@ -42,27 +42,43 @@ VARIANTS: tuple[Variant, ...] = (
 
 def judged(case: Case, launch: str = "fresh") -> tuple[Judgement, Outcome]:
     """The harness's judgement of ``case`` in fresh processes, and what each op did."""
+    return _judged(case, launch)[:2]
+
+
+def _judged(case: Case, launch: str) -> tuple[Judgement, Outcome, str | None]:
+    """... and, for a failure, its root-cause bucket core (None when it passes)."""
     from harness.judging.judge import Judge
     from harness.ranks.runners import Runners
 
     judge = Judge(Runners(case.sut, mode=launch))
     try:
-        return judge(case)
+        judgement, outcome = judge(case)
+        return judgement, outcome, None if judgement.ok else judge.bucket(case, judgement, outcome).core
     finally:
         judge.close()
 
 
-def fails_alike(case: Case, finding: dict, launch: str = "fresh") -> bool:
-    """The case, judged on ``launch`` ranks, fails one of the ways the finding lists (verdict and words)."""
-    judgement = judged(case, launch)[0]
+def fails_alike(case: Case, finding: dict, launch: str = "fresh", core: str | None = None) -> bool:
+    """The case, judged on ``launch`` ranks, fails one of the ways the finding lists (verdict and words) and, given
+    ``core``, in that bucket: the same bug, not another one with the same verdict."""
+    judgement, _, found = _judged(case, launch)
     text = "\n".join(judgement.details)
-    return any(judgement.verdict.value == way["verdict"] and way.get("expect", "") in text
-               for way in (finding, *finding.get("or", [])))
+    return (core is None or found == core) and any(
+        judgement.verdict.value == way["verdict"] and way.get("expect", "") in text
+        for way in (finding, *finding.get("or", [])))
 
 
 def simplify(case: Case, finding: dict, launch: str = "fresh",
-             still_fails: Callable[[Case, dict, str], bool] = fails_alike) -> tuple[Case, list[str], list[str]]:
-    """(the simplest case that still fails alike on ``launch`` ranks, the simplifications kept, every one tried)."""
+             still_fails: Callable[[Case, dict, str], bool] | None = None) -> tuple[Case, list[str], list[str]]:
+    """(the simplest case that still fails alike on ``launch`` ranks, the simplifications kept, every one tried).
+    By default a simplification is kept only while the case fails in the bucket the case itself fails in, judged
+    the same way: a simpler case showing the finding's verdict through another known bug is not its repro."""
+    if still_fails is None:
+        core = _judged(case, launch)[2]
+
+        def still_fails(simpler: Case, finding: dict, launch: str) -> bool:
+            return fails_alike(simpler, finding, launch, core)
+
     kept: list[str] = []
     tried: list[str] = []
     for label, variant in VARIANTS:
