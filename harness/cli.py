@@ -19,7 +19,7 @@ from pathlib import Path
 
 from faults.strace import ERRNO_NAMES
 from harness.campaign.corpus import Corpus
-from harness.campaign.fuzz import default_seed, fuzz
+from harness.campaign.fuzz import default_seed, fuzz, shrink_room
 from harness.campaign.results import Campaign
 from harness.fixes import FIXES, FixError, resolve
 from harness.fleet.driver import FleetError
@@ -257,6 +257,10 @@ def _fuzz(args: argparse.Namespace) -> int:
     # A failure no signature explains is replayed with the fixes not applied already: known where it then passes.
     prove = () if args.known is None else tuple(f for f in resolve("all", cls.framework) if f not in runners.fixes)
     judge_case = Judge(runners, exploring=True, known=known, exhaustive=args.exhaustive_bound, prove=prove)
+    args.repro_until = time.monotonic() + args.time + shrink_room(args.time)
+    print(f"fuzz: drawing cases for {args.time:g} s; a failure found late is shrunk and proven for up to "
+          f"{shrink_room(args.time):.0f} s more" + (", and a repro is written for each new bucket while that time "
+          "lasts (after it: the command to write it)" if args.repro else ""), file=sys.stderr)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:
@@ -271,7 +275,8 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
     if campaign.fatal is not None and not total:
         raise campaign.fatal
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = write_results(campaign, args.out, extra=(lambda path: _repro_of(path, args.launch)) if args.repro else None)
+    rows = write_results(campaign, args.out,
+                         extra=(lambda path: _repro_of(path, args.launch, args.repro_until)) if args.repro else None)
     if campaign.corpus is not None:
         for finding, row in zip(campaign.findings, rows):
             campaign.corpus.keep(campaign.sut, finding.bucket, row)
@@ -305,12 +310,17 @@ def _fleet(args: argparse.Namespace) -> int:
     return 1 if any(b["status"].startswith("new") for b in summary["buckets"]) else 0
 
 
-def _repro_of(path: Path, launch: str) -> dict:
+def _repro_of(path: Path, launch: str, until: float | None = None) -> dict:
     """The standalone repro of one new finding, beside the findings (simplified, then verified in fresh processes
-    where its world fits real ranks here); its folder and verification go into the finding file and its row."""
+    where its world fits real ranks here); its folder and verification go into the finding file and its row. Past
+    ``until`` (the time ``--time`` promised) it is left for the user, with the command that writes it."""
     from harness.judging.fidelity import REAL_MAX
     from harness.repro import make_repro
 
+    if until is not None and time.monotonic() > until:
+        command = f"ckpt-harness repro {path} --out {path.parent.parent / 'repro' / path.stem}"
+        print(f"{path.name}: no standalone repro yet (--time is spent): {command}", file=sys.stderr)
+        return {"standalone_verified": False, "repro_deferred": command}
     try:
         summary = make_repro(path, path.parent.parent / "repro" / path.stem,
                              launch="virtual" if launch == "virtual" else "fresh", verify_max_ranks=REAL_MAX)

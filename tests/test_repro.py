@@ -393,6 +393,22 @@ def test_a_repro_the_harness_fails_to_write_never_costs_the_campaigns_results(tm
     assert "the harness failed writing it" in capsys.readouterr().err
 
 
+def test_a_repro_past_the_campaigns_time_is_left_with_its_command(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--time bounds the job a user waits for: once it and the shrinking room are spent, a new bucket's repro is
+    not written; the row and the terminal give the command that writes it."""
+    import time
+
+    import harness.repro as repro
+    from harness.cli import _repro_of
+
+    monkeypatch.setattr(repro, "make_repro", lambda *a, **k: pytest.fail("written past the time"))
+    path = tmp_path / "findings" / "000-P-X-sut.json"
+    row = _repro_of(path, "pool", until=time.monotonic() - 1)
+    assert row["standalone_verified"] is False
+    assert row["repro_deferred"] == f"ckpt-harness repro {path} --out {tmp_path / 'repro' / '000-P-X-sut'}"
+    assert row["repro_deferred"] in capsys.readouterr().err
+
+
 @pytest.mark.skipif(not framework_available(REGISTRY["paddle-dcp"]), reason="a diff reads paddle")
 def test_a_repro_gets_its_candidate_fix_once(tmp_path: Path) -> None:
     """A repro written before its bug's fix existed gets it (repro --candidate-only): fix.py and fix.diff beside the

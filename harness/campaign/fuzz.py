@@ -142,8 +142,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     judge_case.runners.spare_lost = True  # a lost pool's replacement starts at once, in the background
     start = time.monotonic()
     deadline = start + campaign.seconds
-    run = _Run(judge_case, campaign, capabilities, progress, start, deadline,
-               deadline + max(60.0, campaign.seconds * 0.5))
+    run = _Run(judge_case, campaign, capabilities, progress, start, deadline, deadline + shrink_room(campaign.seconds))
     judge_case.prove_until = run.hard_deadline
     turn = 0
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
@@ -307,6 +306,11 @@ def _shrink_budget(campaign: Campaign) -> float:
     if campaign.cases_per_property is not None:
         return math.inf
     return min(SHRINK_MAX, max(SHRINK_MIN, campaign.seconds * 0.1))
+
+
+def shrink_room(seconds: float) -> float:
+    """Seconds past ``--time`` a campaign may spend finishing the shrinking and proving of a failure it found."""
+    return max(60.0, seconds * 0.5)
 
 
 def _reduced(judge_case: Judge, finding: Finding, deadline: float) -> Finding:

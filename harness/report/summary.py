@@ -166,7 +166,7 @@ def buckets(campaign: Campaign, rows: list[dict]) -> list[dict]:
             "swarm_left_out": r.get("swarm_left_out", []), "core": r.get("bucket_core"),
             "features": r.get("bucket_features", []), "verdict": r["verdict"], "found_at_s": r.get("found_at_s"),
             "smallest": case_size(r["case"]),
-            **{k: r[k] for k in ("repro", "standalone_verified") if k in r}}
+            **{k: r[k] for k in ("repro", "standalone_verified", "repro_deferred") if k in r}}
            for r in rows]
     out += [_known_row(name, n) for name, n in sorted(campaign.known.items())]
     return out
@@ -207,7 +207,8 @@ def buckets_table(summary: dict) -> list[str]:
     for b in rows:
         title = (b["title"] or "").replace("|", "\\|").replace("\n", " ")[:160]
         repro = (f"{b['repro']} ({'verified' if b.get('standalone_verified') else 'not verified'})"
-                 if b.get("repro") else "-")
+                 if b.get("repro") else f"not written in time: `{b['repro_deferred']}`" if b.get("repro_deferred")
+                 else "-")
         out.append(f"| {b['bucket']} | {b['status']} | {b['cases']} | {title} | "
                    f"{'`' + b['replay'] + '`' if b.get('replay') else '-'} | {repro} |")
     return out
