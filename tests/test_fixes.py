@@ -56,6 +56,18 @@ def test_every_fix_names_real_cases_and_fixes() -> None:
             covered[stem] = fix.id
 
 
+def test_every_row_has_a_fix_or_says_why_none_can_exist() -> None:
+    """A known bug is identified by its fix: a regression case no fix covers says why (``no_fix``), and the reason
+    goes once a fix covers it."""
+    covered = {stem for fix in FIXES.values() for stem in fix.covers}
+    for path in sorted(REGRESSIONS.glob("*.json")):
+        reason = json.loads(path.read_text()).get("no_fix")
+        if path.stem in covered:
+            assert reason is None, f"{path.name}: a fix covers it; drop its no_fix"
+        else:
+            assert isinstance(reason, str) and len(reason) > 40, f"{path.name}: no fix covers it and no_fix says why"
+
+
 def test_findings_md_lists_every_fix_with_its_rows() -> None:
     listed = (REGRESSIONS.parent.parent / "FINDINGS.md").read_text().split("## Fixes", 1)[1].split("\n## ", 1)[0]
     for fix in FIXES.values():
@@ -246,6 +258,11 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
     case, finding = read_case_file(REGRESSIONS / f"{stem}.json")
     judge_case = Judge(warm_runners.get(case.sut, finding.get("launch", "fresh"), resolve(fix_id)))
     try:
+        if case.fault is not None and case.fault.kind == "state":
+            # A recorded power-loss state is a prefix of the stock save's IO; a durability fix changes that IO, so
+            # the state no longer exists: every power-loss state of the fixed save is judged instead.
+            _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}")
+            return
         judgement, outcome = judge_case(case)
         if case.fault is not None and not (outcome.fault or {}).get("fired"):
             _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}")
@@ -265,14 +282,19 @@ def _every_crash_point_passes(case: Case, judge_case: Judge, label: str, sample:
     """A fault case whose fault never fired with the fix proves nothing by passing: the fixed save no longer makes
     the faulted call (it writes no lock file, it renames a temporary). The crash is then proven fixed where it can
     still happen: the fault op killed at crash points spread over every call it makes (``sample`` of them), each
-    judged with the fix; at least one must fire and every one must pass."""
+    judged with the fix; at least one must fire and every one must pass. A power-loss case: every power-loss state
+    of the fixed op must pass."""
     from faults import strace
-    from harness.judging.fault_runs import crashpoints
+    from harness.judging.fault_runs import crashpoints, crashstates
 
     if not strace.available():
         pytest.skip("the fault no longer fires with the fix; its crash points need strace")
-    results = crashpoints(case, judge_case, sample=sample)
-    assert any(r.report.get("fired") for r in results), f"{label}: no crash point of op {case.fault.op} fired"
+    if case.fault.kind == "state":
+        results = crashstates(case, judge_case.runners, confirm=judge_case)[0]
+        assert results, f"{label}: the fixed save leaves no power-loss state to judge"
+    else:
+        results = crashpoints(case, judge_case, sample=sample)
+        assert any(r.report.get("fired") for r in results), f"{label}: no crash point of op {case.fault.op} fired"
     failing = [f"{r.description}: {r.judgement.details[:1] if r.judgement else r.error}" for r in results
                if r.judgement is None or not r.judgement.ok]
     assert not failing, f"{label}: the fault never fired; crash points of its op fail:\n" + "\n".join(failing)

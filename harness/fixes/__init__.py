@@ -30,8 +30,9 @@ def resolve(spec: str | None, framework: str | None = None) -> tuple[str, ...]:
     the fixes it requires."""
     if spec is None or spec == "none":
         return ()
-    if spec == "all":
-        return tuple(i for i, f in FIXES.items() if f.framework == framework)
+    if spec == "all":  # with what they require, which may patch the framework beneath (Paddle under PaddleFormers)
+        own = [i for i, f in FIXES.items() if f.framework == framework]
+        return resolve(",".join(own)) if own else ()
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [w for w in wanted if w not in FIXES]
     if unknown:

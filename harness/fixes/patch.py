@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,10 @@ class Hunk:
         return getattr(func, ORIGINAL_ATTR, func)
 
     def applied(self) -> tuple[tuple[str, Edits], ...]:
+        """The fixes bound on the function, in order; none where its module was never imported (nothing patched it,
+        and asking must not import a framework that may not be installed)."""
+        if self.module not in sys.modules:
+            return ()
         return getattr(self.current(), EDITS_ATTR, ())
 
     def carries(self, fix_id: str) -> bool:

@@ -109,19 +109,21 @@ def check_repro(folder: Path, verdict: str | None = None, step: int | None = Non
 def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
     """Give the existing repro folder ``out`` of the finding or case at ``path`` today's candidate fix (fix.py,
     fix.diff, run.sh --with-fix, REPORT.md's section), run with it unless not ``verify``, without simplifying or
-    re-verifying the bug itself: for repros written before their bug's fix was. The updated repro.json is
-    returned."""
+    re-verifying the bug itself: for repros written before their bug's fix was. Not run, the same fix keeps what its
+    last run showed. The updated repro.json is returned."""
     case, finding = read_case_file(path)
     if not (out / "repro.json").is_file():
         raise FileNotFoundError(f"{out}: no repro.json (write the repro first: ckpt-harness repro)")
     summary = json.loads((out / "repro.json").read_text(encoding="utf-8"))
-    summary.pop("fix", None)
+    before = summary.pop("fix", None) or {}
     fix = write_candidate(out, path.stem, _title(path, finding, case))
     if fix and "error" not in fix and (out / "run.sh").is_file():
         _insert_once(out / "repro.py", "from collections import namedtuple\n", WITH_FIX)
         _insert_once(out / "run.sh", 'cd "$(dirname "$0")"\n', WITH_FIX_ARG)
         if verify:
             fix["with_fix"] = _with_fix(out)
+        elif before.get("ids") == fix["ids"] and "with_fix" in before:  # the same fix: what its run showed stands
+            fix["with_fix"] = before["with_fix"]
     if fix:
         summary["fix"] = fix
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")

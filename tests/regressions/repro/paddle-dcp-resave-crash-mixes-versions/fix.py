@@ -1,0 +1,564 @@
+"""paddle-dcp: silent-corruption in P-ATOMIC (paddle-dcp-resave-crash-mixes-versions)
+
+The candidate fix (paddle-dcp-latest-unique-id, paddle-dcp-metadata-after-data, paddle-dcp-metadata-replace, paddle-
+dcp-resave-new-version, paddle-save-durable-replace), written by ckpt-harness: ``bash run.sh --with-fix`` runs the
+repro with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change as a
+patch of the framework's source."""
+
+import __future__
+
+import hashlib
+import importlib
+import inspect
+import linecache
+import sys
+import textwrap
+import types
+from collections.abc import Callable, Iterator
+
+
+def source_digest(text: str) -> str:
+    """The first 16 hex digits of the sha256 of a function's source, as ``inspect.getsource`` gives it."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def target(module: str, qualname: str) -> tuple[object, str, Callable]:
+    """Where the function is bound in its own module (the module or the class), its name, and the function."""
+    owner: object = importlib.import_module(module)
+    *path, name = qualname.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, name, inspect.getattr_static(owner, name)
+
+
+def compiled(original: Callable, source: str, owner: object, filename: str) -> Callable:
+    """``source`` (the function's whole text) compiled in ``original``'s module globals, so it sees what the original
+    sees. A method calling super() closes over its class: it is compiled inside a function that binds ``__class__``
+    to ``owner``. It is compiled under the original's own ``__future__`` annotations, so annotations the module leaves
+    unevaluated stay so. ``filename`` names it in tracebacks, which show its lines."""
+    body = textwrap.indent(textwrap.dedent(source), "    ")
+    factory = f"def __ckpt_factory__(__class__):\n{body}    return {original.__name__}\n"
+    linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
+    namespace: dict = {}
+    lazy = original.__code__.co_flags & __future__.annotations.compiler_flag
+    exec(compile(factory, filename, "exec", flags=lazy, dont_inherit=True), original.__globals__, namespace)
+    func = namespace["__ckpt_factory__"](owner)
+    func.__qualname__, func.__module__ = original.__qualname__, original.__module__
+    return func
+
+
+def rebind(old: Callable, new: Callable) -> None:
+    """Every module attribute and class attribute that is ``old`` becomes ``new``."""
+    for namespace in _namespaces():
+        for name, value in list(namespace.items()):
+            if value is old:
+                _set(namespace, name, new)
+
+
+def _namespaces() -> Iterator[dict]:
+    """The dicts of every loaded module and of the classes defined in them."""
+    for module in list(sys.modules.values()):
+        if not isinstance(module, types.ModuleType):
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        yield namespace
+        for value in list(namespace.values()):
+            if isinstance(value, type) and getattr(value, "__module__", None) == module.__name__:
+                yield _ClassNamespace(value)
+
+
+class _ClassNamespace(dict):
+    """A class's attributes, read as a dict and written through ``setattr`` (a mappingproxy is read-only)."""
+
+    def __init__(self, cls: type) -> None:
+        super().__init__(vars(cls))
+        self.cls = cls
+
+
+def _set(namespace: dict, name: str, value: object) -> None:
+    if isinstance(namespace, _ClassNamespace):
+        setattr(namespace.cls, name, value)
+    else:
+        namespace[name] = value
+
+
+# (module, function, sha256[:16] of the source it was written against, the patched function)
+PATCHES = [
+    ('paddle.distributed.flex_checkpoint.dcp.load_state_dict', 'load_state_dict', '2c141cb8304e3ddd',
+     r'''def load_state_dict(
+    state_dict: dict[str, Tensor] | dict[str, ShardedWeight],
+    path: str,
+    process_group: Group | None = None,
+    coordinator_rank: int = 0,
+    unique_id: int | None = None,
+    offload: bool = False,
+    mw_name_compatibility: bool = True,
+    aoa_config: dict[str, list[str]] | None = None,
+    safetensors: bool = False,
+    worker_groups: list[Group] | None = None,
+    comm_method: str = "broadcast",
+) -> None:
+    r"""
+    Load the state_dict inplace from a checkpoint path.
+
+    Args:
+        state_dict(Dict[str, paddle.Tensor]): The state_dict to load. It will be modified inplace after loading.
+        path(str): The directory to load checkpoint files.
+        process_group(paddle.distributed.collective.Group): ProcessGroup to be used for cross-rank synchronization. Use the default process group which contains all cards.
+        coordinator_rank(int): The rank used to coordinate the checkpoint. Rank0 is used by default.
+        unique_id(int): The unique id of checkpoint, used to distinguish between different checkpoint versions. Default is None, in which case the id the max id of given path, and the newest version checkpoint is loaded.
+        offload(bool): Whether to offload the checkpoint data from GPU to CPU.
+        mw_name_compatibility(bool): Enable name compatibility between dynamic and static graph semi-automatic parallel. Default is True.
+        aoa_config(dict[str, list[str]]): AOA config to change parameters. Default is None.
+        safetensors(bool): Whether to use safetensors format. Default is False.
+        worker_groups (list[paddle.distributed.collective.Group]): Communication groups used for tensor communications; if multiple are provided, an appropriate group is chosen; if None, the process_group group is used.
+        comm_method (str): Communication method for resharding. Choices are "send_recv", "broadcast", "multi_group_broadcast", and "grouped_send_recv". Default is "broadcast".
+    Example:
+        .. code-block:: python
+
+            >>> # doctest: +SKIP('run in distributed mode.')
+            >>> import paddle
+            >>> import paddle.distributed as dist
+            >>> ckpt_path = "./checkpoint"
+            >>> w1 = paddle.arange(32).reshape([4, 8])
+            >>> mesh = dist.ProcessMesh([0, 1])
+            >>> sharded_w1 = dist.shard_tensor(w1, mesh, [dist.Shard(0)])
+            >>> state_dict = {"w1": sharded_w1}
+            >>> dist.save_state_dict(state_dict, ckpt_path)
+            >>> w1_to_load = paddle.zeros_like(w1)
+            >>> sharded_w1_to_load = dist.shard_tensor(w1, mesh, [dist.Replicate()])
+            >>> state_dict_to_load = {"w1": sharded_w1_to_load}
+            >>> dist.load_state_dict(state_dict_to_load, ckpt_path)
+            >>> print(f"state_dict_to_load:{state_dict_to_load}")
+            state_dict_to_load:{'w1': Tensor(shape=[4, 8], dtype=int64, place=Place(gpu:0), stop_gradient=True, dist_attr={process_mesh: {shape: [2], process_ids: [0,1], dim_names: [d0]}, dims_mappings: [-1,-1], batch_dim: 0, dynamic_dims: [0,0], annotated: [dims_mapping: 1,process_mesh: 1], partial: [].}, GlobalDenseTensor=
+            [[0 , 1 , 2 , 3 , 4 , 5 , 6 , 7 ],
+            [8 , 9 , 10, 11, 12, 13, 14, 15],
+            [16, 17, 18, 19, 20, 21, 22, 23],
+            [24, 25, 26, 27, 28, 29, 30, 31]])}
+            >>> # doctest: -SKIP
+    """
+    global _metadata_manager
+    use_dist = paddle.distributed.get_world_size() > 1
+
+    valid_methods = [
+        "send_recv",
+        "broadcast",
+        "multi_group_broadcast",
+        "grouped_send_recv",
+        "parallel_broadcast",
+    ]
+    assert comm_method in valid_methods, (
+        f"Invalid communication method '{comm_method}'. "
+        f"Please choose from {valid_methods}."
+    )
+
+    if use_dist and process_group is None and not is_initialized():
+        # Init the default global process group
+        paddle.distributed.init_parallel_env()
+
+    if use_dist:
+        paddle.distributed.barrier(process_group)
+
+    if unique_id is None:
+        unique_id = get_max_id(path)
+
+    if not safetensors and aoa_config is None:
+        metadata_files, _ = get_checkpoint_files(path, unique_id=unique_id)
+        assert len(metadata_files) == 1, "Only support one metadata file now."
+        metadata = paddle.load(os.path.join(path, metadata_files[0]))
+        _metadata_manager.set_metadata_list([metadata])
+        resumable_locally = check_resumable_locally(
+            path, state_dict, _metadata_manager, use_dist, process_group
+        )
+        if resumable_locally:
+            logger.info(
+                f"Checkpoint '{path}' resumable locally, skipping reshard."
+            )
+            local_load_state_dict(
+                state_dict=state_dict,
+                path=path,
+                offload=offload,
+                use_dist=use_dist,
+            )
+            logger.info("Checkpoint successfully loaded locally!")
+            _metadata_manager.clear()
+            gc.collect()
+            return
+
+    if not is_sharded_state_dict(state_dict, use_dist, process_group):
+        load_state_dict_impl(
+            state_dict=state_dict,
+            path=path,
+            process_group=process_group,
+            coordinator_rank=coordinator_rank,
+            unique_id=unique_id,
+            offload=offload,
+            mw_name_compatibility=mw_name_compatibility,
+            safetensors=safetensors,
+            worker_groups=worker_groups,
+            comm_method=comm_method,
+        )
+        _metadata_manager.clear()
+        gc.collect()
+        return
+
+    if not use_dist:
+        load_dict = {}
+        for key, val in state_dict.items():
+            assert val.local_shape == val.global_shape, (
+                f"{key} is not replicated!"
+            )
+            load_dict[key] = val
+        destination_state_shard_info = defaultdict(list)
+        for key, val in load_dict.items():
+            desc = build_shard_desc(val)
+            destination_state_shard_info[key].append(desc)
+    else:
+        flat_shards, nonflat_shards = _split_flat_shards(state_dict)
+        load_dict, padding_info = _unflatten_shards(flat_shards, comm_method)
+        load_dict.update(nonflat_shards)
+        destination_state_shard_info = build_global_state_shard_info(
+            state_dict, process_group
+        )
+
+    if aoa_config is not None:
+        _handle_aoa(
+            load_dict,
+            destination_state_shard_info,
+            path,
+            process_group,
+            worker_groups,
+            coordinator_rank,
+            unique_id,
+            offload,
+            aoa_config,
+            safetensors,
+            comm_method,
+        )
+    else:
+        load_state_dict_impl(
+            state_dict=load_dict,
+            path=path,
+            process_group=process_group,
+            coordinator_rank=coordinator_rank,
+            unique_id=unique_id,
+            offload=offload,
+            mw_name_compatibility=mw_name_compatibility,
+            safetensors=safetensors,
+            worker_groups=worker_groups,
+            comm_method=comm_method,
+        )
+    if use_dist:
+        _finish_unflatten(flat_shards, padding_info)
+
+    _metadata_manager.clear()
+    gc.collect()
+'''),
+    ('paddle.distributed.flex_checkpoint.dcp.save_state_dict', 'save_state_dict', 'b0dc8b9a4979bca4',
+     r'''def save_state_dict(
+    state_dict: dict[str, Tensor] | dict[str, ShardedWeight],
+    path: str,
+    process_group: Group | None = None,
+    coordinator_rank: int = 0,
+    unique_id: int | None = None,
+    async_save: bool = False,
+    safetensors: bool = False,
+    save_replicas: bool = False,
+) -> None:
+    r"""
+    Save the state_dict of model to path.
+
+    Args:
+        state_dict(Dict[str, paddle.Tensor]): The state_dict to save.
+        path(str): The directory to save state_dict.
+        process_group(paddle.distributed.collective.Group): ProcessGroup to be used for cross-rank synchronization. Use the default process group which contains all cards.
+        coordinator_rank(int): The rank used to save non distributed values. Rank 0 is used by default.
+        unique_id(int): The unique id of checkpoint, used to distinguish between different checkpoint versions. Default is None, in which case the id 0 when save for the first time and increased by 1 each time when calling save_state_dict in the same path. If unique_id is given and there is already checkpoint with the same unique_id, it will be overrited.
+        async_save(bool): Async save the state_dict, default is False.
+        safetensors(bool): Whether to save using safetensors format. Default is False.
+        save_replicas (bool): Whether to save all tensor replicas (e.g., from different ranks) instead of only one deduplicated copy per tensor. Default is False.
+    Examples:
+        .. code-block:: python
+
+            >>> # doctest: +SKIP('run in distributed mode')
+            >>> import paddle
+            >>> import paddle.distributed as dist
+            >>> w1 = paddle.arange(32).reshape([4, 8])
+            >>> mesh = dist.ProcessMesh([0, 1])
+            >>> sharded_w1 = dist.shard_tensor(w1, mesh, [dist.Shard(0), dist.Replicate()])
+            >>> state_dict = {"w1": sharded_w1}
+            >>> dist.save_state_dict(state_dict, "./checkpoint")
+            >>> # doctest: -SKIP
+    """
+    with paddle.base.dygraph.guard():
+        assert isinstance(state_dict, dict), (
+            f"The state_dict should be a dictionary.But now the type is {type(state_dict)}."
+        )
+        flat_state_dict, mapping = flatten_state_dict(state_dict)
+        if len(flat_state_dict) > 0:
+            for val in flat_state_dict.values():
+                assert isinstance(val, (paddle.Tensor, ShardedWeight)), (
+                    f"The value of state_dict should be a paddle.Tensor or ShardedWeight, but got: {val}."
+                )
+
+        if not os.path.exists(path):
+            os.makedirs(path, exist_ok=True)
+
+        use_dist = True if paddle.distributed.get_world_size() > 1 else False
+
+        if use_dist and process_group is None and not is_initialized():
+            # Init the default global process group
+            paddle.distributed.init_parallel_env()
+
+        if unique_id is None:
+            max_unique_id = get_max_id(path)
+            logger.debug(f"Max unique id: {max_unique_id}")
+            if max_unique_id is None:
+                unique_id = 0
+            else:
+                # A version with metadata is finished: a new save is the
+                # next version, never an overwrite in place.
+                finished = os.path.exists(
+                    os.path.join(path, f"{max_unique_id}.metadata")
+                )
+                unique_id = max_unique_id + 1 if finished else max_unique_id
+        else:
+            assert unique_id >= 0, f'{unique_id} should be >= 0'
+        if use_dist:
+            check_unique_id(unique_id, process_group)
+        file_suffix = "distcp" if not safetensors else "safetensors"
+        file_name = f"{paddle.distributed.get_rank()}_{unique_id}.{file_suffix}"
+        logger.debug(f"The checkpoint is saved to file_name:{file_name}")
+
+        metadata = Metadata()
+        local_state_dict = {}
+        local_state_dict_metadata = {}
+        local_storage_metadata = {}
+        global_shape = None
+        for key, val in flat_state_dict.items():
+            local_tensor, local_tensor_metadata = extract_tensor_metadata(val)
+            if local_tensor is None and local_tensor_metadata is None:
+                continue
+
+            local_state_dict[key] = local_tensor
+            local_state_dict_metadata[key] = local_tensor_metadata
+            global_offset = local_tensor_metadata.global_offset
+            is_flattened = local_tensor_metadata.is_flattened
+            flattened_range = local_tensor_metadata.flattened_range
+            local_shape = local_tensor_metadata.local_shape
+
+            local_storage_metadata[
+                LocalTensorIndex(
+                    tensor_key=key,
+                    global_offset=global_offset,
+                    is_flattened=is_flattened,
+                    flattened_range=flattened_range,
+                    local_shape=local_shape,
+                )
+            ] = file_name
+
+        global_state_dict_metadata = []
+        global_storage_metadata = []
+        global_flatten_mapping = []
+        if use_dist:
+            paddle.distributed.all_gather_object(
+                global_state_dict_metadata,
+                local_state_dict_metadata,
+                process_group,
+            )
+            paddle.distributed.all_gather_object(
+                global_storage_metadata, local_storage_metadata, process_group
+            )
+            paddle.distributed.all_gather_object(
+                global_flatten_mapping, mapping, process_group
+            )
+        else:
+            global_state_dict_metadata.append(local_state_dict_metadata)
+            global_storage_metadata.append(local_storage_metadata)
+            global_flatten_mapping.append(mapping)
+
+        metadata.state_dict_metadata = merge_state_dict_metadata(
+            global_state_dict_metadata
+        )
+        metadata.storage_metadata = balanced_dedup_key_in_dict(
+            global_storage_metadata, save_replicas=save_replicas
+        )
+        metadata.flat_mapping = dedup_key_in_dict(global_flatten_mapping)
+
+        if not save_replicas:
+            dedup_tensor(
+                local_state_dict,
+                local_storage_metadata,
+                metadata.storage_metadata,
+            )
+
+        # The metadata marks a finished checkpoint: every rank's data must
+        # be on disk before it is written.
+        if not async_save:
+            paddle.save(
+                local_state_dict,
+                os.path.join(path, file_name),
+                safetensors=safetensors,
+            )
+            data_fd = os.open(os.path.join(path, file_name), os.O_RDONLY)
+            try:
+                os.fsync(data_fd)
+            finally:
+                os.close(data_fd)
+            if use_dist:
+                paddle.distributed.barrier(process_group)
+
+        logger.debug(f"metadata:{metadata}")
+        if paddle.distributed.get_rank() == coordinator_rank:
+            metadata_path = os.path.join(path, f"{unique_id}.metadata")
+            paddle.save(metadata, f"{metadata_path}.tmp")
+            os.replace(f"{metadata_path}.tmp", metadata_path)
+
+        if paddle.distributed.get_rank() == coordinator_rank:
+            # The names: the metadata's in path, path's own in its parent.
+            for directory in (path, os.path.dirname(os.path.abspath(path))):
+                dir_fd = os.open(directory, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+
+        if async_save:
+            cpu_state_dict = copy_dict_to_cpu(local_state_dict)
+            clear_async_save_task_queue()
+
+            attempt = 0
+            ctx = multiprocessing.get_context("spawn")
+
+            def start_process():
+                nonlocal attempt
+                try:
+                    p = ctx.Process(
+                        target=paddle.save,
+                        args=(cpu_state_dict, os.path.join(path, file_name)),
+                        kwargs={'safetensors': safetensors},
+                    )
+                    p.start()
+                    return p
+                except Exception as e:
+                    logger.error(
+                        f"Attempt {attempt + 1} failed with error: {e}"
+                    )
+                    attempt += 1
+                    time.sleep(1)
+                    return start_process()
+
+            p = start_process()
+            async_save_queue.append(p)
+'''),
+    ('paddle.distributed.flex_checkpoint.dcp.utils', 'get_max_id', '80193346889c3fc3',
+     r'''def get_max_id(path):
+    numbers = [0]
+    pattern = re.compile(r"^(\d+)_(\d+)\.distcp$")
+    files = os.listdir(path)
+    for file in files:
+        match = pattern.match(file)
+        if match and os.path.exists(
+            os.path.join(path, f"{match.group(2)}.metadata")
+        ):
+            numbers.append(int(match.group(2)))
+    return max(numbers) if numbers else None
+'''),
+    ('paddle.framework.io', 'save', '26f7ea7d15b0cc46',
+     'def save(\n    obj: _StateDict | NestedStructure[Tensor] | Program,\n    path: str | BytesIO,\n    protocol: Literal[2, 3, 4] = 4,\n    **configs: Unpack[_SaveOptions],\n) -> None:\n    \'\'\'\n    Save an object to the specified path.\n\n    Note:\n        Now supports saving ``state_dict`` of Layer/Optimizer, Tensor and nested structure containing Tensor, Program.\n\n    Note:\n        Different from ``paddle.jit.save``, since the save result of ``paddle.save`` is a single file,\n        there is no need to distinguish multiple saved files by adding a suffix. The argument ``path``\n        of ``paddle.save`` will be directly used as the saved file name instead of a prefix.\n        In order to unify the saved file name format, we recommend using the paddle standard suffix:\n        1. for ``Layer.state_dict`` , recommend to use ``.pdparams`` ;\n        2. for ``Optimizer.state_dict`` , recommend to use ``.pdopt`` .\n        For specific examples, please refer to API code examples.\n\n    Args:\n        obj(Object) : The object to be saved.\n        path(str|BytesIO) : The path/buffer of the object to be saved.\n          If saved in the current directory, the input path string will be used as the file name.\n        protocol(int, optional): The protocol version of pickle module must be greater than 1 and less than 5.\n                                 Default: 4\n        **configs(dict, optional): optional keyword arguments. The following options are currently supported:\n          use_binary_format(bool): When the saved object is static graph variable, you can specify ``use_binary_for_var``.\n          If True, save the file in the c++ binary format when saving a single static graph variable; otherwise, save it in pickle format.\n          Default: False\n\n    Returns:\n        None\n\n    Examples:\n        .. code-block:: python\n            :name: code-example-1\n\n            >>> # example 1: dynamic graph\n            >>> import paddle\n            >>> emb = paddle.nn.Embedding(10, 10)\n            >>> layer_state_dict = emb.state_dict()\n\n            >>> # save state_dict of emb\n            >>> paddle.save(layer_state_dict, "emb.pdparams")\n\n            >>> scheduler = paddle.optimizer.lr.NoamDecay(\n            ...     d_model=100, warmup_steps=100, verbose=True)\n            >>> adam = paddle.optimizer.Adam(\n            ...     learning_rate=scheduler,\n            ...     parameters=emb.parameters())\n            >>> opt_state_dict = adam.state_dict()\n\n            >>> # save state_dict of optimizer\n            >>> paddle.save(opt_state_dict, "adam.pdopt")\n            >>> # save weight of emb\n            >>> paddle.save(emb.weight, "emb.weight.pdtensor")\n\n        .. code-block:: python\n            :name: code-example-2\n\n            >>> # example 2: Save multiple state_dict at the same time\n            >>> import paddle\n            >>> from paddle import nn\n            >>> from paddle.optimizer import Adam\n\n            >>> layer = paddle.nn.Linear(3, 4)\n            >>> adam = Adam(learning_rate=0.001, parameters=layer.parameters())\n            >>> obj = {\'model\': layer.state_dict(), \'opt\': adam.state_dict(), \'epoch\': 100}\n            >>> path = \'example/model.pdparams\'\n            >>> paddle.save(obj, path)\n\n        .. code-block:: python\n            :name: code-example-3\n\n            >>> # example 3: static graph\n            >>> import paddle\n            >>> import paddle.static as static\n\n            >>> paddle.enable_static()\n\n            >>> # create network\n            >>> x = paddle.static.data(name="x", shape=[None, 224], dtype=\'float32\')\n            >>> z = paddle.static.nn.fc(x, 10)\n\n            >>> place = paddle.CPUPlace()\n            >>> exe = paddle.static.Executor(place)\n            >>> exe.run(paddle.static.default_startup_program())\n            >>> prog = paddle.static.default_main_program()\n            >>> for var in prog.list_vars():\n            ...     if list(var.shape) == [224, 10]:\n            ...         tensor = var.get_value()\n            ...         break\n\n            >>> # save/load tensor\n            >>> path_tensor = \'temp/tensor.pdtensor\'\n            >>> paddle.save(tensor, path_tensor)\n\n            >>> # save/load state_dict\n            >>> path_state_dict = \'temp/model.pdparams\'\n            >>> paddle.save(prog.state_dict("param"), path_tensor)\n\n        .. code-block:: python\n            :name: code-example-4\n\n            >>> # example 4: save program\n            >>> import paddle\n\n            >>> paddle.enable_static()\n\n            >>> data = paddle.static.data(\n            ...     name=\'x_static_save\', shape=(None, 224), dtype=\'float32\')\n            >>> y_static = z = paddle.static.nn.fc(data, 10)\n            >>> main_program = paddle.static.default_main_program()\n            >>> path = "example/main_program.pdmodel"\n            >>> paddle.save(main_program, path)\n\n        .. code-block:: python\n            :name: code-example-5\n\n            >>> # example 5: save object to memory\n            >>> from io import BytesIO\n            >>> import paddle\n            >>> from paddle.nn import Linear\n            >>> paddle.disable_static()\n\n            >>> linear = Linear(5, 10)\n            >>> state_dict = linear.state_dict()\n            >>> byio = BytesIO()\n            >>> paddle.save(state_dict, byio)\n            >>> paddle.seed(2023)\n            >>> tensor = paddle.randn([2, 3], dtype=\'float32\')\n            >>> paddle.save(tensor, byio)\n\n    \'\'\'\n    if _is_file_path(path):\n        # 1. input check\n        filename = os.path.basename(path)\n        if filename == "":\n            raise ValueError(\n                "The input path MUST be format of dirname/filename "\n                "[dirname\\\\filename in Windows system], but received "\n                "filename is empty string."\n            )\n\n        # 2. save object\n        dirname = os.path.dirname(path)\n        if dirname and not os.path.exists(dirname):\n            os.makedirs(dirname, exist_ok=True)\n    elif not _is_memory_buffer(path):\n        raise ValueError(\n            f"only supports saving objects to file and `BytesIO`, but got {type(path)}"\n        )\n\n    config = _parse_save_config(configs)\n\n    if not isinstance(config.use_binary_format, bool):\n        raise TypeError(\n            f"Type of `use_binary_format` should be bool, but received {type(config.use_binary_format)}."\n        )\n\n    if config.use_binary_format:\n        _save_binary_var(obj, path)\n    else:\n        # `protocol` needs to be used, `pickle_protocol` is a deprecated arg.\n        if config.pickle_protocol is not None:\n            protocol = config.pickle_protocol\n            warnings.warn(\n                "\'pickle_protocol\' is a deprecated argument. Please use \'protocol\' instead."\n            )\n\n        if isinstance(obj, paddle.static.Program):\n            if in_pir_mode():\n                paddle.core.serialize_pir_program(obj, path)\n            else:\n                obj.desc.flush()\n                with _open_file_buffer(path, "wb") as f:\n                    f.write(obj.desc.serialize_to_string())\n\n        elif _is_state_dict(obj):\n            if in_dygraph_mode():\n                if config.safetensors:\n                    _safe_save(obj, path)\n                else:\n                    _legacy_save(obj, path, protocol)\n            else:\n                _legacy_static_save(obj, path, protocol)\n        elif _is_file_path(path):\n            tmp_path = f"{path}.tmp"\n            with open(tmp_path, \'wb\') as f:\n                _pickle_save(obj, f, protocol)\n                f.flush()\n                os.fsync(f.fileno())\n            os.replace(tmp_path, path)\n            # The names: the file\'s in its directory, the directory\'s (made above\n            # when it was missing) in its parent.\n            dir_path = os.path.dirname(os.path.abspath(path))\n            for directory in (dir_path, os.path.dirname(dir_path)):\n                dir_fd = os.open(directory, os.O_RDONLY)\n                try:\n                    os.fsync(dir_fd)\n                finally:\n                    os.close(dir_fd)\n        else:\n            with _open_file_buffer(path, \'wb\') as f:\n                _pickle_save(obj, f, protocol)\n'),
+    ('paddle.framework.io', '_legacy_save', 'b4e8762ead715f67',
+     r'''def _legacy_save(obj, path, protocol=2):
+    # 1. input check
+    if not isinstance(obj, dict):
+        raise NotImplementedError(
+            "Now only supports save state_dict of Layer or Optimizer, "
+            f"expect dict, but received {type(obj)}."
+        )
+
+    if len(obj) == 0:
+        warnings.warn("The input state dict is empty, no need to save.")
+
+    if not isinstance(protocol, int):
+        raise ValueError(
+            f"The 'protocol' MUST be `int`, but received {type(protocol)}"
+        )
+
+    if protocol < 2 or protocol > 4:
+        raise ValueError(
+            f"Expected 1<'protocol'<5, but received protocol={protocol}"
+        )
+
+    if _is_file_path(path):
+        filename = os.path.basename(path)
+        if filename == "":
+            raise ValueError(
+                "The input path MUST be format of dirname/filename "
+                "[dirname\\filename in Windows system], but received "
+                "filename is empty string."
+            )
+        # 2. save object
+        dirname = os.path.dirname(path)
+        if dirname and not os.path.exists(dirname):
+            os.makedirs(dirname, exist_ok=True)
+
+    if isinstance(obj, dict):
+        saved_obj = _build_saved_state_dict(obj)
+
+    saved_obj = _unpack_saved_dict(saved_obj, protocol)
+
+    # When value of dict is larger than 4GB, there is a bug on macOS Python 3
+    if (
+        _is_file_path(path)
+        and sys.platform == 'darwin'
+        and sys.version_info.major == 3
+    ):
+        pickle_bytes = pickle.dumps(saved_obj, protocol=protocol)
+        with open(path, 'wb') as f:
+            max_bytes = 2**30
+            f.writelines(
+                pickle_bytes[i : i + max_bytes]
+                for i in range(0, len(pickle_bytes), max_bytes)
+            )
+    elif _is_file_path(path):
+        tmp_path = f"{path}.tmp"
+        with open(tmp_path, 'wb') as f:
+            pickle.dump(saved_obj, f, protocol=protocol)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp_path, path)
+        # The names: the file's in its directory, the directory's (made above
+        # when it was missing) in its parent.
+        dir_path = os.path.dirname(os.path.abspath(path))
+        for directory in (dir_path, os.path.dirname(dir_path)):
+            dir_fd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    else:
+        with _open_file_buffer(path, 'wb') as f:
+            pickle.dump(saved_obj, f, protocol=protocol)
+'''),
+]
+
+
+_APPLIED = []
+
+
+def apply():
+    """Bind every patched function where the framework holds the original (once per process). A stale fix (the
+    installed framework's source is not what it was written against) stops the run with status 3 and says so."""
+    if _APPLIED:
+        return
+    for module, qualname, digest, source in PATCHES:
+        owner, _, original = target(module, qualname)
+        found = source_digest(inspect.getsource(original))
+        if found != digest:
+            print(f"STALE FIX: {module}.{qualname} is not the source this fix was written against (sha256 {found}, "
+                  f"expected {digest}): the installed framework changed there", flush=True)
+            sys.exit(3)
+        rebind(original, compiled(original, source, owner, f"<fix.py: {module}.{qualname}>"))
+    _APPLIED.append(True)
