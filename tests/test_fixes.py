@@ -261,11 +261,11 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
         if case.fault is not None and case.fault.kind == "state":
             # A recorded power-loss state is a prefix of the stock save's IO; a durability fix changes that IO, so
             # the state no longer exists: every power-loss state of the fixed save is judged instead.
-            _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}")
+            _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}", warm_runners.fresh)
             return
         judgement, outcome = judge_case(case)
         if case.fault is not None and not (outcome.fault or {}).get("fired"):
-            _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}")
+            _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}", warm_runners.fresh)
     finally:
         judge_case.close(runners=False)
     details = "\n".join(judgement.details)
@@ -278,22 +278,43 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
         f"{stem} with {fix_id}: another failure\n{details}"
 
 
-def _every_crash_point_passes(case: Case, judge_case: Judge, label: str, sample: int = 6) -> None:
+@pytest.mark.nightly
+@pytest.mark.multirank
+@pytest.mark.parametrize(("fix_id", "stem"), _per_fix(PROOFS, lambda p: p[0], [f"{f}:{s}" for f, s in PROOFS]))
+def test_a_fix_is_needed_by_the_cases_it_covers(fix_id: str, stem: str, warm_runners) -> None:
+    """The other half of its proof: with every other fix of its framework applied (all but it and the fixes that
+    require it), the case still shows its own bug. So the fix is necessary, and no other fix masks the bug: a
+    known bug is identified by exactly its own fix."""
+    case, finding = read_case_file(REGRESSIONS / f"{stem}.json")
+    others = tuple(i for i in resolve("all", FIXES[fix_id].framework) if fix_id not in resolve(i))
+    judge_case = Judge(warm_runners.get(case.sut, finding.get("launch", "fresh"), others))
+    try:
+        judgement, outcome = judge_case(case)
+    finally:
+        judge_case.close(runners=False)
+    if case.fault is not None and not (outcome.fault or {}).get("fired"):
+        pytest.skip(f"the other fixes change the IO the fault targets ({outcome.fault}): it cannot fire here")
+    details = "\n".join(judgement.details)
+    assert not judgement.ok and any(e in details for e in _ways(finding)), \
+        f"{stem} with every fix but {fix_id}: its own bug is gone\n{details}"
+
+
+def _every_crash_point_passes(case: Case, judge_case: Judge, label: str, every: bool) -> None:
     """A fault case whose fault never fired with the fix proves nothing by passing: the fixed save no longer makes
     the faulted call (it writes no lock file, it renames a temporary). The crash is then proven fixed where it can
-    still happen: the fault op killed at crash points spread over every call it makes (``sample`` of them), each
-    judged with the fix; at least one must fire and every one must pass. A power-loss case: every power-loss state
-    of the fixed op must pass."""
+    still happen: the fault op killed at crash points spread over every call it makes, each judged with the fix; at
+    least one must fire and every one must pass. A power-loss case: the power-loss states of the fixed op must pass.
+    ``every``: all points and states (nightly); CI judges a spread of them (4 points, 12 states)."""
     from faults import strace
     from harness.judging.fault_runs import crashpoints, crashstates
 
     if not strace.available():
         pytest.skip("the fault no longer fires with the fix; its crash points need strace")
     if case.fault.kind == "state":
-        results = crashstates(case, judge_case.runners, confirm=judge_case)[0]
+        results = crashstates(case, judge_case.runners, limit=None if every else 12, confirm=judge_case)[0]
         assert results, f"{label}: the fixed save leaves no power-loss state to judge"
     else:
-        results = crashpoints(case, judge_case, sample=sample)
+        results = crashpoints(case, judge_case, sample=None if every else 4)
         assert any(r.report.get("fired") for r in results), f"{label}: no crash point of op {case.fault.op} fired"
     failing = [f"{r.description}: {r.judgement.details[:1] if r.judgement else r.error}" for r in results
                if r.judgement is None or not r.judgement.ok]
