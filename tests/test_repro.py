@@ -461,6 +461,9 @@ def test_a_report_offers_the_fix_and_says_when_it_does_not_pass() -> None:
     assert "does not pass (failed, exit status 1)" in section and "BUG: step 2: it still fails" in section
     fix["with_fix"] = {"passed": True, "how": "passed", "status": 0}
     assert "it exits 0 with the fix" in report_md(summary, {}, "d")
+    fix["with_fix_not_run"] = "the script makes the power loss itself"
+    assert "`bash run.sh --with-fix` is not offered here: the script makes the power loss itself." in report_md(
+        summary, {}, "d")
 
 
 def test_every_open_row_says_whether_it_has_a_verified_repro() -> None:

@@ -17,7 +17,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from harness.repro.candidate import write_candidate
+from harness.repro.candidate import SCRIPTED_LOSS, write_candidate
 from harness.repro.render import WITH_FIX, WITH_FIX_ARG, emitter, repro_py, run_sh
 from harness.repro.report import report_md
 from harness.repro.scripted_case import ReproUnsupported, check_supported, script_case
@@ -46,7 +46,9 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     fix = write_candidate(out, path.stem, _title(path, finding, case))
     if fix:
         summary["fix"] = fix
-        fix = None if "error" in fix else fix
+        if _scripted_loss(case):
+            fix["with_fix_not_run"] = SCRIPTED_LOSS
+        fix = None if "error" in fix or "with_fix_not_run" in fix else fix
     try:
         emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
         check_supported(case)
@@ -117,7 +119,11 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
     summary = json.loads((out / "repro.json").read_text(encoding="utf-8"))
     before = summary.pop("fix", None) or {}
     fix = write_candidate(out, path.stem, _title(path, finding, case))
-    if fix and "error" not in fix and (out / "run.sh").is_file():
+    if fix and _scripted_loss(case):
+        fix["with_fix_not_run"] = SCRIPTED_LOSS
+        _remove(out / "repro.py", WITH_FIX)
+        _remove(out / "run.sh", WITH_FIX_ARG)
+    elif fix and "error" not in fix and (out / "run.sh").is_file():
         _insert_once(out / "repro.py", "from collections import namedtuple\n", WITH_FIX)
         _insert_once(out / "run.sh", 'cd "$(dirname "$0")"\n', WITH_FIX_ARG)
         if verify:
@@ -137,6 +143,16 @@ def _with_fix(out: Path) -> dict:
     fixed = check_fix(out)
     ran = {"passed": fixed.shown, "how": fixed.how, "status": fixed.status}
     return ran if fixed.shown else {**ran, "output": portable(_excerpt(fixed.output))}
+
+
+def _scripted_loss(case: Case) -> bool:
+    """The case's fault is a power-loss state, which its script makes itself (SCRIPTED_LOSS)."""
+    return case.fault is not None and case.fault.kind == "state"
+
+
+def _remove(path: Path, text: str) -> None:
+    if path.is_file():
+        path.write_text(path.read_text(encoding="utf-8").replace(text, ""), encoding="utf-8")
 
 
 def _insert_once(path: Path, after: str, text: str) -> None:

@@ -19,6 +19,12 @@ KIND_MEANS = {
 }
 
 
+# Why a power-loss repro is not run with its fix: its script makes the loss itself.
+SCRIPTED_LOSS = ("the script makes the power loss itself (it removes the entry or the data a power loss may lose), "
+                 "whatever the code fsyncs, so no fix can make it pass; the harness proves a durability fix by "
+                 "judging every power-loss state of the fixed save (tests/test_fixes.py)")
+
+
 def candidate_fixes(stem: str) -> list[Fix]:
     """The regression case ``stem``'s fixes, those required first; none for a finding no known fix covers."""
     return [FIXES[i] for i in covering(stem)]

@@ -72,9 +72,12 @@ def _candidate(fix: dict, diff: str) -> list[str]:
     checked = fix.get("with_fix")
     shown = ("not run" if checked is None else "exits 0" if checked["passed"]
              else f"does not pass ({checked['how']}, exit status {checked['status']})")
-    lines += [f"Written against {', '.join(fix['written_against'])}. `bash run.sh --with-fix` applies it (`fix.py`) in "
-              f"every process of the run: it {shown} with the fix, while plain `bash run.sh` shows the bug. `fix.diff` "
-              "is the same change as a patch of the framework's source:", "", "```diff", diff.rstrip("\n"), "```", ""]
+    run = (f"`fix.py` applies it in a process; `bash run.sh --with-fix` is not offered here: {fix['with_fix_not_run']}."
+           if "with_fix_not_run" in fix else
+           f"`bash run.sh --with-fix` applies it (`fix.py`) in every process of the run: it {shown} with the fix, "
+           "while plain `bash run.sh` shows the bug.")
+    lines += [f"Written against {', '.join(fix['written_against'])}. {run} `fix.diff` is the same change as a patch "
+              "of the framework's source:", "", "```diff", diff.rstrip("\n"), "```", ""]
     if checked and not checked["passed"] and checked.get("output"):
         lines += ["With the fix, the run printed:", "", "```", checked["output"], "```", ""]
     return lines

@@ -15,11 +15,6 @@ import paddle.distributed as dist
 
 from collections import namedtuple
 
-if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
-    import fix
-
-    fix.apply()
-
 ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank
 
 SAFETENSORS = False  # the format= of the checkpoint

@@ -17,11 +17,6 @@ import torch.distributed.checkpoint as dcp
 
 from collections import namedtuple
 
-if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
-    import fix
-
-    fix.apply()
-
 ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank
 
 ASYNC_EXECUTOR = 'thread'  # dcp.async_save's checkpointer type
