@@ -258,9 +258,10 @@ def _fuzz(args: argparse.Namespace) -> int:
     prove = () if args.known is None else tuple(f for f in resolve("all", cls.framework) if f not in runners.fixes)
     judge_case = Judge(runners, exploring=True, known=known, exhaustive=args.exhaustive_bound, prove=prove)
     args.repro_until = time.monotonic() + args.time + shrink_room(args.time)
-    print(f"fuzz: drawing cases for {args.time:g} s; a failure found late is shrunk and proven for up to "
-          f"{shrink_room(args.time):.0f} s more" + (", and a repro is written for each new bucket while that time "
-          "lasts (after it: the command to write it)" if args.repro else ""), file=sys.stderr)
+    if sys.stderr.isatty():  # the terminal's user learns the tail up front; logs keep one line per error
+        print(f"fuzz: drawing cases for {args.time:g} s; a failure found late is shrunk and proven for up to "
+              f"{shrink_room(args.time):.0f} s more" + (", and a repro is written for each new bucket while that "
+              "time lasts (after it: the command to write it)" if args.repro else ""), file=sys.stderr)
     try:
         fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
     finally:

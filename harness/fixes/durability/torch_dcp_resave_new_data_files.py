@@ -35,4 +35,6 @@ FIX = Fix(
              "                plan, storage_data=_StoragePrefix(f\"__{self.rank}_{save_tag}\")\n"),)),
     ),
     covers=("torch-dcp-resave-crash-truncates-acknowledged", "torch-dcp-resave-crash-mixes-versions"),
+    # killed at the rename of its metadata, the re-save then meets the removal of the old metadata before it
+    requires=("torch-dcp-metadata-atomic-replace",),
 )

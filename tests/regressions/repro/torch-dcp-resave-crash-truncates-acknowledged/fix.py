@@ -1,8 +1,8 @@
 """torch-dcp: data-loss in P-ATOMIC (torch-dcp-resave-crash-truncates-acknowledged)
 
-The candidate fix (torch-dcp-resave-new-data-files), written by ckpt-harness: ``bash run.sh --with-fix`` runs the
-repro with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change as a
-patch of the framework's source."""
+The candidate fix (torch-dcp-metadata-atomic-replace, torch-dcp-resave-new-data-files), written by ckpt-harness:
+``bash run.sh --with-fix`` runs the repro with it, repro.py calling ``apply()`` in every process before its first
+step. fix.diff is the same change as a patch of the framework's source."""
 
 import __future__
 
@@ -86,6 +86,50 @@ def _set(namespace: dict, name: str, value: object) -> None:
 
 # (module, function, sha256[:16] of the source it was written against, the patched function)
 PATCHES = [
+    ('torch.distributed.checkpoint.filesystem', '_FileSystemWriter.finish', 'cc0038e467d7cd9d',
+     r'''    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        metadata.version = CURRENT_DCP_VERSION
+
+        storage_md = {}
+        for wr_list in results:
+            storage_md.update({wr.index: wr.storage_data for wr in wr_list})
+        metadata.storage_data = storage_md
+
+        metadata.storage_meta = self.storage_meta()
+        tmp_filename = (
+            f"__{self.rank}{_metadata_fn}.tmp"
+            if not self.use_collectives and self.rank is not None
+            else f"{_metadata_fn}.tmp"
+        )
+        tmp_path = cast(Path, self.fs.concat_path(self.path, tmp_filename))
+        with self.fs.create_stream(tmp_path, "wb") as metadata_file:
+            pickle.dump(metadata, metadata_file)
+            if self.sync_files:
+                try:
+                    os.fsync(metadata_file.fileno())
+                except (AttributeError, UnsupportedOperation):
+                    os.sync()
+
+        # delete in-case other checkpoints were present.
+        if not self.use_collectives and self.rank is not None:
+            metadata_path = self._get_metadata_path(self.rank)
+        else:
+            metadata_path = self._get_metadata_path()
+
+        # A local rename replaces the old metadata atomically: removing it
+        # first would leave no metadata at all to a crash in between.
+        if not isinstance(self.fs, FileSystem) and self.fs.exists(metadata_path):
+            self.fs.rm_file(metadata_path)
+
+        self.fs.rename(tmp_path, metadata_path)
+'''),
+    ('torch.distributed.checkpoint.filesystem', 'FileSystem.rename', 'dced558ba5cfd4f4',
+     r'''    def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
+        if not isinstance(path, Path):
+            path = Path(path)
+
+        path.replace(cast(Path, new_path))
+'''),
     ('torch.distributed.checkpoint.filesystem', '_FileSystemWriter.prepare_global_plan', 'e6026772a1352081',
      r'''    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         # A re-save must not overwrite the files the existing metadata points
