@@ -502,12 +502,12 @@ WITH_FIX = [p for p in WITH_REPRO if _fix_passed(p)]
 
 
 @pytest.mark.multirank
-@pytest.mark.parametrize("path", _ci_share(WITH_FIX, lambda data: data["sut"]))
+@pytest.mark.parametrize("path", _ci_share(WITH_FIX, lambda data: "one in CI"))
 def test_standalone_repro_passes_with_its_candidate_fix(path: Path) -> None:
     """``run.sh --with-fix`` applies the candidate fix (fix.py) in every process, writers included, and every launch
     exits 0: the fix a report offers fixes the bug outside the harness too. It is checked for every repro whose fix
     was seen to pass (a fix whose run then meets another known bug says so in its REPORT.md instead); CI runs the
-    first of each SUT."""
+    first, the nightly run all."""
     from harness.repro import check_fix
 
     data = json.loads(path.read_text())
