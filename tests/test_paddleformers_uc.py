@@ -121,12 +121,14 @@ def test_async_save_with_rotation_resumes_the_newest(uc_judge) -> None:
 
 @needs_uc
 @pytest.mark.multirank
+@pytest.mark.timeout(900)
 def test_fuzz_with_faults_runs_real_uc_saves(tmp_path: Path) -> None:
     """The done-when of issue 7, at CI size: `fuzz --sut paddleformers-uc --faults` saves, crashes and resumes. A case
-    of each property, not a time: one fault case of real Trainer saves takes over a minute on a busy runner."""
+    of each property, not a time: one fault case of real Trainer saves takes over a minute on a busy runner. Stock
+    code, no repro: the campaign's saves and crashes are what this checks (test_fixes proves the Trainer fixes)."""
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "fuzz", "--sut", SUT, "--ranks", "2", "--faults", "--cases", "1",
-         "--time", "400",
+         "--time", "300", "--fixes", "none", "--no-repro",
          "--seed", "7", "--property", "P-CORRUPT", "--property", "P-LIVENESS", "--out", str(tmp_path / "out"),
          "--skip-known", str(REGRESSIONS)],
         capture_output=True, text=True, timeout=900)
