@@ -10,9 +10,12 @@ import inspect
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from harness.campaign.fuzz import _round_fixes
+from harness.campaign.results import Campaign
 from harness.cli import main
 from harness.fixes import FIXES, FixError, apply_fixes, resolve
 from harness.fixes.patch import Fix, Hunk, source_digest
@@ -239,6 +242,25 @@ def test_a_campaign_runs_past_fixed_bugs_and_names_the_fixes_a_new_bug_needs(tmp
     (finding,) = (tmp_path / "broken" / "findings").glob("*.json")
     data = json.loads(finding.read_text())
     assert data["needs_fixes"] == ["test-bad"] and sorted(data["fixes"]) == ["test-bad", "test-flip"]
+
+
+def test_a_swarm_round_leaves_a_fix_out_and_proves_its_bug_known(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Swarm rounds after the first may leave fixes out, so bugs behind a known bug's behaviour stay reachable;
+    the known bug that then fires passes with the left-out fix put back: known, never a new bucket."""
+    flipped = "                flat[-1] ^= np.array(1, dtype=flat.dtype)\n"
+    flip = _test_fix("test-flip", buggy.FlipsLastElementSut, flipped, "                pass\n")
+    monkeypatch.setitem(FIXES, flip.id, flip)
+    monkeypatch.setattr(buggy.FlipsLastElementSut, "framework", "tests")
+    runners = SimpleNamespace(fixes=("test-flip",))
+    seed = next(s for s in range(100) if _round_fixes(Campaign("x", 2, [], 20, s), runners, 1))
+    argv = ["fuzz", "--sut", "tests.suts.buggy:FlipsLastElementSut", "--ranks", "2", "--time", "12",
+            "--property", "P-ROUNDTRIP", "--seed", str(seed), "--launch", "in-process", "--out", str(tmp_path)]
+    assert main(argv) == 0, capsys.readouterr()
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["buckets"][0]["status"] == "known" and summary["buckets"][0]["fixes"] == ["test-flip"], summary
+    assert summary["known_findings_skipped"]["fixed by test-flip"] >= 1
+    assert summary["swarm_per_feature"]["fix:test-flip"]["cases"] >= 1, summary["swarm_per_feature"]
+    assert summary["fixes"] == ["test-flip"]
 
 
 PROOFS = sorted((fix_id, stem) for fix_id, fix in FIXES.items() for stem in fix.covers)

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.sut import REGISTRY
-from properties.generate.swarm import FLOATS, GROUPS, swarm
+from properties.generate.swarm import FLOATS, GROUPS, swarm, swarm_fixes
 from properties.registry import REGISTRY as PROPERTIES
 from properties.registry import drawable_properties, property_cases
 
@@ -49,3 +49,16 @@ def test_every_property_draws_under_a_configuration(sut: str, data: st.DataObjec
     dtypes = {c.split(":", 1)[1] for c in kept if c.startswith("dtype:")}
     if "trainer_state" not in caps:  # a trainer's moments and master weights are F32 whatever its weights are
         assert not dtypes or {t.dtype for t in case.tensors} <= dtypes
+
+
+def test_a_round_leaves_out_a_few_fixes_with_what_requires_them() -> None:
+    fixes = [f"f{n}" for n in range(20)]
+    requirers = {"f3": ["f7"], "f7": ["f11"]}.get
+    rounds = [swarm_fixes(fixes, f"9|{n}", lambda f: requirers(f) or []) for n in range(200)]
+    assert rounds == [swarm_fixes(fixes, f"9|{n}", lambda f: requirers(f) or []) for n in range(200)]
+    assert 60 < sum(not r for r in rounds) < 140  # about half the rounds carry every fix
+    for left in rounds:
+        assert list(left) == sorted(set(left)) and set(left) <= set(fixes)
+        assert ("f3" not in left or {"f7", "f11"} <= set(left)) and ("f7" not in left or "f11" in left)
+        assert len(set(left) - {"f7", "f11"}) <= 2
+    assert swarm_fixes([], "9|1", lambda f: []) == ()

@@ -19,7 +19,8 @@ import os
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -30,11 +31,12 @@ from hypothesis.internal.observability import with_observability_callback
 from harness.campaign.corpus import replay_corpus
 from harness.campaign.reduce import reduce_case
 from harness.campaign.results import Campaign, Finding
+from harness.fixes import FIXES
 from harness.judging.fidelity import REAL_MAX, max_world
 from harness.judging.judge import Judge
 from harness.ranks.runner import PoolFailure
 from harness.ranks.runners import Runners
-from properties.generate.swarm import swarm
+from properties.generate.swarm import swarm, swarm_fixes
 from properties.model.case import Case
 from properties.model.outcome import Outcome
 from properties.model.verdicts import Judgement
@@ -146,12 +148,13 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     judge_case.prove_until = run.hard_deadline
     turn = 0
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
-        for n, prop in enumerate(campaign.properties):
-            if time.monotonic() >= deadline or campaign.done():
-                break
-            if campaign.capped(prop):
-                continue
-            _turn(run, prop, campaign.seed + turn * len(campaign.properties) + n, reuse=turn == 0)
+        with _fixes_left_out(judge_case, _round_fixes(campaign, judge_case.runners, turn)):
+            for n, prop in enumerate(campaign.properties):
+                if time.monotonic() >= deadline or campaign.done():
+                    break
+                if campaign.capped(prop):
+                    continue
+                _turn(run, prop, campaign.seed + turn * len(campaign.properties) + n, reuse=turn == 0)
         turn += 1
     campaign.wall = time.monotonic() - start
     run.close()
@@ -159,6 +162,32 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     if progress:
         sys.stderr.write("\n")
     return campaign
+
+
+def _round_fixes(campaign: Campaign, runners: Runners, turn: int) -> tuple[str, ...]:
+    """The fixes round ``turn`` leaves out (properties.generate.swarm.swarm_fixes): none in the first round, so a
+    short campaign spends its time past every known bug."""
+    if not (campaign.swarm and turn and runners.fixes):
+        return ()
+    return swarm_fixes(runners.fixes, f"{campaign.seed}|fixes|{turn}",
+                       lambda fix_id: [k for k, f in FIXES.items() if fix_id in f.requires])
+
+
+@contextmanager
+def _fixes_left_out(judge_case: Judge, left_out: tuple[str, ...]) -> Iterator[None]:
+    """A round on ranks patched without ``left_out``; a failure that passes with them put back is known
+    (Judge.suspects). The round's pools are closed at its end: the next round's ranks carry every fix again."""
+    if not left_out:
+        yield
+        return
+    runners = judge_case.runners
+    before = judge_case.suspects
+    judge_case.suspects = left_out
+    try:
+        with runners.patched(tuple(f for f in runners.fixes if f not in left_out)):
+            yield
+    finally:
+        judge_case.suspects = before
 
 
 def _tally(judge_case: Judge, campaign: Campaign) -> None:
@@ -201,6 +230,7 @@ def _batch(run: _Run, prop: str, seed: int, examples: int, turn_end: float, reus
     what is not yet explained. Later turns do not replay it (each would drop what the first one counted)."""
     campaign = run.campaign
     drawable, left_out = _configured(campaign, prop, run.capabilities, seed)
+    left_out += tuple(f"fix:{f}" for f in run.judge_case.suspects)
     turn = _Turn(prop, left_out, turn_end, time.monotonic(), campaign.cases_run[prop])
     database = campaign.corpus.database() if campaign.corpus is not None else None
     test = _test(run, turn, drawable, examples, reused=bool(database and reuse))
@@ -293,6 +323,8 @@ def _found(run: _Run, turn: _Turn) -> list[Finding]:
                  for finding in found]
         for finding in found:
             finding.confirmed_real = _confirm_real(run, finding)
+    for finding in found:
+        finding.fixes = tuple(run.judge_case.runners.fixes)
     if run.judge_case.runners.fixes:
         for finding in found:
             assert finding.bucket is not None

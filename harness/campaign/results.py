@@ -33,6 +33,9 @@ class Finding:
     # Found with fixes applied (--fixes): () where stock code fails the same way too; else the fixes without which
     # it passes (a bug they unmask, or a bug of theirs). None: no fixes were applied.
     needs_fixes: tuple[str, ...] | None = None
+    # The fixes applied where it failed, which its replay applies too: the campaign's, less any its round's swarm
+    # configuration left out (properties.generate.swarm.swarm_fixes). None: the campaign's.
+    fixes: tuple[str, ...] | None = None
 
 
 @dataclass

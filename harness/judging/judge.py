@@ -67,7 +67,11 @@ class Judge:
         # prove: fixes (harness.fixes) a failure no signature explains is replayed with; where it passes with them
         # it is known, by the smallest set of them it needs (``fixed_by``: bucket core -> that set, or None)
         self.prove = prove
-        self.fixed_by: dict[str, tuple[str, ...] | None] = {}
+        # suspects: fixes left out of the runners for a while (a swarm round): tried before ``prove``, since the
+        # known bug a failure shows is most likely one of theirs
+        self.suspects: tuple[str, ...] = ()
+        # (bucket core, fixes applied) -> the fixes proving that core known there, or None
+        self.fixed_by: dict[tuple[str, tuple[str, ...]], tuple[str, ...] | None] = {}
         self.prove_until: float | None = None  # a campaign's hard deadline: no proof starts or narrows past it
         runners.fast_failures = exploring
         self._reference: Runners | None = None
@@ -95,16 +99,16 @@ class Judge:
 
     def _proven(self, case: Case, judgement: Judgement, outcome: Outcome) -> tuple[str, ...] | None:
         """The smallest set of ``prove``'s fixes with which the case passes, the first case of each bucket core
-        deciding for its core; None when it fails with all of them too. The whole set must pass twice (a racy
-        failure can pass once by chance); then each fix is left out in turn, with the fixes that require it,
-        where the case still passes. Fault cases are not proven this way: a fix may pass one by no longer making
-        the faulted call."""
-        if not self.prove or case.fault is not None or self._late():
+        deciding for its core (under the fixes applied); None when it fails with all of them too. ``suspects``
+        are tried alone first, then with ``prove``. The set must pass twice (a racy failure can pass once by
+        chance); then each fix is left out in turn, with the fixes that require it, where the case still passes.
+        A fault case passes only where its fault fired: a fix may pass one by no longer making the faulted call."""
+        if not (self.prove or self.suspects) or self._late():
             return None
-        core = self._bucket(case, judgement, outcome).core
-        if core not in self.fixed_by:
-            self.fixed_by[core] = self._smallest_fix_set(case)
-        return self.fixed_by[core]
+        key = (self._bucket(case, judgement, outcome).core, tuple(self.runners.fixes))
+        if key not in self.fixed_by:
+            self.fixed_by[key] = self._smallest_fix_set(case)
+        return self.fixed_by[key]
 
     def _late(self) -> bool:
         return self.prove_until is not None and time.monotonic() > self.prove_until
@@ -112,12 +116,16 @@ class Judge:
     def _smallest_fix_set(self, case: Case) -> tuple[str, ...] | None:
         def passes(fixes: tuple[str, ...]) -> bool:
             judged = self.judged_with(case, (*self.runners.fixes, *fixes))
-            return judged is not None and judged[0].ok
+            return judged is not None and judged[0].ok and (
+                case.fault is None or bool((judged[1].fault or {}).get("fired")))
 
-        kept = tuple(self.prove)
-        if not (passes(kept) and passes(kept)):
+        groups = [tuple(self.suspects), tuple(dict.fromkeys((*self.suspects, *self.prove)))]
+        for kept in dict.fromkeys(g for g in groups if g):
+            if passes(kept) and passes(kept):
+                break
+        else:
             return None
-        for fix_id in self.prove:
+        for fix_id in tuple(kept):
             if self._late():  # known by every fix still kept: proven, if not the smallest set
                 break
             if fix_id in kept:

@@ -129,8 +129,12 @@ class Runners:
         """Cases run with these fixes instead (harness.fixes): a patched replay proving a failure known. The
         runners and spares started meanwhile are closed on the way out: no patched pool outlives it, and an
         in-process runner takes its patches back. In-process, the fixes this process carries and ``fixes`` lacks
-        are lifted meanwhile (a replay on stock code), and put back after."""
+        are lifted meanwhile (a replay on stock code), and put back after; its runners are set aside meanwhile, since
+        a lift changes the code they run."""
         before, self.fixes = self.fixes, fixes
+        parked: dict = {}
+        if self.mode == "in-process":
+            parked, self._runners = self._runners, {}
         kept, spared = set(self._runners), set(self._spares)
         lifted = [FIXES[f] for f in before if f not in fixes and FIXES[f].applied()] if self.mode == "in-process" \
             else []
@@ -145,6 +149,7 @@ class Runners:
             self._close_spares([k for k in self._spares if k not in spared])
             for fix in lifted:
                 fix.apply()
+            self._runners.update(parked)
 
     def waiting(self) -> AbstractContextManager[Runners]:
         """Ranks stuck behind a raiser are waited on until the backend's own timeout (``fast_failures`` off)."""

@@ -53,7 +53,8 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
     for n, finding in enumerate(campaign.findings):
         safe_sut = re.sub(r"[^A-Za-z0-9._-]", "_", campaign.sut)
         path = findings_dir / f"{n:03d}-{finding.judgement.property}-{safe_sut}.json"
-        data = finding_json(finding, f"ckpt-harness replay {path}", campaign.fixes)
+        fixes = campaign.fixes if finding.fixes is None else list(finding.fixes)
+        data = finding_json(finding, f"ckpt-harness replay {path}", fixes)
         path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         if extra is not None:
             data.update(extra(path))

@@ -43,3 +43,21 @@ def swarm(capabilities: Iterable[str], seed: int, needs: Callable[[frozenset[str
             break
         out.discard(cap)
     return frozenset(c for c in caps if c not in out), tuple(sorted(out))
+
+
+def swarm_fixes(fixes: Iterable[str], seed: int | str, requirers: Callable[[str], Iterable[str]]) -> tuple[str, ...]:
+    """The known-bug fixes (harness.fixes) a round of a campaign leaves out, for ``seed``: none in half the
+    rounds, else one or two, with every fix that requires one left out (sorted). A bug reachable only through a
+    known bug's behaviour (a file the stock code writes, an error path it takes) stays reachable, while most rounds
+    spend no time on known bugs. ``requirers``: the fixes that require a fix."""
+    pool = sorted(set(fixes))
+    rng = random.Random(seed)
+    if not pool or rng.random() < 0.5:
+        return ()
+    out = set(rng.sample(pool, min(len(pool), rng.choice((1, 2)))))
+    grown = True
+    while grown:
+        more = {r for f in out for r in requirers(f) if r in pool} - out
+        out |= more
+        grown = bool(more)
+    return tuple(sorted(out))
