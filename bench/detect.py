@@ -25,6 +25,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -34,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.planted import DEFECTS  # noqa: E402
 from harness.campaign.fuzz import fuzz  # noqa: E402
 from harness.campaign.results import Campaign  # noqa: E402
+from harness.fixes import resolve  # noqa: E402
 from harness.judging.judge import Judge  # noqa: E402
 from harness.ranks.runners import Runners  # noqa: E402
 from harness.report.summary import buckets  # noqa: E402
@@ -44,11 +46,16 @@ from properties.triage.known import read_known  # noqa: E402
 KNOWN = read_known(ROOT / "tests" / "regressions")
 
 
-def campaign(sut: str, ranks: int, mode: str, seconds: float, seed: int,
+def campaign(sut: str, ranks: int, mode: str, seconds: float, seed: int, fixes: str = "all",
              stop_when: Callable | None = None) -> tuple[Campaign, float]:
-    caps = frozenset(adapter_class(sut).capabilities)
+    """A campaign as ``fuzz --fixes FIXES`` runs it: the fixes of the SUT's framework applied, the others proving
+    a failure known by a patched replay."""
+    cls = adapter_class(sut)
+    caps = frozenset(cls.capabilities)
+    applied = resolve(fixes, cls.framework)
     run = Campaign(sut, ranks, drawable_properties(caps), seconds, seed, mode=mode, stop_when=stop_when)
-    judge = Judge(Runners(sut, mode), exploring=True, known=KNOWN)
+    prove = tuple(f for f in resolve("all", cls.framework) if f not in applied)
+    judge = Judge(Runners(sut, mode, fixes=applied), exploring=True, known=KNOWN, prove=prove)
     start = time.monotonic()
     try:
         fuzz(judge, run, caps)
@@ -57,11 +64,11 @@ def campaign(sut: str, ranks: int, mode: str, seconds: float, seed: int,
     return run, time.monotonic() - start
 
 
-def passes_without_defect(family: str, mode: str, accepted: list) -> Callable:
-    """Whether a finding's case passes on the unplanted SUT (a pass excused by a known finding counts); the
-    findings it accepts are appended to ``accepted``."""
+def passes_without_defect(family: str, mode: str, fixes: tuple[str, ...], accepted: list) -> Callable:
+    """Whether a finding's case passes on the unplanted SUT with the campaign's fixes (a pass excused by a known
+    finding counts); the findings it accepts are appended to ``accepted``."""
     def check(finding) -> bool:
-        judge = Judge(Runners(family, mode), known=KNOWN)
+        judge = Judge(Runners(family, mode, fixes=fixes), known=KNOWN)
         try:
             judgement, _ = judge(dataclasses.replace(finding.case, sut=family))
         finally:
@@ -72,45 +79,72 @@ def passes_without_defect(family: str, mode: str, accepted: list) -> Callable:
     return check
 
 
+def hunt(name: str, budget: float, seed: int, fixes: str) -> dict:
+    """One campaign on the planted SUT until the defect's first finding or the budget, as a row."""
+    sut, ranks, mode = DEFECTS[name]
+    family = adapter_class(sut).name
+    accepted: list = []
+    applied = resolve(fixes, adapter_class(sut).framework)
+    run, wall = campaign(sut, ranks, mode, budget, seed, fixes, passes_without_defect(family, mode, applied, accepted))
+    first = accepted[0] if accepted else None
+    return {"defect": name, "fixes": fixes, "fixes_applied": len(applied), "found": first is not None,
+            "seconds": round(first.found_at, 1) if first else None,
+            "bucket": first.bucket.title if first else None,
+            "property": first.judgement.property if first else None, "cases": sum(run.cases_run.values()),
+            "wall_s": round(wall, 1), "known_met": sum(run.known.values()),
+            "other_new_buckets": sum(1 for f in run.findings if f is not first),
+            "other_buckets": [f.bucket.title for f in run.findings if f is not first],
+            "cases_per_property": dict(run.cases_run)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget", type=float, default=150.0, help="seconds per defect (default 150)")
     parser.add_argument("--defect", action="append", choices=sorted(DEFECTS), help="only these (default: all)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--fixes", action="append", choices=("all", "none"),
+                        help="campaigns' --fixes, each setting run for every defect, side by side "
+                        "(default: all and none)")
     parser.add_argument("--main-job", type=float, default=0.0, metavar="SECONDS")
     args = parser.parse_args(argv)
-    found = total = 0
+    settings = args.fixes or ["all", "none"]
+    found: Counter = Counter()
+    total = 0
+    seconds: dict[str, dict[str, float]] = {}
     for name in args.defect or sorted(DEFECTS):
-        sut, ranks, mode = DEFECTS[name]
         try:
-            family = adapter_class(sut).name
-            accepted: list = []
-            run, wall = campaign(sut, ranks, mode, args.budget, args.seed, passes_without_defect(family, mode,
-                                                                                                  accepted))
+            adapter_class(DEFECTS[name][0])
         except UnknownSut as exc:  # Paddle not installed here
             print(json.dumps({"defect": name, "skipped": str(exc)}))
             continue
         total += 1
-        first = accepted[0] if accepted else None
-        found += first is not None
-        print(json.dumps({"defect": name, "found": first is not None,
-                          "seconds": round(first.found_at, 1) if first else None,
-                          "bucket": first.bucket.title if first else None, "property": first.judgement.property
-                          if first else None, "cases": sum(run.cases_run.values()), "wall_s": round(wall, 1),
-                          "known_met": sum(run.known.values()),
-                          "other_new_buckets": sum(1 for f in run.findings if f is not first),
-                          "other_buckets": [f.bucket.title for f in run.findings if f is not first],
-                          "cases_per_property": dict(run.cases_run)}), flush=True)
-    print(f"detected_ratio: {found / total:.2f}" if total else "detected_ratio: - (nothing ran)")
+        rows: dict[tuple[str, ...], dict] = {}  # a framework without fixes: one campaign serves both settings
+        for fixes in settings:
+            applied = resolve(fixes, adapter_class(DEFECTS[name][0]).framework)
+            row = rows[applied] = {**rows[applied], "fixes": fixes} if applied in rows else \
+                hunt(name, args.budget, args.seed, fixes)
+            found[fixes] += row["found"]
+            # not found: the whole budget, so a miss never reads as fast
+            seconds.setdefault(fixes, {})[name] = row["seconds"] if row["found"] else args.budget
+            print(json.dumps(row), flush=True)
+    for fixes in settings:
+        print(f"detected_ratio (--fixes {fixes}): {found[fixes] / total:.2f}" if total
+              else "detected_ratio: - (nothing ran)")
+    if total and set(settings) == {"all", "none"}:
+        fixed, stock = sum(seconds["all"].values()), sum(seconds["none"].values())
+        print(f"seconds to detection, summed over defects: --fixes all {fixed:.1f}, --fixes none {stock:.1f}; "
+              f"ratio all/none {fixed / stock:.2f}" if stock else "")
     if args.main_job:
-        run, _ = campaign("paddle-dcp", 2, "pool", args.main_job, args.seed)
-        rows = [{"bucket": f.bucket.id, "property": f.judgement.property, "bucket_title": f.bucket.title,
-                 "replay": "-"} for f in run.findings]
-        listed = buckets(run, rows)
-        print(f"distinct_buckets: {len(listed)}")
-        print(f"new_buckets: {sum(1 for b in listed if b['status'] == 'new')}")
-        print(json.dumps({"cases": sum(run.cases_run.values()), "seconds_per_property": dict(run.prop_seconds),
-                          "buckets": [(b["status"], b["title"], b["cases"]) for b in listed]}))
+        for fixes in settings:
+            run, _ = campaign("paddle-dcp", 2, "pool", args.main_job, args.seed, fixes)
+            rows = [{"bucket": f.bucket.id, "property": f.judgement.property, "bucket_title": f.bucket.title,
+                     "replay": "-"} for f in run.findings]
+            listed = buckets(run, rows)
+            print(f"--fixes {fixes}: distinct_buckets: {len(listed)}, "
+                  f"new_buckets: {sum(1 for b in listed if b['status'].startswith('new'))}")
+            print(json.dumps({"fixes": fixes, "cases": sum(run.cases_run.values()),
+                              "seconds_per_property": dict(run.prop_seconds),
+                              "buckets": [(b["status"], b["title"], b["cases"]) for b in listed]}))
     return 0
 
 

@@ -445,6 +445,45 @@ def test_a_repro_gets_its_candidate_fix_once(tmp_path: Path) -> None:
         assert not (bare / "fix.py").exists() and "Candidate fix" not in (bare / "REPORT.md").read_text()
 
 
+@pytest.mark.skipif(not framework_available(REGISTRY["paddle-dcp"]), reason="needs paddle")
+def test_a_bug_shown_only_behind_a_fix_gets_a_repro_that_applies_it(tmp_path: Path, monkeypatch, capsys) -> None:
+    """A finding that stock code does not show (its ``needs_fixes``: here a fix that breaks loads of more than one
+    tensor, as a campaign with it applied shrank it) gets a repro that applies those fixes in every process
+    (needs.py), so ``run.sh`` shows the finding's own failure, and REPORT.md says why."""
+    import inspect
+
+    from paddle.distributed.flex_checkpoint.dcp import load_state_dict as loading
+
+    from harness.fixes import FIXES
+    from harness.fixes.patch import Fix, Hunk, source_digest
+
+    func = loading._load_state_dict
+    line = "    resharder.reshard()\n"
+    broken = Fix("test-unmask", "fix", "paddle", "0", "_load_state_dict: a fix that breaks loads", (Hunk(
+        loading.__name__, "_load_state_dict", source_digest(inspect.getsource(func)),
+        ((line, line + "    if len(target_state_dict) > 1:\n        raise ValueError('broken by a fix')\n"),)),), ())
+    monkeypatch.setitem(FIXES, broken.id, broken)
+    whole = {"kind": "sharded", "mesh": {"dim_names": ["d0"], "shape": [1]}, "owner": [], "placements": ["R"]}
+    case = {"property": "P-ROUNDTRIP", "sut": "paddle-dcp", "seed": 0, "version": 1,
+            "tensors": [{"dtype": "F32", "name": n, "seed": 0, "shape": []} for n in ("model/w", "model/b")],
+            "save_layout": {"model/w": whole, "model/b": whole}, "load_layout": {"model/w": whole, "model/b": whole},
+            "ops": [{"kind": k, "name": "step-1"} for k in ("save", "load")],
+            "options": {"format": "safetensors", "tensor_kind": "dist_from_local"}}
+    path = tmp_path / "finding.json"
+    path.write_text(json.dumps({"case": case, "verdict": "error", "property": "P-ROUNDTRIP", "sut": "paddle-dcp",
+                                "error": "op 1 (load step-1): ValueError: rank 0: broken by a fix",
+                                "launch": "in-process", "fixes": [broken.id], "needs_fixes": [broken.id]}))
+    folder = tmp_path / "repro"
+    assert main(["repro", str(path), "--out", str(folder), "--no-simplify"]) == 0, capsys.readouterr()
+    assert loading._load_state_dict is func  # the in-process ranks took the fix back
+    assert "import needs" in (folder / "repro.py").read_text() and (folder / "needs.py").is_file()
+    assert "broken by a fix" in (folder / "needs.diff").read_text()
+    assert "Shows only behind known bugs' fixes" in (folder / "REPORT.md").read_text()
+    summary = json.loads((folder / "repro.json").read_text())
+    assert summary["needs_fixes"] == [broken.id] and summary["standalone_verified"], summary
+    assert "broken by a fix" in summary["output"]
+
+
 def test_a_report_offers_the_fix_and_says_when_it_does_not_pass() -> None:
     from harness.repro.report import report_md
 

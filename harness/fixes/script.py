@@ -33,8 +33,9 @@ def apply():
 '''
 
 
-def fix_script(fixes: list[Fix], title: str) -> str:
-    """``fix.py`` for these fixes, applied in this order (several may edit one function: their edits stack)."""
+def fix_script(fixes: list[Fix], title: str, about: str | None = None) -> str:
+    """``fix.py`` for these fixes, applied in this order (several may edit one function: their edits stack);
+    ``about``: what the file is for, where it is not a repro's candidate fix."""
     stacks: dict[tuple[str, str], tuple[Hunk, list[tuple[str, Edits]]]] = {}
     for fix in fixes:
         for hunk in fix.hunks:
@@ -44,9 +45,10 @@ def fix_script(fixes: list[Fix], title: str) -> str:
         source = hunk.patched_source(tuple(stack), stack[-1][0])
         patches.append(f"    ({module!r}, {qualname!r}, {hunk.digest!r},\n     {_literal(source)}),\n")
     ids = ", ".join(f.id for f in fixes)
-    about = textwrap.fill(f"The candidate fix ({ids}), written by ckpt-harness: ``bash run.sh --with-fix`` runs the "
-                          "repro with it, repro.py calling ``apply()`` in every process before its first step. "
-                          "fix.diff is the same change as a patch of the framework's source.", 116)
+    about = textwrap.fill(about or (
+        f"The candidate fix ({ids}), written by ckpt-harness: ``bash run.sh --with-fix`` runs the repro with it, "
+        "repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change as a "
+        "patch of the framework's source."), 116)
     return (f'"""{title}\n\n{about}"""\n\n'
             + _machinery()
             + "\n\n# (module, function, sha256[:16] of the source it was written against, the patched function)\n"

@@ -17,7 +17,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from harness.repro.candidate import SCRIPTED_LOSS, write_candidate
+from harness.repro.candidate import SCRIPTED_LOSS, write_candidate, write_needs
 from harness.repro.render import WITH_FIX, WITH_FIX_ARG, emitter, repro_py, run_sh
 from harness.repro.report import report_md
 from harness.repro.scripted_case import ReproUnsupported, check_supported, script_case
@@ -43,6 +43,9 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"source": _shown_path(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
     kept: list[str] = []
+    needs = write_needs(out, finding.get("needs_fixes") or (), _title(path, finding, case))
+    if needs:
+        summary["needs_fixes"] = list(needs)
     fix = write_candidate(out, path.stem, _title(path, finding, case))
     if fix:
         summary["fix"] = fix
@@ -53,10 +56,10 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
         check_supported(case)
         if simplify_first and verdict:
-            case, kept, tried = simplify(case, finding, launch)
+            case, kept, tried = simplify(case, finding, launch, fixes=needs)
             summary["simplifications_tried"] = tried
         summary["simplified"] = kept
-        judgement, outcome = judged(case, launch)
+        judgement, outcome = judged(case, launch, needs)
         op = reported_op(judgement.details, _expected_words(finding, judgement.verdict.value))
         failed = frozenset(r.index for r in outcome.records if not r.ok and op is not None and r.index < op)
         summary.update(step=op, harness_verdict=judgement.verdict.value, **({"ways": ways} if ways else {}))
@@ -66,7 +69,8 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
                          corruptions=corruptions)
         title = _title(path, finding, case)
         source = f"ckpt-harness finding {path.name}"
-        (out / "repro.py").write_text(repro_py(scripted, title, source, with_fix=bool(fix)), encoding="utf-8")
+        (out / "repro.py").write_text(repro_py(scripted, title, source, with_fix=bool(fix), needs=bool(needs)),
+                                      encoding="utf-8")
         (out / "run.sh").write_text(run_sh(scripted, with_fix=bool(fix)), encoding="utf-8")
         os.chmod(out / "run.sh", 0o755)
         summary.update(phases=len(scripted.phases), ranks=scripted.max_world, case=case.to_json(),

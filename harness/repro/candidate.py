@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.fixes import FIXES, covering
+from harness.fixes import FIXES, covering, resolve
 from harness.fixes.patch import Fix, FixError
 from harness.fixes.script import fix_script
 
@@ -51,3 +51,21 @@ def write_candidate(out: Path, stem: str, title: str) -> dict | None:
             "summaries": {f.id: f.summary for f in fixes},
             "written_against": sorted({f"{f.framework} {f.version}" for f in fixes}),
             "resolves": sorted({s for f in own for s in f.covers} - {stem})}
+
+
+def write_needs(out: Path, needed: list[str] | tuple[str, ...], title: str) -> tuple[str, ...]:
+    """``out``/needs.py and needs.diff: the known bugs' fixes a finding shows only behind (its ``needs_fixes``,
+    with what they require), which repro.py applies in every process; () where it needs none. The bug is one those
+    fixes unmask (stock code stops at the known bug first) or one of theirs: REPORT.md says which to suspect."""
+    ids = resolve(",".join(needed)) if needed else ()
+    if not ids:
+        for name in ("needs.py", "needs.diff"):
+            (out / name).unlink(missing_ok=True)
+        return ()
+    fixes = [FIXES[i] for i in ids]
+    about = (f"Known bugs' fixes ({', '.join(ids)}) this finding shows only behind, written by ckpt-harness: "
+             "repro.py calls ``apply()`` in every process before its first step, since on stock code the run stops "
+             "at a known bug first. needs.diff is the same change as a patch of the framework's source.")
+    (out / "needs.py").write_text(fix_script(fixes, title.splitlines()[0], about), encoding="utf-8")
+    (out / "needs.diff").write_text("".join(f.diff() for f in fixes), encoding="utf-8")
+    return ids

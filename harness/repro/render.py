@@ -241,6 +241,14 @@ if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fi
     fix.apply()
 """
 
+# repro.py's hook for a bug that shows only with known fixes applied first (a finding's ``needs_fixes``): always, at
+# import, so every process and writer runs them.
+NEEDS = """
+import needs  # noqa: E402  known bugs' fixes this bug shows behind (needs.py): applied in every process
+
+needs.apply()
+"""
+
 # run.sh's reading of its argument; the launches inherit REPRO_WITH_FIX.
 WITH_FIX_ARG = """# bash run.sh --with-fix: the same, with the candidate fix (fix.py; fix.diff as a patch) applied.
 if [ "${1:-}" = "--with-fix" ]; then  # the candidate fix (fix.py) in every process: then it exits 0
@@ -249,8 +257,9 @@ fi
 """
 
 
-def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = False) -> str:
-    """The script; ``with_fix``: the folder has a candidate fix (fix.py) that ``run.sh --with-fix`` applies."""
+def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = False, needs: bool = False) -> str:
+    """The script; ``with_fix``: the folder has a candidate fix (fix.py) that ``run.sh --with-fix`` applies;
+    ``needs``: the bug shows only with known bugs' fixes applied first (needs.py), which it always applies."""
     module = emitter(scripted.sut)
     text = module.TEXT
     dtypes = {p.dtype for table in scripted.tables.values() for pieces in table.values() for p in pieces.values()}
@@ -260,6 +269,7 @@ def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = F
         'bug is there; every rank exits 0 once it is fixed.\n"""\n',
         text.IMPORTS,
         "from collections import namedtuple\n",
+        NEEDS if needs else "",
         WITH_FIX if with_fix else "",
         "ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank\n",
         module.settings(scripted),

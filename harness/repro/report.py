@@ -48,6 +48,12 @@ def report_md(summary: dict, finding: dict, diff: str = "") -> str:
         if summary.get("simplified"):
             lines += ["Simplified from the harness's case (each kept only while the failure stayed): "
                       + "; ".join(summary["simplified"]) + ".", ""]
+    if summary.get("needs_fixes"):
+        ids = ", ".join(f"`{i}`" for i in summary["needs_fixes"])
+        lines += ["## Shows only behind known bugs' fixes", "",
+                  f"On stock code this run stops at a known bug first. The repro applies those bugs' fixes ({ids}: "
+                  "`needs.py`, in every process; `needs.diff` as a patch) before its first step. So this is a bug "
+                  "they unmask, or a bug of theirs: read `needs.diff` first.", ""]
     if cause:
         lines += ["## Likely cause", "", _with_sources(cause), ""]
     if summary.get("fix"):

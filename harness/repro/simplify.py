@@ -40,17 +40,17 @@ VARIANTS: tuple[Variant, ...] = (
 )
 
 
-def judged(case: Case, launch: str = "fresh") -> tuple[Judgement, Outcome]:
-    """The harness's judgement of ``case`` in fresh processes, and what each op did."""
-    return _judged(case, launch)[:2]
+def judged(case: Case, launch: str = "fresh", fixes: tuple[str, ...] = ()) -> tuple[Judgement, Outcome]:
+    """The harness's judgement of ``case`` in fresh processes, with ``fixes`` applied, and what each op did."""
+    return _judged(case, launch, fixes)[:2]
 
 
-def _judged(case: Case, launch: str) -> tuple[Judgement, Outcome, str | None]:
+def _judged(case: Case, launch: str, fixes: tuple[str, ...] = ()) -> tuple[Judgement, Outcome, str | None]:
     """... and, for a failure, its root-cause bucket core (None when it passes)."""
     from harness.judging.judge import Judge
     from harness.ranks.runners import Runners
 
-    judge = Judge(Runners(case.sut, mode=launch))
+    judge = Judge(Runners(case.sut, mode=launch, fixes=fixes))
     try:
         judgement, outcome = judge(case)
         return judgement, outcome, None if judgement.ok else judge.bucket(case, judgement, outcome).core
@@ -58,10 +58,11 @@ def _judged(case: Case, launch: str) -> tuple[Judgement, Outcome, str | None]:
         judge.close()
 
 
-def fails_alike(case: Case, finding: dict, launch: str = "fresh", core: str | None = None) -> bool:
+def fails_alike(case: Case, finding: dict, launch: str = "fresh", core: str | None = None,
+                fixes: tuple[str, ...] = ()) -> bool:
     """The case, judged on ``launch`` ranks, fails one of the ways the finding lists (verdict and words) and, given
     ``core``, in that bucket: the same bug, not another one with the same verdict."""
-    judgement, _, found = _judged(case, launch)
+    judgement, _, found = _judged(case, launch, fixes)
     text = "\n".join(judgement.details)
     return (core is None or found == core) and any(
         judgement.verdict.value == way["verdict"] and way.get("expect", "") in text
@@ -69,15 +70,16 @@ def fails_alike(case: Case, finding: dict, launch: str = "fresh", core: str | No
 
 
 def simplify(case: Case, finding: dict, launch: str = "fresh",
-             still_fails: Callable[[Case, dict, str], bool] | None = None) -> tuple[Case, list[str], list[str]]:
+             still_fails: Callable[[Case, dict, str], bool] | None = None, fixes: tuple[str, ...] = (),
+             ) -> tuple[Case, list[str], list[str]]:
     """(the simplest case that still fails alike on ``launch`` ranks, the simplifications kept, every one tried).
     By default a simplification is kept only while the case fails in the bucket the case itself fails in, judged
     the same way: a simpler case showing the finding's verdict through another known bug is not its repro."""
     if still_fails is None:
-        core = _judged(case, launch)[2]
+        core = _judged(case, launch, fixes)[2]
 
         def still_fails(simpler: Case, finding: dict, launch: str) -> bool:
-            return fails_alike(simpler, finding, launch, core)
+            return fails_alike(simpler, finding, launch, core, fixes)
 
     kept: list[str] = []
     tried: list[str] = []
