@@ -259,7 +259,12 @@ def test_a_swarm_round_leaves_a_fix_out_and_proves_its_bug_known(tmp_path: Path,
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["buckets"][0]["status"] == "known" and summary["buckets"][0]["fixes"] == ["test-flip"], summary
     assert summary["known_findings_skipped"]["fixed by test-flip"] >= 1
-    assert summary["swarm_per_feature"]["fix:test-flip"]["cases"] >= 1, summary["swarm_per_feature"]
+    without = summary["swarm_per_feature"]["fix:test-flip"]["cases"]
+    assert without >= 1, summary["swarm_per_feature"]
+    saving = summary["fix_savings"]["per_fix"]["test-flip"]
+    assert saving["cases_without"] == without and saving["seconds_lost_without"] > 0
+    assert summary["known_seconds"]["fixed by test-flip"] >= saving["seconds_lost_without"] - 0.1
+    assert "put the fixes' saving at about" in (tmp_path / "report.md").read_text()
     assert summary["fixes"] == ["test-flip"]
 
 

@@ -198,6 +198,7 @@ def _tally(judge_case: Judge, campaign: Campaign) -> None:
     campaign.devices = sorted(judge_case.runners.devices)
     campaign.unreplayable = judge_case.unreplayable
     campaign.known = dict(judge_case.known_hits)
+    campaign.known_seconds = dict(judge_case.known_seconds)
     campaign.flaky = list(judge_case.flaky)
 
 

@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from harness.report.summary import buckets_table, findings_table, write_reports
+from harness.report.summary import buckets_table, findings_table, fix_savings, write_reports
 from properties.model.verdicts import Verdict
 from properties.triage.buckets import Bucket
 
@@ -107,6 +107,7 @@ def merged_summary(runs: list[dict], shards: list[tuple[str, dict]], buckets: li
     swarm_seconds: Counter = Counter()
     recovery: Counter = Counter()
     known: Counter = Counter()
+    known_seconds: Counter = Counter()
     launches = 0
     errors, corpus = [], []
     for shard, s in shards:
@@ -117,6 +118,7 @@ def merged_summary(runs: list[dict], shards: list[tuple[str, dict]], buckets: li
             swarm_seconds[feature] += v["seconds"]
         recovery.update({k: v for k, v in (s.get("recovery") or {}).items() if isinstance(v, int | float)})
         known.update(s.get("known_findings_skipped", {}))
+        known_seconds.update(s.get("known_seconds", {}))
         launches += s.get("launches", 0)
         errors += [f"{shard}: {e}" for e in s.get("harness_errors", [])]
         corpus += [{**r, "shard": shard} for r in s.get("corpus", [])]
@@ -138,6 +140,8 @@ def merged_summary(runs: list[dict], shards: list[tuple[str, dict]], buckets: li
         "shims": sorted({x for _, s in shards for x in s.get("shims", [])}),
         "devices": sorted({x for _, s in shards for x in s.get("devices", [])}),
         "known_findings_skipped": dict(sorted(known.items())),
+        "known_seconds": {k: round(v, 1) for k, v in sorted(known_seconds.items())},
+        "fix_savings": fix_savings(known_seconds, swarm_cases, sum(cases.values())),
         "harness_errors": errors[:40],
         "flaky_failures": [],
         "seconds_per_property": {p: round(t, 1) for p, t in sorted(seconds.items())},

@@ -60,6 +60,7 @@ class Judge:
         self.unreplayable = 0
         self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
         self.known_hits: Counter = Counter()
+        self.known_seconds: Counter = Counter()  # the same names -> seconds their cases took, proofs included
         self.flaky: list[str] = []  # exploring: failures (ranks died or hung) that a second run did not repeat
         # exploring: the bucket core of a judgement cut short -> (the known finding, the bucket) its waited-out run
         # found (Judge._rerun_waiting)
@@ -77,6 +78,7 @@ class Judge:
         self._reference: Runners | None = None
 
     def __call__(self, case: Case) -> tuple[Judgement, Outcome]:
+        began = time.monotonic()
         judgement, outcome = self._judge(case)
         if outcome.cut_short and not judgement.ok:
             judgement, outcome, known = self._rerun_waiting(case, judgement, outcome)
@@ -84,6 +86,7 @@ class Judge:
             known = explained_by(self.known, self.family(case), judgement)
         if known is not None:
             self.known_hits[known] += 1
+            self.known_seconds[known] += time.monotonic() - began
             return self._known(case, known, judgement), outcome
         if not outcome.cut_short and self._flaky(case, judgement):
             first = f"flaky: {judgement.details[0]}; the case passed when run again"
@@ -92,6 +95,7 @@ class Judge:
         fixes = self._proven(case, judgement, outcome) if not judgement.ok else None
         if fixes:
             self.known_hits[FIXED_BY + "+".join(fixes)] += 1
+            self.known_seconds[FIXED_BY + "+".join(fixes)] += time.monotonic() - began
             return Judgement(case.property, Verdict.PASS, (
                 f"known: passes with fixes {', '.join(fixes)}: {judgement.details[0]}",), judgement.anomalies,
                 Excuse.KNOWN), outcome
