@@ -25,7 +25,8 @@ LOAD_SECONDS = 1.0  # the issue's target, on a load's CPU time: measured alone b
 # What this test fails on: a blow-up, not the target. Tests sharing two cores slow each other's CPU time too
 # (caches, frequency), so the suite cannot hold the target itself.
 LOAD_GUARD = 3 * LOAD_SECONDS
-WALL_SLACK = 5.0  # wall-clock bound that still catches anything blocking (a FIFO) long before the child's 10 s alarm
+WALL_SLACK = 8.0  # wall-clock bound that still catches anything blocking (a FIFO) before the child's 10 s alarm;
+# a loaded runner stretches a 1 s load past 5 s of wall time
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ import sysconfig
 from pathlib import Path
 
 from harness.repro.candidate import SCRIPTED_LOSS, write_candidate, write_needs
-from harness.repro.render import WITH_FIX, WITH_FIX_ARG, emitter, repro_py, run_sh
+from harness.repro.render import FAULT_CALL_GONE, FAULT_HIT, WITH_FIX, WITH_FIX_ARG, emitter, repro_py, run_sh
 from harness.repro.report import report_md
 from harness.repro.scripted_case import ReproUnsupported, check_supported, script_case
 from harness.repro.simplify import judged, simplify
@@ -130,6 +130,8 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
     elif fix and "error" not in fix and (out / "run.sh").is_file():
         _insert_once(out / "repro.py", "from collections import namedtuple\n", WITH_FIX)
         _insert_once(out / "run.sh", 'cd "$(dirname "$0")"\n', WITH_FIX_ARG)
+        if FAULT_HIT in (out / "run.sh").read_text(encoding="utf-8"):
+            _insert_once(out / "run.sh", FAULT_HIT, FAULT_CALL_GONE)
         if verify:
             fix["with_fix"] = _with_fix(out)
         elif before.get("ids") == fix["ids"] and "with_fix" in before:  # the same fix: what its run showed stands

@@ -257,6 +257,13 @@ fi
 """
 
 
+# run.sh's faulted(): the fault fired at the finding's call; with the fix, a call the fixed code no longer makes (it
+# writes no lock file, it renames a temporary) cannot be hit, and the run goes on to judge what the save left.
+FAULT_HIT = '  [ -e "$WORK/fault-$1" ] && return 0\n'
+FAULT_CALL_GONE = ('  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX: no rank made the call the '
+                   'finding\'s fault hit (the fixed code no longer makes it)" && return 0\n')
+
+
 def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = False, needs: bool = False) -> str:
     """The script; ``with_fix``: the folder has a candidate fix (fix.py) that ``run.sh --with-fix`` applies;
     ``needs``: the bug shows only with known bugs' fixes applied first (needs.py), which it always applies."""
@@ -418,7 +425,7 @@ def run_sh(scripted: ScriptedCase, with_fix: bool = False) -> str:
     killed = scripted.crash_phases()
     if killed:
         lines += ["faulted() {  # faulted PHASE: the launch had to end with the fault at the finding's call",
-                  '  [ -e "$WORK/fault-$1" ] && return 0',
+                  FAULT_HIT.rstrip("\n"), FAULT_CALL_GONE.rstrip("\n"),
                   '  echo "launch $1: no rank made the call the finding\'s fault hit; this script cannot show it"',
                   "  return 2", "}", ""]
     for number, phase in enumerate(scripted.phases):

@@ -53,6 +53,8 @@ def judge_fixed_run(status: int, output: str) -> Verification:
     framework's source is not what it was written against) or any failure says the fix does not fix it here.
     ``shown`` is True when the fix is shown to work."""
     how = "stale-fix" if "STALE FIX:" in output else {0: "passed", 124: "hang"}.get(status, "failed")
+    if status == 0 and "WITH FIX: no rank made the call" in output:
+        how = "passed, the faulted call gone"  # the harness proves such a fix at crash points over the fixed save
     return Verification(status == 0, how, status, output)
 
 

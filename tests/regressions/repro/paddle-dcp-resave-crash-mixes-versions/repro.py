@@ -15,6 +15,8 @@ import paddle.distributed as dist
 
 from collections import namedtuple
 
+
+
 if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
     import fix
 
@@ -105,37 +107,54 @@ def load(name, pieces):
     return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
 
 
+
+
+
+import errno  # noqa: E402
 import signal  # noqa: E402
 
 
 def crash_step(step, call, action, *args, **kwargs):
-    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls) is
-    SIGKILLed before that call runs: no clean-up, as a machine failure or the OOM killer ends a job. Every rank's
-    launch ends with the step (the job restarts); the next launch starts fresh on what the kill left on disk."""
-    event, path, k = call
+    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls, an errno
+    or None, whether the call runs first, and which rank: None for whichever makes it) meets the fault at that
+    call: SIGKILLed (no errno) — no clean-up, as a machine failure or the OOM killer ends a job — before it runs,
+    or right after (an open: the kill lands before the file's first write), or the call fails with that errno, as a
+    full disk or a failing device makes it.
+    Every rank's launch ends with the step (the job restarts); the next launch starts fresh on what it left."""
+    event, path, k, error, after, rank = call
     target, seen = os.path.abspath(os.path.join(ROOT, path)), [0]
 
     def hook(name, hook_args):
-        if name != event or not hook_args or not isinstance(hook_args[0], (str, bytes, os.PathLike)):
+        if rank not in (None, RANK) or name != event or not hook_args:
+            return
+        if not isinstance(hook_args[0], (str, bytes, os.PathLike)):
             return
         if os.path.abspath(os.fsdecode(hook_args[0])) != target:
             return
         seen[0] += 1
-        if seen[0] == k:
-            with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"killed-{PHASE}"), "w"):
-                pass  # run.sh's sign that the kill happened
-            print(f"{step}: rank {RANK} killed before call {k} of {event} on {path}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+        if seen[0] != k:
+            return
+        with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"fault-{PHASE}"), "w"):
+            pass  # run.sh's sign that the fault happened
+        if error is not None:
+            print(f"{step}: call {k} of {event} on {path} fails with {error} on rank {RANK}", flush=True)
+            raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), os.fsdecode(hook_args[0]))
+        if after:  # the open itself (creating or truncating the file as the framework asked), then the kill
+            os.close(os.open(hook_args[0], hook_args[2], 0o666))
+        print(f"{step}: rank {RANK} killed {'after' if after else 'before'} call {k} of {event} on {path}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     sys.addaudithook(hook)  # for the rest of this process, which the step ends
     try:
         action(*args, **kwargs)
-    except BaseException as exc:  # a peer killed in the middle of a collective
+        if error is not None:
+            print(f"{step}: rank {RANK} finished the step despite the error (what it left is judged next)")
+    except BaseException as exc:  # the injected error, or a peer killed in the middle of a collective
         if isinstance(exc, KeyboardInterrupt):
             raise
-        print(f"{step}: rank {RANK} saw its peer die ({type(exc).__name__}: {str(exc)[:200]}); the launch ends")
+        print(f"{step}: rank {RANK} stopped ({type(exc).__name__}: {str(exc)[:200]}); the launch ends")
     sys.stdout.flush()
-    os._exit(0)  # the job is over: no framework teardown waits for the dead rank
+    os._exit(0)  # the job is over: no framework teardown waits for a dead or failed rank
 
 def check(step, got, pieces, also=()):
     """Every loaded piece must have the dtype and the exact bits that were saved: by one save as a whole (``also``:
@@ -175,9 +194,10 @@ class Failed(Exception):
     """A failure this script detects itself (the framework only logged it)."""
 
 
-def run(step, action, *args, expect_error=False, tolerate=False, also=(), **kwargs):
+def run(step, action, *args, expect_error=False, tolerate=False, may_fail=False, also=(), **kwargs):
     """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
-    were saved, shows the bug."""
+    were saved, shows the bug. ``may_fail``: the save it reads was killed part-way, never acknowledged: an error is
+    a right answer there, other bits are not."""
     try:
         result = action(*args, **kwargs)
     except BaseException as exc:  # torch's CheckpointException is a BaseException
@@ -191,6 +211,9 @@ def run(step, action, *args, expect_error=False, tolerate=False, also=(), **kwar
             return None
         if expect_error:
             print(f"{step}: raised as it should ({type(exc).__name__})")
+            return None
+        if may_fail:
+            print(f"{step}: raised ({type(exc).__name__}), a right answer: the save it reads was killed part-way")
             return None
         print(f"BUG: {step} raised on rank {RANK}")
         print("EXPECTED: it succeeds")
@@ -220,7 +243,7 @@ def main():
     RANK = dist.get_rank()
     if PHASE == 0:  # 2 process(es)
         run('step 0: save step-0', save, 'step-0', DATA['save', 0][RANK])
-        crash_step('step 1: save step-0 (killed at call 1 of openat on step-0/1_0.distcp)', ('open', 'step-0/1_0.distcp', 1), save, 'step-0', DATA['save', 1][RANK])
+        crash_step('step 1: save step-0 (killed at call 1 of openat on step-0/1_0.distcp)', ('open', 'step-0/1_0.distcp', 1, None, False, None), save, 'step-0', DATA['save', 1][RANK])
     elif PHASE == 1:  # 2 process(es)
         run('step 2: load step-0', load, 'step-0', DATA['load', 1][RANK], also=(DATA['load', 0][RANK], ))
     print(f"rank {RANK}: every step of launch {PHASE} behaved as it should")

@@ -26,11 +26,12 @@ launch() {  # launch PHASE NPROC
   return $status
 }
 
-killed() {  # killed PHASE: the launch had to end with a rank killed at the finding's call
-  [ -e "$WORK/killed-$1" ] && return 0
-  echo "launch $1: no rank made the call the finding was killed at; this script cannot show it"
+faulted() {  # faulted PHASE: the launch had to end with the fault at the finding's call
+  [ -e "$WORK/fault-$1" ] && return 0
+  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX: no rank made the call the finding's fault hit (the fixed code no longer makes it)" && return 0
+  echo "launch $1: no rank made the call the finding's fault hit; this script cannot show it"
   return 2
 }
 
-launch 0 2; killed 0 || exit $?
+launch 0 2; faulted 0 || exit $?
 launch 1 2 || exit $?
