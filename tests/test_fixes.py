@@ -200,6 +200,26 @@ def test_a_failure_that_passes_patched_is_known_by_its_smallest_fix_set(monkeypa
         unfixed.close()
 
 
+def test_a_signature_matching_while_its_rows_fix_is_applied_is_counted_apart(monkeypatch) -> None:
+    """A row's signature explaining a failure although that row's fix is applied: the fix misses a variant, or the
+    signature covers another bug. The case is still excused as known (signatures stay a pre-filter), but counted
+    apart for the report."""
+    import harness.judging.judge as judging
+
+    other = dataclasses.replace(
+        _test_fix("test-other", buggy.LoadsLatestAlwaysSut, "super().load(root, None,", "super().load(root, name,"),
+        covers=("row-x",))
+    monkeypatch.setitem(FIXES, other.id, other)
+    monkeypatch.setattr(judging, "explained_by", lambda _k, _f, judgement: None if judgement.ok else "row-x.json")
+    case = _case("tests.suts.buggy:FlipsLastElementSut")
+    judge_case = Judge(Runners(case.sut, "in-process", fixes=(other.id,)))
+    try:
+        judgement = judge_case(case)[0]
+    finally:
+        judge_case.close()
+    assert judgement.excuse is Excuse.KNOWN and judge_case.despite_fix == {"row-x.json": 1}
+
+
 def test_a_campaign_counts_a_patched_pass_as_known_not_new(tmp_path: Path, monkeypatch, capsys) -> None:
     flipped = "                flat[-1] ^= np.array(1, dtype=flat.dtype)\n"
     flip = _test_fix("test-flip", buggy.FlipsLastElementSut, flipped, "                pass\n")

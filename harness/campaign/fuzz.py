@@ -199,6 +199,7 @@ def _tally(judge_case: Judge, campaign: Campaign) -> None:
     campaign.unreplayable = judge_case.unreplayable
     campaign.known = dict(judge_case.known_hits)
     campaign.known_seconds = dict(judge_case.known_seconds)
+    campaign.known_despite_fix = dict(judge_case.despite_fix)
     campaign.flaky = list(judge_case.flaky)
 
 

@@ -61,6 +61,7 @@ class Campaign:
     devices: list[str] = field(default_factory=list)  # where the ranks ran ("cuda:0 (cpu:gloo,cuda:nccl)", "cpu")
     known: dict[str, int] = field(default_factory=dict)  # --skip-known: cases each known finding explained
     known_seconds: dict[str, float] = field(default_factory=dict)  # ... and the seconds those cases took
+    known_despite_fix: dict[str, int] = field(default_factory=dict)  # ... of them, matched with their fix applied
     harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
     fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (harness.campaign.fuzz)

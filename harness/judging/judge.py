@@ -14,7 +14,7 @@ from collections import Counter
 
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault
-from harness.fixes import FIXED_BY, FIXES
+from harness.fixes import FIXED_BY, FIXES, covering
 from harness.judging.fault_runs import judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.run import run_case
@@ -61,6 +61,9 @@ class Judge:
         self.known = known or []  # fuzz --skip-known: failures these explain pass, and are counted here
         self.known_hits: Counter = Counter()
         self.known_seconds: Counter = Counter()  # the same names -> seconds their cases took, proofs included
+        # signature names that matched a failure although the fix of their row is applied: the signature and the
+        # fix disagree (a variant the fix misses, or a broad signature over another bug); the report says so
+        self.despite_fix: Counter = Counter()
         self.flaky: list[str] = []  # exploring: failures (ranks died or hung) that a second run did not repeat
         # exploring: the bucket core of a judgement cut short -> (the known finding, the bucket) its waited-out run
         # found (Judge._rerun_waiting)
@@ -87,6 +90,8 @@ class Judge:
         if known is not None:
             self.known_hits[known] += 1
             self.known_seconds[known] += time.monotonic() - began
+            if set(covering(known.removesuffix(".json"))) & set(self.runners.fixes):
+                self.despite_fix[known] += 1
             return self._known(case, known, judgement), outcome
         if not outcome.cut_short and self._flaky(case, judgement):
             first = f"flaky: {judgement.details[0]}; the case passed when run again"

@@ -79,6 +79,7 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
         "unreplayable_states": campaign.unreplayable,
         "known_findings_skipped": campaign.known,
         "known_seconds": {k: round(v, 1) for k, v in sorted(campaign.known_seconds.items())},
+        "known_despite_fix": campaign.known_despite_fix,
         "fix_savings": fix_savings(campaign.known_seconds, campaign.swarm_cases, sum(campaign.cases_run.values())),
         "harness_errors": campaign.harness_errors[:20],
         "flaky_failures": campaign.flaky[:20],
@@ -130,6 +131,14 @@ def write_reports(out: Path, summary: dict, rows: list[dict], markdown: str | No
     (out / "report.html").write_text(render(summary, rows, out), encoding="utf-8")
 
 
+def _despite_fix_line(despite: dict[str, int]) -> list[str]:
+    """Signatures and fixes disagreeing: a row's signature explained failures while that row's fix was applied."""
+    if not despite:
+        return []
+    return ["Signatures that matched although their row's fix was applied (the fix misses a variant, or the "
+            f"signature covers another bug): {', '.join(f'{k} ({n})' for k, n in despite.items())}."]
+
+
 def _savings_line(summary: dict) -> list[str]:
     """Seconds known bugs took, and what the fixes saved by the swarm rounds' estimate (``fix_savings``)."""
     lost = sum(summary.get("known_seconds", {}).values())
@@ -169,6 +178,7 @@ def report(summary: dict, rows: list[dict]) -> str:
         *([f"Known bugs patched on every rank (--fixes): {', '.join(summary['fixes'])}."]
           if summary.get("fixes") else []),
         *_savings_line(summary),
+        *_despite_fix_line(summary.get("known_despite_fix") or {}),
         *_recovery_line(summary.get("recovery") or {}),
         "",
         "| property | cases | seconds | drawn (gave up) | while shrinking | from database | drawing s |",
