@@ -328,7 +328,7 @@ def test_simplification_keeps_the_bug_not_the_verdict(monkeypatch) -> None:
     from properties.model.verdicts import Judgement, Verdict
 
     module = importlib.import_module("harness.repro.simplify")  # the package re-exports the function by this name
-    def fake(case, launch):
+    def fake(case, launch, fixes=()):
         core = "its-bug" if case.options.get("format") == "safetensors" else "another-bug"
         return Judgement(case.property, Verdict.LOUD_FAILURE, ("op 1 (load): raised",)), None, core
 
