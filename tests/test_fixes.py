@@ -218,6 +218,16 @@ def test_a_signature_matching_while_its_rows_fix_is_applied_is_counted_apart(mon
     finally:
         judge_case.close()
     assert judgement.excuse is Excuse.KNOWN and judge_case.despite_fix == {"row-x.json": 1}
+    # a row whose own fix is left out, though a fix it requires is on (a swarm round's): no disagreement
+    needing = dataclasses.replace(other, id="test-needing", covers=("row-y",), requires=(other.id,))
+    monkeypatch.setitem(FIXES, needing.id, needing)
+    monkeypatch.setattr(judging, "explained_by", lambda _k, _f, judgement: None if judgement.ok else "row-y.json")
+    judge_case = Judge(Runners(case.sut, "in-process", fixes=(other.id,)))
+    try:
+        judge_case(case)
+    finally:
+        judge_case.close()
+    assert judge_case.known_hits == {"row-y.json": 1} and not judge_case.despite_fix
 
 
 def test_a_campaign_counts_a_patched_pass_as_known_not_new(tmp_path: Path, monkeypatch, capsys) -> None:
