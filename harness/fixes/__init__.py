@@ -8,7 +8,7 @@ import pkgutil
 
 from harness.fixes.patch import Fix, FixError
 
-__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "covering", "resolve"]
+__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "covering", "own_fixes", "resolve"]
 
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 
@@ -46,9 +46,15 @@ def resolve(spec: str | None, framework: str | None = None) -> tuple[str, ...]:
     return tuple(sorted(closed))
 
 
+def own_fixes(stem: str) -> tuple[str, ...]:
+    """The fixes whose proof is the regression case ``stem`` (a case name with or without ``.json``)."""
+    stem = stem.removesuffix(".json")
+    return tuple(i for i, f in FIXES.items() if stem in f.covers)
+
+
 def covering(stem: str) -> tuple[str, ...]:
-    """The fixes whose proof is the regression case ``stem``, with the fixes they require: its candidate fix."""
-    own = [i for i, f in FIXES.items() if stem in f.covers]
+    """``own_fixes`` with the fixes they require: the case's candidate fix."""
+    own = own_fixes(stem)
     return resolve(",".join(own)) if own else ()
 
 

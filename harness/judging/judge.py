@@ -14,7 +14,7 @@ from collections import Counter
 
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault
-from harness.fixes import FIXED_BY, FIXES
+from harness.fixes import FIXED_BY, FIXES, own_fixes
 from harness.judging.fault_runs import judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.run import run_case
@@ -90,7 +90,7 @@ class Judge:
         if known is not None:
             self.known_hits[known] += 1
             self.known_seconds[known] += time.monotonic() - began
-            own = {i for i, f in FIXES.items() if known.removesuffix(".json") in f.covers}
+            own = set(own_fixes(known))
             if own and own <= set(self.runners.fixes):  # its own fix on (not merely one it requires)
                 self.despite_fix[known] += 1
             return self._known(case, known, judgement), outcome

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from harness.campaign.results import Campaign, Finding
-from harness.fixes import FIXED_BY, FIXES
+from harness.fixes import FIXED_BY, own_fixes
 from properties.model.verdicts import Verdict
 
 
@@ -108,8 +108,7 @@ def fix_savings(known_seconds: Mapping[str, float], swarm_cases: Mapping[str, in
     or a regression case (the fixes covering it)."""
     lost: Counter = Counter()
     for name, seconds in known_seconds.items():
-        ids = name[len(FIXED_BY):].split("+") if name.startswith(FIXED_BY) else \
-            [i for i, f in FIXES.items() if name.removesuffix(".json") in f.covers]
+        ids = name[len(FIXED_BY):].split("+") if name.startswith(FIXED_BY) else own_fixes(name)
         for fix_id in ids:
             lost[fix_id] += seconds / len(ids)
     per_fix = {}
