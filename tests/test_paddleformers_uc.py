@@ -123,17 +123,18 @@ def test_async_save_with_rotation_resumes_the_newest(uc_judge) -> None:
 @pytest.mark.multirank
 @pytest.mark.timeout(900)
 def test_fuzz_with_faults_runs_real_uc_saves(tmp_path: Path) -> None:
-    """The done-when of issue 7, at CI size: `fuzz --sut paddleformers-uc --faults` saves, crashes and resumes. A case
-    of each property, not a time: one fault case of real Trainer saves takes over a minute on a busy runner. Stock
-    code, no repro: the campaign's saves and crashes are what this checks (test_fixes proves the Trainer fixes)."""
+    """The done-when of issue 7, at CI size: `fuzz --sut paddleformers-uc --faults` saves, corrupts and resumes. One
+    case, not a time: one fault case of real Trainer saves takes about a minute on a busy runner. Stock code, no
+    repro: the campaign's saves and faults are what this checks (test_fixes proves the Trainer fixes; the killed
+    saves are replayed by the regression cases)."""
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "fuzz", "--sut", SUT, "--ranks", "2", "--faults", "--cases", "1",
          "--time", "300", "--fixes", "none", "--no-repro",
-         "--seed", "7", "--property", "P-CORRUPT", "--property", "P-LIVENESS", "--out", str(tmp_path / "out"),
+         "--seed", "7", "--property", "P-CORRUPT", "--out", str(tmp_path / "out"),
          "--skip-known", str(REGRESSIONS)],
         capture_output=True, text=True, timeout=900)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert sum(summary["cases_run"].values()) >= 2, proc.stdout + proc.stderr
+    assert summary["cases_run"] == {"P-CORRUPT": 1}, proc.stdout + proc.stderr
     assert summary["devices"] == ["cpu (gloo)"]
     assert proc.returncode in (0, 1), proc.stderr  # 1: findings, each written under out/findings
     assert proc.returncode == 0 or any((tmp_path / "out" / "findings").glob("*.json"))

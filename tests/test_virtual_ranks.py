@@ -69,7 +69,7 @@ _SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "phas
              "database": None}
 
 
-@settings(max_examples=10, derandomize=True, **_SETTINGS)
+@settings(max_examples=6, derandomize=True, **_SETTINGS)
 @given(case=_cases(QUICK, 3))
 def test_virtual_ranks_give_what_real_ranks_give(virtual_sides, case: Case) -> None:
     """Same bits on every rank, same exceptions on the same ranks, same listing, same files

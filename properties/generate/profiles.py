@@ -15,7 +15,7 @@ _COMMON = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, Hea
 
 def register() -> str:
     settings.register_profile("dev", max_examples=40, **_COMMON)
-    settings.register_profile("ci", max_examples=80, derandomize=True, print_blob=True, **_COMMON)
+    settings.register_profile("ci", max_examples=40, derandomize=True, print_blob=True, **_COMMON)
     settings.register_profile("nightly", max_examples=3000, print_blob=True, **_COMMON)
     name = os.environ.get("CKPT_HARNESS_PROFILE") or ("ci" if os.environ.get("CI", "").lower() == "true" else "dev")
     settings.load_profile(name)
