@@ -361,14 +361,14 @@ def _every_crash_point_passes(case: Case, judge_case: Judge, label: str, every: 
     the faulted call (it writes no lock file, it renames a temporary). The crash is then proven fixed where it can
     still happen: the fault op killed at crash points spread over every call it makes, each judged with the fix; at
     least one must fire and every one must pass. A power-loss case: the power-loss states of the fixed op must pass.
-    ``every``: all points and states (nightly); CI judges a spread: the first and last crash points, 6 states."""
+    ``every``: all points and states (nightly); CI judges a spread: the first and last crash points, 2 states."""
     from faults import strace
     from harness.judging.fault_runs import crashpoints, crashstates
 
     if not strace.available():
         pytest.skip("the fault no longer fires with the fix; its crash points need strace")
     if case.fault.kind == "state":
-        results = crashstates(case, judge_case.runners, limit=None if every else 6, confirm=judge_case)[0]
+        results = crashstates(case, judge_case.runners, limit=None if every else 2, confirm=judge_case)[0]
         assert results, f"{label}: the fixed save leaves no power-loss state to judge"
         # A state losing what another row's bug loses (directory entries where this row lost data) is that row's.
         own = _loss(case.fault.state["id"])

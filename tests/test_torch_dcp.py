@@ -44,7 +44,7 @@ def test_capabilities_are_declared_honestly() -> None:
 @pytest.mark.multirank
 @pytest.mark.parametrize("prop", PROPS)
 def test_property_holds_on_cpu_ranks(prop: str, torch_judge: Judge) -> None:
-    @settings(max_examples=max(2, settings.default.max_examples // 16))  # torchrun ranks: the nightly fuzzes
+    @settings(max_examples=max(1, settings.default.max_examples // 40))  # torchrun ranks: the nightly fuzzes
     @given(property_cases(prop, SUT, 2, CAPS))
     def check(case: Case) -> None:
         judgement, _ = torch_judge(case)
@@ -99,7 +99,7 @@ def test_a_rank_killed_mid_async_save_leaves_the_previous_checkpoint(torch_judge
     """P-ATOMIC with the psutil fallback (no strace needed, as on the GPU machines): kill a rank's whole tree, or
     only its async writer process, while the second save is in flight; restart; the history must hold."""
 
-    @settings(max_examples=max(2, settings.default.max_examples // 16))
+    @settings(max_examples=max(1, settings.default.max_examples // 40))
     @given(fault_cases("P-ATOMIC", SUT, 2, CAPS, ptrace=False).filter(survivable))
     def check(case: Case) -> None:
         judgement, _ = torch_judge(case)

@@ -227,7 +227,7 @@ def test_reference_resumes_after_crashes_in_a_later_save() -> None:
     triggers) on launched ranks: whatever loads, the resumed run must equal the uninterrupted one."""
     judge = Judge(Runners("reference", mode="pool"), exploring=True)
 
-    @settings(max_examples=max(3, settings.default.max_examples // 8))
+    @settings(max_examples=max(2, settings.default.max_examples // 16))
     @given(training_cases("P-RESUME", "reference", 2, REFERENCE_CAPS, with_faults=True).filter(
         lambda c: c.fault is not None))
     def check(case: Case) -> None:

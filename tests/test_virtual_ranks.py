@@ -69,7 +69,7 @@ _SETTINGS = {"deadline": None, "suppress_health_check": list(HealthCheck), "phas
              "database": None}
 
 
-@settings(max_examples=6, derandomize=True, **_SETTINGS)
+@settings(max_examples=4, derandomize=True, **_SETTINGS)
 @given(case=_cases(QUICK, 3))
 def test_virtual_ranks_give_what_real_ranks_give(virtual_sides, case: Case) -> None:
     """Same bits on every rank, same exceptions on the same ranks, same listing, same files
@@ -169,11 +169,14 @@ def test_each_rank_keeps_its_own_copy_of_paddles_module_state() -> None:
 
 def test_each_rank_registers_only_its_own_process_meshes() -> None:
     """Every ProcessMesh registers itself in process-wide lists (the default DistributedContext's meshes, process
-    group 0's ranks): a real rank's lists hold its own meshes only, and so must a virtual rank's."""
+    group 0's ranks): a real rank's lists hold its own meshes only, and so must a virtual rank's. Each rank starts
+    from what the host process held (a test process may have made meshes before) and adds its own alone."""
     import paddle.distributed as dist
     from paddle.distributed.auto_parallel.static.dist_context import get_default_distributed_context
     from paddle.distributed.auto_parallel.static.process_group import get_process_group
 
+    before = [m.process_ids for m in get_default_distributed_context().process_meshes]
+    ranks_before = set(get_process_group(0).ranks)
     world = adapter_class(SUT).virtual_world(3)
     try:
         def task(rank: int) -> tuple:
@@ -182,7 +185,8 @@ def test_each_rank_registers_only_its_own_process_meshes() -> None:
             return [m.process_ids for m in meshes], sorted(get_process_group(0).ranks)
 
         results = world.run([lambda r=r: task(r) for r in range(3)])
-        assert [value for _, value in results] == [([[r]], [r]) for r in range(3)]
+        own = [(before + ([] if [r] in before else [[r]]), sorted(ranks_before | {r})) for r in range(3)]
+        assert [value for _, value in results] == own
     finally:
         world.close()
 
