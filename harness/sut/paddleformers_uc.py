@@ -262,17 +262,28 @@ class PaddleFormersUcSut(PaddleAdapter):
 
     @classmethod
     def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
-        """Names whose ``checkpoint-N`` directory ``get_last_checkpoint`` would take as finished: any such directory
-        by default (it checks nothing), only one holding ``.checkpoint_done`` with option ``pdc`` (the adapter runs
-        manual parallel, so the async signal-file count is never consulted)."""
-        out = []
+        """Names whose ``checkpoint-N`` directory ``get_last_checkpoint`` would take as finished: only one holding
+        ``.checkpoint_done`` with option ``pdc`` (the adapter runs manual parallel, so the async signal-file count is
+        never consulted); otherwise any such directory (it checks nothing), unless some directory under the root
+        holds the marker, which stock code writes only on PDC: then, as the fixed selector reads a marked folder,
+        one with the marker or an async writer's done signal."""
+        paths = {}
         for n in names:
             try:
-                path = Path(root) / _dir_name(n)
+                paths[n] = Path(root) / _dir_name(n)
             except ValueError:  # no trailing step number: UC could never have written it
                 continue
-            if path.is_dir() and (not options.get("pdc") or (path / ".checkpoint_done").is_file()):
-                out.append(n)
+        marked = any((p / ".checkpoint_done").is_file() for p in Path(root).glob("checkpoint-*"))
+        out = []
+        for n, path in paths.items():
+            if not path.is_dir():
+                continue
+            done = (path / ".checkpoint_done").is_file()
+            if options.get("pdc") and not done:
+                continue
+            if marked and not done and not any(".done." in f.name for f in path.iterdir()):
+                continue
+            out.append(n)
         return sorted(out)
 
     @classmethod
