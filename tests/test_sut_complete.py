@@ -42,10 +42,15 @@ def test_paddle_dcp_lists_names_whose_metadata_exists(tmp_path: Path, options: d
     assert PaddleDcpSut.complete(tmp_path, NAMES, options) == listed
 
 
-@pytest.mark.parametrize("options, listed", [({}, ["step-0", "step-1"]), ({"pdc": True}, ["step-0"])],
-                         ids=["any-dir", "pdc-done-file"])
-def test_uc_lists_what_get_last_checkpoint_takes(tmp_path: Path, options: dict, listed: list[str]) -> None:
-    _touch(tmp_path, "checkpoint-0/.checkpoint_done", "checkpoint-1/model.safetensors")
+@pytest.mark.parametrize("options, older, newer, listed", [
+    ({}, "model.safetensors", "model.safetensors", ["step-0", "step-1"]),  # stock code off PDC marks none: any
+    ({"pdc": True}, ".checkpoint_done", "model.safetensors", ["step-0"]),
+    ({}, ".checkpoint_done", "model.safetensors", ["step-0"]),  # a folder of marked saves (the crashed-save fix)
+    ({}, ".checkpoint_done", ".model_weight.done.0", ["step-0", "step-1"]),  # ... or an async writer's done signal
+], ids=["any-dir", "pdc-done-file", "marked-folder", "marked-folder-async-signal"])
+def test_uc_lists_what_get_last_checkpoint_takes(tmp_path: Path, options: dict, older: str, newer: str,
+                                                 listed: list[str]) -> None:
+    _touch(tmp_path, f"checkpoint-0/{older}", f"checkpoint-1/{newer}")
     assert PaddleFormersUcSut.complete(tmp_path, (*NAMES, "no-step"), options) == listed
 
 
