@@ -505,6 +505,58 @@ def test_a_report_offers_the_fix_and_says_when_it_does_not_pass() -> None:
         summary, {}, "d")
 
 
+@pytest.mark.parametrize("needed", [(), (3,), (0, -1), (5, 6, 20)])
+def test_a_repro_that_meets_other_known_bugs_gets_the_fewest_fixes_that_pass_it(needed) -> None:
+    """With its own fix alone a run may still meet another known bug on its way: the candidate then carries the
+    fewest other fixes that make the run pass, found by binary search in about k·log2(n) runs, not n."""
+    from harness.fixes import covering, resolve
+    from harness.repro.companions import RUNS, fewest, others
+
+    stem = "paddle-dcp-failed-load-poisons-next"
+    pool = others(stem)
+    assert not set(pool) & set(covering(stem)) and len(pool) > 20
+    wanted = {pool[i] for i in needed}
+    calls: list[tuple[str, ...]] = []
+
+    def passes(ids: tuple[str, ...]) -> bool:
+        calls.append(ids)
+        assert set(covering(stem)) <= set(ids)  # its own fix is in every run
+        return wanted <= set(ids)
+
+    got = fewest(stem, passes)
+    assert set(got) == set(resolve(",".join(wanted))) - set(covering(stem))
+    assert len(calls) <= RUNS and len(calls) <= 2 + len(wanted) * 6
+    assert fewest(stem, lambda ids: False) is None  # not even every fix passes it: no companions
+
+
+def test_a_report_names_the_other_bugs_fixes_a_run_needed_and_what_its_own_fix_alone_met() -> None:
+    from harness.repro.report import report_md
+
+    fix = {"ids": ["a-other", "b-own"], "own": ["b-own"], "companions": ["a-other"],
+           "kinds": {"a-other": "fix", "b-own": "fix"}, "summaries": {"a-other": "x", "b-own": "y"},
+           "written_against": ["paddle 3.3.1"], "resolves": [],
+           "alone": {"passed": False, "how": "failed", "status": 1, "output": "BUG: step 3: the 0-d error"},
+           "with_fix": {"passed": True, "how": "passed", "status": 0}}
+    summary = {"source": "row.json", "sut": "paddle-dcp", "verdict": "loud-failure", "fix": fix,
+               "standalone_verified": True, "how": "marked", "status": 1, "launches": [], "output": "BUG: x"}
+    section = report_md(summary, {}, "d").split("## Candidate fix", 1)[1]
+    assert "`a-other` (another known bug's fix" in section and "it exits 0 with the fix" in section
+    assert "With its own fix (`b-own`) alone" in section and "BUG: step 3: the 0-d error" in section
+
+
+def test_a_load_of_a_damaged_checkpoint_may_raise_but_never_give_other_bits() -> None:
+    """P-CORRUPT: a damaged checkpoint must load whole or fail loudly, so the script accepts an error there (a fix
+    that makes the load refuse passes) while wrong bits still show the bug; a load of an undamaged save may not."""
+    case, _ = read_case_file(REGRESSIONS / "paddle-dcp-safetensors-missing-metadata-read-as-hf.json")
+    plan = case.fault.plan
+    steps = [s for phase in script_case(case).phases for s in phase.steps if s.kind == "load"]
+    assert steps and all(s.may_fail for s in steps), plan
+    clean = dataclasses.replace(case, fault=None)
+    assert not any(s.may_fail for phase in script_case(clean).phases for s in phase.steps)
+    text = repro_py(script_case(case), "t", "s")
+    assert "may_fail=True" in text and "or its files were damaged" in text
+
+
 def test_every_open_row_says_whether_it_has_a_verified_repro() -> None:
     listed = (REGRESSIONS.parent.parent / "FINDINGS.md").read_text()
     for path in CASES:

@@ -17,7 +17,9 @@ import sys
 import sysconfig
 from pathlib import Path
 
+from harness.fixes import covering
 from harness.repro.candidate import SCRIPTED_LOSS, write_candidate, write_needs
+from harness.repro.companions import fewest
 from harness.repro.render import FAULT_CALL_GONE, FAULT_HIT, WITH_FIX, WITH_FIX_ARG, emitter, repro_py, run_sh
 from harness.repro.report import report_md
 from harness.repro.scripted_case import ReproUnsupported, check_supported, script_case
@@ -88,7 +90,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         summary.update(result.to_json())
         summary["output"] = portable(_excerpt(result.output))
         if fix:
-            fix["with_fix"] = _with_fix(out)
+            summary["fix"] = fix = _with_fix(out, path.stem, _title(path, finding, case), fix)
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     diff = (out / "fix.diff").read_text(encoding="utf-8") if fix else ""
     (out / "REPORT.md").write_text(report_md(summary, finding, diff), encoding="utf-8")
@@ -133,7 +135,7 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
         if FAULT_HIT in (out / "run.sh").read_text(encoding="utf-8"):
             _insert_once(out / "run.sh", FAULT_HIT, FAULT_CALL_GONE)
         if verify:
-            fix["with_fix"] = _with_fix(out)
+            fix = _with_fix(out, path.stem, _title(path, finding, case), fix)
         elif before.get("ids") == fix["ids"] and "with_fix" in before:  # the same fix: what its run showed stands
             fix["with_fix"] = before["with_fix"]
     if fix:
@@ -144,9 +146,29 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
     return summary
 
 
-def _with_fix(out: Path) -> dict:
-    """What ``run.sh --with-fix`` did, for repro.json and REPORT.md."""
+def _with_fix(out: Path, stem: str, title: str, fix: dict) -> dict:
+    """``fix`` with what ``run.sh --with-fix`` did, for repro.json and REPORT.md. Where the own fix alone does not
+    pass, the fewest other known bugs' fixes that make the run pass join it (fix.py is rewritten with them), and
+    what the run printed with the own fix alone is kept."""
     fixed = check_fix(out)
+    if fixed.shown or fixed.how == "stale-fix":
+        return {**fix, "with_fix": _ran(fixed)}
+    runs: dict[tuple[str, ...], Verification] = {}
+
+    def passes(ids: tuple[str, ...]) -> bool:
+        write_candidate(out, stem, title, tuple(i for i in ids if i not in covering(stem)))
+        runs[ids] = check_fix(out)
+        return runs[ids].shown
+
+    companions = fewest(stem, passes)
+    if companions is None:
+        write_candidate(out, stem, title)
+        return {**fix, "with_fix": _ran(fixed)}
+    final = write_candidate(out, stem, title, companions) or fix
+    return {**final, "alone": _ran(fixed), "with_fix": _ran(runs[tuple(final["ids"])])}
+
+
+def _ran(fixed: Verification) -> dict:
     ran = {"passed": fixed.shown, "how": fixed.how, "status": fixed.status}
     return ran if fixed.shown else {**ran, "output": portable(_excerpt(fixed.output))}
 

@@ -25,15 +25,18 @@ SCRIPTED_LOSS = ("the script makes the power loss itself (it removes the entry o
                  "judging every power-loss state of the fixed save (tests/test_fixes.py)")
 
 
-def candidate_fixes(stem: str) -> list[Fix]:
-    """The regression case ``stem``'s fixes, those required first; none for a finding no known fix covers."""
-    return [FIXES[i] for i in covering(stem)]
+def candidate_fixes(stem: str, companions: tuple[str, ...] = ()) -> list[Fix]:
+    """The regression case ``stem``'s fixes, those required first, and ``companions`` (other known bugs' fixes the
+    repro's run needs, with what they require); none for a finding no known fix covers."""
+    own = covering(stem)
+    return [FIXES[i] for i in resolve(",".join((*own, *companions)))] if own else []
 
 
-def write_candidate(out: Path, stem: str, title: str) -> dict | None:
-    """``out``/fix.py and fix.diff for ``stem``'s candidate fix, and what REPORT.md says of it; None without one.
-    A fix that cannot be rendered here (stale, or its framework missing) is named with the error, no files."""
-    fixes = candidate_fixes(stem)
+def write_candidate(out: Path, stem: str, title: str, companions: tuple[str, ...] = ()) -> dict | None:
+    """``out``/fix.py and fix.diff for ``stem``'s candidate fix (with ``companions``), and what REPORT.md says of
+    it; None without one. A fix that cannot be rendered here (stale, or its framework missing) is named with the
+    error, no files."""
+    fixes = candidate_fixes(stem, companions)
     if not fixes:
         for name in ("fix.py", "fix.diff"):
             (out / name).unlink(missing_ok=True)
@@ -47,6 +50,7 @@ def write_candidate(out: Path, stem: str, title: str) -> dict | None:
     own = [f for f in fixes if stem in f.covers]
     return {"ids": [f.id for f in fixes],
             "own": [f.id for f in own],
+            **({"companions": [i for i in companions if i not in covering(stem)]} if companions else {}),
             "kinds": {f.id: f.kind for f in fixes},
             "summaries": {f.id: f.summary for f in fixes},
             "written_against": sorted({f"{f.framework} {f.version}" for f in fixes}),

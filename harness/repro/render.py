@@ -54,8 +54,8 @@ class Failed(Exception):
 
 def run(step, action, *args, expect_error=False, tolerate=False, may_fail=False, also=(), **kwargs):
     """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
-    were saved, shows the bug. ``may_fail``: the save it reads was killed part-way, never acknowledged: an error is
-    a right answer there, other bits are not."""
+    were saved, shows the bug. ``may_fail``: the save it reads was killed part-way, never acknowledged, or its files
+    were damaged since: an error is a right answer there, other bits are not."""
     try:
         result = action(*args, **kwargs)
     except BaseException as exc:  # torch's CheckpointException is a BaseException
@@ -71,7 +71,8 @@ def run(step, action, *args, expect_error=False, tolerate=False, may_fail=False,
             print(f"{{step}}: raised as it should ({{type(exc).__name__}})")
             return None
         if may_fail:
-            print(f"{{step}}: raised ({{type(exc).__name__}}), a right answer: the save it reads was killed part-way")
+            print(f"{{step}}: raised ({{type(exc).__name__}}), a right answer: the save it reads was killed part-way "
+                  "or its files were damaged")
             return None
         print(f"{MARK}: {{step}} raised on rank {{RANK}}")
         print("EXPECTED: it succeeds")

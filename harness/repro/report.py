@@ -70,7 +70,10 @@ def _candidate(fix: dict, diff: str) -> list[str]:
                 f"{fix['error']}.", ""]
     own = fix.get("own") or fix["ids"]
     for fix_id in fix["ids"]:
-        role = "" if fix_id in own else " (needed first: without it the fixed code meets another known bug)"
+        role = ("" if fix_id in own else
+                " (another known bug's fix: with the own fix alone this run meets that bug on its way)"
+                if fix_id in fix.get("companions", ()) else
+                " (needed first: without it the fixed code meets another known bug)")
         lines.append(f"- `{fix_id}`{role}: {KIND_MEANS[fix['kinds'][fix_id]]}. {fix['summaries'][fix_id]}.")
     lines.append("")
     if fix.get("resolves"):
@@ -84,6 +87,11 @@ def _candidate(fix: dict, diff: str) -> list[str]:
            "while plain `bash run.sh` shows the bug.")
     lines += [f"Written against {', '.join(fix['written_against'])}. {run} `fix.diff` is the same change as a patch "
               "of the framework's source:", "", "```diff", diff.rstrip("\n"), "```", ""]
+    alone = fix.get("alone")
+    if alone and alone.get("output"):
+        own_ids = ", ".join(f"`{i}`" for i in own)
+        lines += [f"With its own fix ({own_ids}) alone the run met another known bug on its way, and printed:", "",
+                  "```", alone["output"], "```", ""]
     if checked and not checked["passed"] and checked.get("output"):
         lines += ["With the fix, the run printed:", "", "```", checked["output"], "```", ""]
     return lines

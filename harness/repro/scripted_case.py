@@ -94,7 +94,8 @@ class Step:
     also: tuple[tuple[str, int], ...] = ()  # a load: other saves' tables it may rightly give (a re-save was killed)
     after_bytes: int = 0  # a kill of writers: once they have handed this many bytes to write() (the fault's trigger)
     hold: bool = False  # a save whose writers are held from the start until a resume step (the harness's stall)
-    may_fail: bool = False  # a load of a name whose only save was killed part-way: an error is right, wrong bits not
+    may_fail: bool = False  # a load of a name whose only save was killed part-way, or whose files were damaged since:
+    # an error is right, wrong bits not
 
     @property
     def label(self) -> str:
@@ -161,6 +162,7 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
     fresh = True
     saved: dict[str | None, list[tuple[str, int]]] = {}  # name -> the tables of its saves so far, in order
     killed: dict[str | None, tuple[str, int]] = {}  # name -> the table of the save of it last killed part-way
+    damaged: set[str | None] = set()  # names whose files a corruption changed since their last save
     for index, op in enumerate(case.ops[: None if upto is None else upto + 1]):
         if op.kind == "restart":
             fresh = True
@@ -172,6 +174,7 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
             if not phases:
                 raise ReproUnsupported(f"op {index} corrupts before any launch")
             phases[-1].steps.append(Step(index, "damage", None, edits=(_edit(plan),), why=f"corrupt {describe(plan)}"))
+            damaged |= _damaged_names(plan, saved)
             continue
         which = case.op_layouts(index)
         world = case.world_size(which)
@@ -193,7 +196,7 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
                 if key not in tables:
                     tables[key] = _table(case, which, key[1], world)
         kills = index == getattr(case.fault, "op", None) and _kills_writers(case)
-        unacknowledged = op.kind == "load" and op.name in killed and not saved[op.name][:-1]
+        unacknowledged = op.kind == "load" and ((op.name in killed and not saved[op.name][:-1]) or op.name in damaged)
         phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after,
                                      op.detach or kills, index in expect_errors, index in tolerated, crash=crash,
                                      also=also, hold=op.kind == "save" and op.stall, may_fail=unacknowledged))
@@ -205,6 +208,7 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
             fresh = True
         if op.kind == "save" and table is not None:
             saved.setdefault(op.name, []).append(table)
+            damaged.discard(op.name)
             if crash is not None:
                 killed[op.name] = table
             else:
@@ -213,6 +217,8 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
             fresh = True  # the job restarts: what follows runs in fresh processes on what the kill left
         elif after is not None and index == case.fault.op:
             phases[-1].steps.append(Step(index, "damage", None, edits=after[0], why=after[1]))
+            if isinstance(case.fault, CorruptFault):
+                damaged |= _damaged_names(case.fault.plan, saved)
             fresh = True
     return ScriptedCase(case.sut, dict(case.options), phases, tables, case.property)
 
@@ -269,6 +275,14 @@ def _crash(case: Case) -> Crash | None:
 
 def describe(plan: dict) -> str:
     return Corruption.from_json(plan).describe()
+
+
+def _damaged_names(plan: dict, saved: dict[str | None, list]) -> set[str | None]:
+    """The saved names a corruption touches: the one whose folder holds the damaged path, or every name saved so far
+    where the path names none (saves sharing one folder). A load of such a name may rightly raise, as the harness's
+    P-CORRUPT allows: a damaged checkpoint must give back what was saved or fail loudly, never other bits."""
+    top = str(plan.get("path", "")).split("/", 1)[0]
+    return {top} if top in saved else set(saved)
 
 
 def _edit(plan: dict) -> dict:

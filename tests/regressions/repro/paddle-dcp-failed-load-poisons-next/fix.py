@@ -1,8 +1,9 @@
 """paddle-dcp: loud-failure in P-REPEAT (paddle-dcp-failed-load-poisons-next)
 
-The candidate fix (paddle-dcp-failed-load-clears-metadata), written by ckpt-harness: ``bash run.sh --with-fix`` runs
-the repro with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change
-as a patch of the framework's source."""
+The candidate fix (paddle-dcp-failed-load-clears-metadata, paddle-dcp-flatten-0d, paddle-dcp-max-id-safetensors,
+paddle-dcp-version-cache-key), written by ckpt-harness: ``bash run.sh --with-fix`` runs the repro with it, repro.py
+calling ``apply()`` in every process before its first step. fix.diff is the same change as a patch of the
+framework's source."""
 
 import __future__
 
@@ -253,6 +254,101 @@ PATCHES = [
 
     _metadata_manager.clear()
     gc.collect()
+'''),
+    ('paddle.distributed.flex_checkpoint.dcp.load_state_dict', '_finish_unflatten', '351daa37fbe380dc',
+     r'''def _finish_unflatten(flat_shards, padding_info):
+    for key, info in padding_info.items():
+        src_tensor = info["src"]
+        flat_shard = info["flat_shard"]
+        start, end = info["slice_range"]
+        src_flat = src_tensor.flatten()
+        paddle.assign(src_flat[start:end], flat_shard.local_tensor)
+        # force GC
+        src_flat._clear()
+        src_tensor._clear()
+    for key, flat_shard in flat_shards.items():
+        flat_shard.local_tensor.reshape_([-1])
+'''),
+    ('paddle.distributed.flex_checkpoint.dcp.utils', 'get_max_id', '80193346889c3fc3',
+     r'''def get_max_id(path):
+    numbers = [0]
+    pattern = re.compile(r"^(\d+)_(\d+)\.(distcp|safetensors)$")
+    files = os.listdir(path)
+    for file in files:
+        match = pattern.match(file)
+        if match:
+            numbers.append(int(match.group(2)))
+    return max(numbers) if numbers else None
+'''),
+    ('paddle.distributed.flex_checkpoint.dcp.load_state_dict', 'get_checkpoint_files', '7cdb355462c7acd3',
+     r'''def get_checkpoint_files(
+    path, use_cache=True, unique_id=None, process_group=None, safetensors=False
+):
+    # if unique_id is None, all file ends with .metadata and .distcp is returned
+    if unique_id is None:
+        unique_id = ''
+    global PATH_TO_CHECKPOINT_FILES
+    if use_cache and (path, unique_id) in PATH_TO_CHECKPOINT_FILES:
+        return PATH_TO_CHECKPOINT_FILES[(path, unique_id)]
+    accessible_files = os.listdir(path)
+    metadata_files = [
+        file
+        for file in accessible_files
+        if file.endswith(f"{unique_id}.metadata")
+    ]
+
+    safetensors_files = [
+        file for file in accessible_files if file.endswith(".safetensors")
+    ]
+
+    if safetensors and len(metadata_files) == 0:
+        logger.info(
+            f"Found HuggingFace-format checkpoint with files: {', '.join(safetensors_files)}"
+        )
+        metadata_files = [
+            file
+            for file in accessible_files
+            if file.endswith(".auto_generated.metadata")
+        ]
+        if len(metadata_files) == 0:
+            logger.info(
+                f"No metadata file found in the checkpoint directory: {path}. Creating one now."
+            )
+            create_hf_ckpt_metadata(path, process_group=process_group)
+            accessible_files = os.listdir(path)
+            metadata_files = [
+                file
+                for file in accessible_files
+                if file.endswith(".auto_generated.metadata")
+            ]
+            logger.info(
+                f"Created metadata file: {metadata_files[0]} successfully."
+            )
+        return (metadata_files, safetensors_files)
+
+    assert len(metadata_files) > 0, (
+        f"No metadata file ends with '{unique_id}.metadata' found in the checkpoint directory: {path}."
+    )
+    local_data_files = [
+        file
+        for file in accessible_files
+        if file.endswith(f"{unique_id}.distcp")
+        or file.endswith(f"{unique_id}.safetensors")
+    ]
+    # Check that local_data_files does not contain both .distcp and .safetensors files at the same time
+    if any(file.endswith('.distcp') for file in local_data_files) and any(
+        file.endswith('.safetensors') for file in local_data_files
+    ):
+        raise ValueError(
+            f"Checkpoint directory cannot contain both .distcp and .safetensors files simultaneously in {path}."
+        )
+
+    if use_cache:
+        PATH_TO_CHECKPOINT_FILES[(path, unique_id)] = (
+            metadata_files,
+            local_data_files,
+        )
+    return (metadata_files, local_data_files)
 '''),
 ]
 

@@ -1,8 +1,9 @@
 """paddle-dcp: loud-failure in P-ROUNDTRIP (paddle-dcp-zero-size-not-saved)
 
-The candidate fix (paddle-dcp-flatten-0d, paddle-dcp-zero-size-saved, paddle-load-empty-safetensors), written by
-ckpt-harness: ``bash run.sh --with-fix`` runs the repro with it, repro.py calling ``apply()`` in every process
-before its first step. fix.diff is the same change as a patch of the framework's source."""
+The candidate fix (paddle-dcp-empty-target-needs-no-data, paddle-dcp-flatten-0d, paddle-dcp-zero-size-saved, paddle-
+load-empty-safetensors), written by ckpt-harness: ``bash run.sh --with-fix`` runs the repro with it, repro.py
+calling ``apply()`` in every process before its first step. fix.diff is the same change as a patch of the
+framework's source."""
 
 import __future__
 
@@ -86,6 +87,116 @@ def _set(namespace: dict, name: str, value: object) -> None:
 
 # (module, function, sha256[:16] of the source it was written against, the patched function)
 PATCHES = [
+    ('paddle.distributed.flex_checkpoint.dcp.resharder', 'get_read_items', '46c8d90641f20e17',
+     r'''def get_read_items(
+    metadata_list, state_dict, process_group, use_dist, load_infos
+):
+    storage_state_dict_metadata = {}
+    storage_state_dict_metadata = build_storage_state_dict_metadata(
+        metadata_list
+    )
+
+    read_items = []
+    global_shape = None
+    for tensor_key, val in state_dict.items():
+        tensor_name = None
+        if isinstance(val, paddle.Tensor):
+            if val.is_dist():
+                # when val is scalar, the shape is []
+                (
+                    local_shape,
+                    global_offset,
+                ) = (
+                    compute_local_shape_and_global_offset(
+                        val.shape,
+                        val.process_mesh,
+                        val.placements,
+                    )
+                    if len(val.shape) > 0
+                    else ((), ())
+                )
+                global_shape = tuple(val.shape)
+                if local_shape is None or global_offset is None:
+                    continue
+            else:
+                local_shape = tuple(val.shape)
+                global_offset = (
+                    tuple([0] * len(val.shape)) if len(val.shape) > 0 else ()
+                )
+                global_shape = local_shape
+            dtype = str(val.dtype).split(".")[1]
+            tensor_name = tensor_key
+        elif isinstance(val, ShardedWeight):
+            local_shape, global_offset = (
+                (val.local_shape, val.global_offset)
+                if len(val.global_shape) > 0
+                else ((), ())
+            )
+            dtype = str(val.local_tensor.dtype).split(".")[1]
+            tensor_name = (
+                tensor_key[0] if isinstance(tensor_key, tuple) else tensor_key
+            )
+        else:
+            raise ValueError(
+                f"Only support paddle.Tensor., val type:{type(val)}"
+            )
+
+        # A tensor with no elements needs no data: a checkpoint may lack
+        # it (no rank held a piece), and every rank skips it alike.
+        whole = (
+            val.global_shape if isinstance(val, ShardedWeight) else val.shape
+        )
+        if (
+            math.prod(whole) == 0
+            and tensor_name not in storage_state_dict_metadata
+        ):
+            continue
+        cur_chunk_metadata = LocalTensorMetadata(
+            global_offset, local_shape, dtype, global_shape
+        )
+
+        for storage_local_tensor_metadata in storage_state_dict_metadata[
+            tensor_name
+        ]:
+            if not_overlap(cur_chunk_metadata, storage_local_tensor_metadata):
+                continue
+            cur_offsets, storage_offsets, lengths = compute_overlap(
+                cur_chunk_metadata, storage_local_tensor_metadata
+            )
+            storage_local_tensor_index = LocalTensorIndex(
+                tensor_name,
+                tuple(storage_local_tensor_metadata.global_offset),
+                local_shape=tuple(storage_local_tensor_metadata.local_shape),
+            )
+            src_rank, file_name = load_infos[storage_local_tensor_index]
+            read_items.append(
+                ReadItem(
+                    tensor_name=tensor_name,
+                    src_global_offset=tuple(
+                        storage_local_tensor_metadata.global_offset
+                    ),
+                    dst_global_offset=global_offset,
+                    dst_rank=(paddle.distributed.get_rank(),),
+                    src_rank=src_rank,
+                    dst_local_offset=tuple(cur_offsets),
+                    src_local_offset=tuple(storage_offsets),
+                    slice_shape=tuple(lengths),
+                    file_name=file_name,
+                    dtype=storage_local_tensor_metadata.dtype,
+                ),
+            )
+
+    global_read_items = []
+    tmp = []
+    if use_dist:
+        paddle.distributed.all_gather_object(tmp, read_items, process_group)
+    else:
+        tmp.append(read_items)
+    for items in tmp:
+        for item in items:
+            global_read_items.append(item)
+    return global_read_items
+'''),
     ('paddle.distributed.flex_checkpoint.dcp.load_state_dict', '_finish_unflatten', '351daa37fbe380dc',
      r'''def _finish_unflatten(flat_shards, padding_info):
     for key, info in padding_info.items():
