@@ -286,6 +286,9 @@ def test_equal_tables_are_written_once() -> None:
     (0, "rank 0: every step ...", "silent-corruption", None, False, "passed"),
     (1, "BUG: step 2: load x on rank 0\nEXPECTED: ...", "silent-corruption", 2, True, "marked"),
     (1, "BUG: step 1: load x on rank 0", "silent-corruption", 2, False, "another-step"),
+    # other bits are how a silent corruption shows: an error at its step is another bug on the way
+    (1, "BUG: step 2: load x raised on rank 0\nEXPECTED: it succeeds", "silent-corruption", 2, False, "another-bug"),
+    (1, "BUG: step 2: load x raised on rank 0\nACTUAL: E", "loud-failure", 2, True, "marked"),
     (124, "BUG: launch 0 did not finish", "hang", None, True, "hang"),
     (124, "", "loud-failure", None, False, "hang"),
     (134, "terminate called after throwing", "crash", None, True, "crash"),

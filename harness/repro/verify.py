@@ -72,6 +72,8 @@ def judge_run(status: int, output: str, verdict: str, step: int | None = None,
         return Verification(False, "passed", status, output)
     if status == 124:
         return Verification("hang" in verdicts, "hang", status, output)
+    if at_step and verdicts == {"silent-corruption"} and not _wrong_bits(output, step):
+        return Verification(False, "another-bug", status, output)  # it raised where the finding gave other bits
     if at_step:
         return Verification(verdicts != {"hang"}, "marked", status, output)
     if bugs:
@@ -79,3 +81,17 @@ def judge_run(status: int, output: str, verdict: str, step: int | None = None,
     crashed = "Traceback (most recent call last)" not in output or any(
         s in output for s in ("Aborted", "SIGABRT", "SIGSEGV", "SIGFPE", "terminate called", "FatalError"))
     return Verification("crash" in verdicts and crashed, "crash" if crashed else "script-error", status, output)
+
+
+def _wrong_bits(output: str, step: int | None) -> bool:
+    """Whether the script saw other bits than were saved (at ``step`` when given), not only a step that raised: a
+    silent corruption is shown by the bits (or by the script's own check, its ``Failed``), and a framework error
+    there is another bug on the way."""
+    at = r"\d+" if step is None else str(step)
+    for found in re.finditer(rf"^{MARK}: step {at}:.*$", output, re.MULTILINE):
+        if not re.search(r" raised on rank \d+$", found.group(0)):
+            return True
+        actual = re.search(r"^ACTUAL:\s+(\S+)", output[found.end():], re.MULTILINE)
+        if actual and actual.group(1) == "Failed:":
+            return True
+    return False
