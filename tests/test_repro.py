@@ -117,7 +117,7 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
     first = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
     crash = script_case(first).phases[0].steps[1].crash  # nothing between the open and it: killed as the open returns
     assert (crash.event, crash.k, crash.after) == ("open", 1, True)
-    assert "'open', 'step-0/__1_0.distcp', 1, None, True, None)" in repro_py(script_case(first), "t", "s")
+    assert "'open', 'step-0/__1_0.distcp', 1, None, True, None, None)" in repro_py(script_case(first), "t", "s")
     write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=2, path="step-0/__1_0.distcp"))
     with pytest.raises(ReproUnsupported, match="a kill at a write call"):
         script_case(write)
@@ -139,10 +139,27 @@ def test_a_kill_of_one_rank_and_a_load_of_a_never_finished_save() -> None:
     first_step = scripted.phases[0].steps[0]
     assert first_step.crash.rank == 1 and "rank 1 killed at call 1" in first_step.label
     text = repro_py(scripted, "t", "s")
-    assert "'open', 'step-0/__1_0.distcp', 1, None, False, 1)" in text
+    assert "'open', 'step-0/__1_0.distcp', 1, None, False, 1, None)" in text
     load = scripted.phases[1].steps[0]
     assert load.kind == "load" and load.may_fail and "may_fail=True" in text
     assert not script_case(case).phases[1].steps[0].may_fail  # a re-save: the save before it was acknowledged
+
+
+def test_a_rank_killed_some_seconds_into_a_save_is_killed_by_a_timer_and_ends_its_launch() -> None:
+    """A kill-when fault on a delay (the harness kills rank 0's tree as the save begins): the script kills that
+    rank from a timer that many seconds into the step, the launch ends with it, and the load runs in a fresh one."""
+    case = _case("paddleformers-uc-crashed-save-taken-as-latest")
+    scripted = script_case(case)
+    crashed = [s for phase in scripted.phases for s in phase.steps if s.crash is not None]
+    assert len(crashed) == 1 and crashed[0].crash.delay == 0.0 and crashed[0].crash.rank == 0
+    assert "rank 0 killed 0 s into the step" in crashed[0].label
+    assert len(scripted.phases) == 2 and scripted.phases[1].steps[0].kind == "load"
+    text = repro_py(scripted, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "threading.Timer(delay, kill" in text and "('', '', 0, None, False, 0, 0.0)" in text
+    bytes_case = dataclasses.replace(case, fault=dataclasses.replace(case.fault, delay=None, bytes_written=10))
+    with pytest.raises(ReproUnsupported, match="kills on a delay only"):
+        script_case(bytes_case)
 
 
 def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
@@ -159,7 +176,7 @@ def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
     assert "ENOSPC at call 1 of rename" in step.label and scripted.phases[1].steps[0].also
     text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
-    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False, None)" in text
+    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False, None, None)" in text
     assert "raise OSError(getattr(errno, error)" in text
     write = dataclasses.replace(case, fault=ErrorFault(op=1, syscall="write", k=1, path="step-0/x", errno="EIO"))
     with pytest.raises(ReproUnsupported, match="an injected EIO at a write call"):

@@ -39,6 +39,7 @@ from paddleformers.trainer.trainer_callback import TrainerState  # noqa: E402
 from paddleformers.trainer.trainer_utils import get_last_checkpoint  # noqa: E402
 from paddleformers.trainer.utils.helper import distributed_file, distributed_isfile  # noqa: E402
 from paddleformers.transformers import PretrainedConfig, PretrainedModel  # noqa: E402
+from paddleformers.utils.env import TRAINER_STATE_NAME  # noqa: E402
 
 JOB = []  # this launch's training job, [trainer, parameters by name], made by its first save
 
@@ -184,9 +185,10 @@ LOAD = '''def load(name, pieces):
     trainer._load_from_checkpoint(path)
     trainer.model_wrapped = trainer._wrap_model(trainer.model_wrapped)
     trainer._load_optimizer_and_scheduler(path)
-    state = os.path.join(path, "trainer_state.json")
+    state = os.path.join(path, TRAINER_STATE_NAME)
     if distributed_isfile(state):  # as the training loop: a missing trainer state is skipped
-        trainer.state = TrainerState.load_from_json(distributed_file(state))
+        state = distributed_file(state)  # the .json or .bin the save wrote
+        trainer.state = TrainerState.load_from_json(state) if state.endswith(".json") else TrainerState.load(state)
     first_step_state(trainer, params)  # moments and masters come from what was loaded
     return slots(trainer, params, pieces)
 

@@ -108,17 +108,28 @@ def returned(writer, tensors, mutate_after, detach):
 
 CRASH = '''import errno  # noqa: E402
 import signal  # noqa: E402
+import threading  # noqa: E402
 
 
 def crash_step(step, call, action, *args, **kwargs):
     """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls, an errno
-    or None, whether the call runs first, and which rank: None for whichever makes it) meets the fault at that
-    call: SIGKILLed (no errno) — no clean-up, as a machine failure or the OOM killer ends a job — before it runs,
-    or right after (an open: the kill lands before the file's first write), or the call fails with that errno, as a
-    full disk or a failing device makes it.
+    or None, whether the call runs first, which rank: None for whichever makes it, and a delay or None) meets the
+    fault at that call: SIGKILLed (no errno) — no clean-up, as a machine failure or the OOM killer ends a job —
+    before it runs, or right after (an open: the kill lands before the file's first write), or the call fails with
+    that errno, as a full disk or a failing device makes it. With a delay the rank (every rank for None) is killed
+    that many seconds into the step, whatever it is doing.
     Every rank's launch ends with the step (the job restarts); the next launch starts fresh on what it left."""
-    event, path, k, error, after, rank = call
+    event, path, k, error, after, rank, delay = call
     target, seen = os.path.abspath(os.path.join(ROOT, path)), [0]
+
+    def mark():
+        with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"fault-{PHASE}"), "w"):
+            pass  # run.sh's sign that the fault happened
+
+    def kill(how):
+        mark()
+        print(f"{step}: rank {RANK} killed {how}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def hook(name, hook_args):
         if rank not in (None, RANK) or name != event or not hook_args:
@@ -130,17 +141,22 @@ def crash_step(step, call, action, *args, **kwargs):
         seen[0] += 1
         if seen[0] != k:
             return
-        with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"fault-{PHASE}"), "w"):
-            pass  # run.sh's sign that the fault happened
         if error is not None:
+            mark()
             print(f"{step}: call {k} of {event} on {path} fails with {error} on rank {RANK}", flush=True)
             raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), os.fsdecode(hook_args[0]))
         if after:  # the open itself (creating or truncating the file as the framework asked), then the kill
             os.close(os.open(hook_args[0], hook_args[2], 0o666))
-        print(f"{step}: rank {RANK} killed {'after' if after else 'before'} call {k} of {event} on {path}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
+        kill(f"{'after' if after else 'before'} call {k} of {event} on {path}")
 
-    sys.addaudithook(hook)  # for the rest of this process, which the step ends
+    if delay is None:
+        sys.addaudithook(hook)  # for the rest of this process, which the step ends
+    elif rank in (None, RANK):
+        if delay <= 0:
+            kill("as the step began")
+        timer = threading.Timer(delay, kill, (f"{delay} s into the step",))
+        timer.daemon = True
+        timer.start()
     try:
         action(*args, **kwargs)
         if error is not None:
@@ -359,7 +375,7 @@ def _call(step: Step) -> str:
     which judges none."""
     if step.crash is not None:
         crash = step.crash
-        call = (crash.event, crash.path, crash.k, crash.errno, crash.after, crash.rank)
+        call = (crash.event, crash.path, crash.k, crash.errno, crash.after, crash.rank, crash.delay)
         return f"crash_step({step.label!r}, {call!r}, {_action(step)})"
     err = "".join(f", {flag}=True" for flag in ("expect_error", "tolerate", "may_fail") if getattr(step, flag))
     also = "".join(f"DATA[{t[0]!r}, {t[1]}][RANK], " for t in step.also)

@@ -64,9 +64,12 @@ class Crash:
     errno: str | None = None
     after: bool = False  # killed right after the call (its open) returns: the first write on a file it opened
     rank: int | None = None  # only this rank's call (else whichever rank makes it)
+    delay: float | None = None  # killed this many seconds into the step, at no call in particular (a kill-when)
 
     def describe(self) -> str:
         who = "" if self.rank is None else f"rank {self.rank} "
+        if self.delay is not None:
+            return f"{who or 'every rank '}killed {self.delay:g} s into the step"
         if self.after:
             return f"{who}killed at its first {self.syscall} on {self.path}, right after opening it"
         how = "killed at" if self.errno is None else f"{self.errno} at"
@@ -253,6 +256,8 @@ def _crash(case: Case) -> Crash | None:
     hook), at a call Python makes visible by an audit event. Others raise ``ReproUnsupported`` saying why; not such
     a fault: None."""
     fault = case.fault
+    if isinstance(fault, KillWhenFault) and fault.target in (None, "tree"):
+        return _timed_kill(case, fault)
     if not isinstance(fault, KillFault | ErrorFault):
         return None
     op, what = case.ops[fault.op], "a kill" if isinstance(fault, KillFault) else f"an injected {fault.errno}"
@@ -271,6 +276,20 @@ def _crash(case: Case) -> Crash | None:
         return Crash(fault.syscall, "open", fault.path, 1, after=True, rank=fault.rank)
     return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k,
                  fault.errno if isinstance(fault, ErrorFault) else None, rank=fault.rank)
+
+
+def _timed_kill(case: Case, fault: KillWhenFault) -> Crash:
+    """A kill of a rank some seconds into a synchronous op, as the harness's kill-when fault with a delay does; a
+    trigger on a file or on bytes written needs the harness's watcher, and an async op's writers are processes the
+    script's timer would not end."""
+    op = case.ops[fault.op]
+    if fault.delay is None:
+        raise ReproUnsupported(f"a kill-when fault triggered by {', '.join(fault.trigger())} (the script kills on a "
+                               "delay only)")
+    if op.kind not in ("save", "load") or op.use_async:
+        raise ReproUnsupported(f"a kill-when fault in op {fault.op} ({op.kind}{', async' if op.use_async else ''}): "
+                               "the script kills ranks in a synchronous save or load only")
+    return Crash("kill-when", "", "", 0, rank=fault.rank, delay=float(fault.delay))
 
 
 def describe(plan: dict) -> str:
