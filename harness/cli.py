@@ -172,6 +172,10 @@ def _parser() -> argparse.ArgumentParser:
     w.add_argument("--no-simplify", dest="simplify", action="store_false",
                    help="write the case as it is (no simpler variants tried)")
     w.add_argument("--no-verify", dest="verify", action="store_false", help="do not run the written script")
+    w.add_argument("--fixes", default=None, metavar="none|ID,...",
+                   help="known bugs' fixes the script applies in every process before its first step, and the "
+                   "simplification judges with (default: the finding's needs_fixes, the fixes it was shown behind); "
+                   "'none' writes it against stock code")
     w.add_argument("--candidate-only", action="store_true", help="OUT is the case's repro already written: give it "
                    "today's candidate fix (fix.py, fix.diff, run.sh --with-fix, REPORT.md) and run it with the fix, "
                    "without writing or verifying the repro again")
@@ -375,7 +379,8 @@ def _repro(args: argparse.Namespace) -> int:
     _read_case(args.case)  # a malformed file is the user's error, said in one line
     if args.candidate_only:
         return _refresh_candidate(args)
-    summary = make_repro(args.case, args.out, simplify_first=args.simplify, verify=args.verify)
+    needs = None if args.fixes is None else _repro_fixes(args.fixes)
+    summary = make_repro(args.case, args.out, simplify_first=args.simplify, verify=args.verify, needs=needs)
     if "unsupported" in summary:
         print(f"{args.case}: no standalone script: the case uses {summary['unsupported']}; wrote {args.out}/REPORT.md")
         return 1
@@ -384,6 +389,13 @@ def _repro(args: argparse.Namespace) -> int:
              f"standalone_verified: {str(summary['standalone_verified']).lower()} ({summary.get('how')})")
     print(f"{args.out}: repro.py, run.sh, REPORT.md{kept}; {state}")
     return 0 if summary["standalone_verified"] or not args.verify else 1
+
+
+def _repro_fixes(spec: str) -> tuple[str, ...]:
+    """``repro --fixes`` as fix ids (with what they require); "all" would hide the bug the script is for."""
+    if spec == "all":
+        raise HarnessError("repro --fixes takes none or fix ids: with every fix the script would show no known bug")
+    return resolve(spec)
 
 
 def _refresh_candidate(args: argparse.Namespace) -> int:

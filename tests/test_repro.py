@@ -504,6 +504,25 @@ def test_a_bug_shown_only_behind_a_fix_gets_a_repro_that_applies_it(tmp_path: Pa
     assert "broken by a fix" in summary["output"]
 
 
+def test_repro_fixes_replace_the_fixes_a_finding_was_shown_behind(tmp_path: Path, monkeypatch, capsys) -> None:
+    """``repro --fixes`` names the known bugs' fixes the script applies first (with what they require), 'none' for
+    stock code; by default the finding's own needs_fixes. Bad ids, and 'all' (no bug left to show), are one line."""
+    import harness.repro
+
+    seen = []
+    monkeypatch.setattr(harness.repro, "make_repro", lambda *a, **k: seen.append(k["needs"]) or {
+        "standalone_verified": False, "unsupported": "x"})
+    case = str(REGRESSIONS / "paddle-dcp-failed-load-poisons-next.json")
+    for spec in (None, "none", "paddle-dcp-empty-overlap-no-read"):
+        main(["repro", case, "--out", str(tmp_path), *(["--fixes", spec] if spec else [])])
+    assert seen == [None, (), ("paddle-dcp-balanced-split", "paddle-dcp-empty-overlap-no-read")]
+    capsys.readouterr()
+    for bad, said in (("all", "with every fix the script would show no known bug"), ("nope", "unknown fixes")):
+        assert main(["repro", case, "--out", str(tmp_path), "--fixes", bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1
+
+
 def test_a_report_offers_the_fix_and_says_when_it_does_not_pass() -> None:
     from harness.repro.report import report_md
 

@@ -32,12 +32,14 @@ __all__ = ["ReproUnsupported", "check_fix", "check_repro", "make_repro", "refres
 
 
 def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bool = True,
-               update_finding: bool = True, launch: str | None = None, verify_max_ranks: int | None = None) -> dict:
+               update_finding: bool = True, launch: str | None = None, verify_max_ranks: int | None = None,
+               needs: tuple[str, ...] | None = None) -> dict:
     """Write ``out``/{repro.py, run.sh, REPORT.md, repro.json} for the finding or case at ``path``; the summary is
     returned and, for a finding file, ``repro`` and ``standalone_verified`` are written into it. ``launch``: how the
     harness judges the case while simplifying (default: the finding's own, else fresh ranks; a virtual campaign's
     findings are judged on virtual ranks); ``verify_max_ranks``: a script needing more processes is written but not
-    run (a campaign on a small machine leaves that to ``ckpt-harness repro``)."""
+    run (a campaign on a small machine leaves that to ``ckpt-harness repro``); ``needs``: the known bugs' fixes the
+    script applies first (default: the finding's ``needs_fixes``; () for stock code)."""
     case, finding = read_case_file(path)
     launch = launch or finding.get("launch", "fresh")
     verdict = finding.get("verdict", "")
@@ -45,7 +47,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     out.mkdir(parents=True, exist_ok=True)
     summary: dict = {"source": _shown_path(path), "sut": case.sut, "verdict": verdict, "standalone_verified": False}
     kept: list[str] = []
-    needs = write_needs(out, finding.get("needs_fixes") or (), _title(path, finding, case))
+    needs = write_needs(out, finding.get("needs_fixes") or () if needs is None else needs, _title(path, finding, case))
     if needs:
         summary["needs_fixes"] = list(needs)
     fix = write_candidate(out, path.stem, _title(path, finding, case))
