@@ -153,7 +153,10 @@ def test_a_rank_killed_some_seconds_into_a_save_is_killed_by_a_timer_and_ends_it
     crashed = [s for phase in scripted.phases for s in phase.steps if s.crash is not None]
     assert len(crashed) == 1 and crashed[0].crash.delay == 0.0 and crashed[0].crash.rank == 0
     assert "rank 0 killed 0 s into the step" in crashed[0].label
-    assert len(scripted.phases) == 2 and scripted.phases[1].steps[0].kind == "load"
+    load = scripted.phases[1].steps[0]
+    assert len(scripted.phases) == 2 and load.kind == "load" and load.name is None
+    # "latest" after a save killed part-way: that save whole (version 1), or the newest one acknowledged (0)
+    assert load.table[1] == 1 and [t[1] for t in load.also] == [0] and not load.may_fail
     text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "threading.Timer(delay, kill" in text and "('', '', 0, None, False, 0, 0.0)" in text

@@ -166,6 +166,7 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
     saved: dict[str | None, list[tuple[str, int]]] = {}  # name -> the tables of its saves so far, in order
     killed: dict[str | None, tuple[str, int]] = {}  # name -> the table of the save of it last killed part-way
     damaged: set[str | None] = set()  # names whose files a corruption changed since their last save
+    order: list[str | None] = []  # saved names, the one saved last at the end
     for index, op in enumerate(case.ops[: None if upto is None else upto + 1]):
         if op.kind == "restart":
             fresh = True
@@ -191,15 +192,21 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
                 tables[table] = _table(case, which, op.version, world)
         crash = _crash(case) if case.fault is not None and index == case.fault.op else None
         also: tuple[tuple[str, int], ...] = ()
-        if op.kind == "load" and op.name in killed:  # the killed re-save, or the save before it, whole
+        acknowledged = [n for n in order if n not in killed]
+        latest = op.kind == "load" and op.name is None and bool(order) and order[-1] in killed
+        versions: dict[int, None] = {}
+        if latest:  # "latest" after a save killed part-way: that save whole, or the newest one acknowledged
+            versions = dict.fromkeys([killed[order[-1]][1], *(saved[n][-1][1] for n in acknowledged[-1:])])
+        elif op.kind == "load" and op.name in killed:  # the killed re-save, or the save before it, whole
             before = saved[op.name][:-1] or [killed[op.name]]
             versions = dict.fromkeys((before[-1][1], killed[op.name][1]))
-            also = tuple((which, v) for v in versions if (which, v) != table)
-            for key in also:
-                if key not in tables:
-                    tables[key] = _table(case, which, key[1], world)
+        also = tuple((which, v) for v in versions if (which, v) != table)
+        for key in also:
+            if key not in tables:
+                tables[key] = _table(case, which, key[1], world)
         kills = index == getattr(case.fault, "op", None) and _kills_writers(case)
-        unacknowledged = op.kind == "load" and ((op.name in killed and not saved[op.name][:-1]) or op.name in damaged)
+        unacknowledged = op.kind == "load" and ((op.name in killed and not saved[op.name][:-1]) or op.name in damaged
+                                                or (latest and not acknowledged))
         phases[-1].steps.append(Step(index, op.kind, op.name, table, op.use_async, op.mutate_after,
                                      op.detach or kills, index in expect_errors, index in tolerated, crash=crash,
                                      also=also, hold=op.kind == "save" and op.stall, may_fail=unacknowledged))
@@ -211,6 +218,7 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
             fresh = True
         if op.kind == "save" and table is not None:
             saved.setdefault(op.name, []).append(table)
+            order = [n for n in order if n != op.name] + [op.name]
             damaged.discard(op.name)
             if crash is not None:
                 killed[op.name] = table
