@@ -15,6 +15,7 @@ import os
 import re
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 from harness.fixes import covering
@@ -152,22 +153,33 @@ def _with_fix(out: Path, stem: str, title: str, fix: dict) -> dict:
     """``fix`` with what ``run.sh --with-fix`` did, for repro.json and REPORT.md. Where the own fix alone does not
     pass, the fewest other known bugs' fixes that make the run pass join it (fix.py is rewritten with them), and
     what the run printed with the own fix alone is kept."""
+    started = time.monotonic()
     fixed = check_fix(out)
-    if fixed.shown or fixed.how == "stale-fix":
+    if fixed.shown or fixed.how != "failed":  # a hang or a stale fix is no other bug met on the way
         return {**fix, "with_fix": _ran(fixed)}
     runs: dict[tuple[str, ...], Verification] = {}
+    bound = COMPANION_RUNS_S * (time.monotonic() - started)
 
     def passes(ids: tuple[str, ...]) -> bool:
+        if time.monotonic() - started > bound:
+            raise TimeoutError  # out of time: the smallest set that passed so far stands
         write_candidate(out, stem, title, tuple(i for i in ids if i not in covering(stem)))
         runs[ids] = check_fix(out)
         return runs[ids].shown
 
-    companions = fewest(stem, passes)
+    try:
+        companions = fewest(stem, passes)
+    except TimeoutError:
+        passed = [ids for ids, run in runs.items() if run.shown]
+        companions = tuple(i for i in min(passed, key=len) if i not in covering(stem)) if passed else None
     if companions is None:
         write_candidate(out, stem, title)
         return {**fix, "with_fix": _ran(fixed)}
     final = write_candidate(out, stem, title, companions) or fix
     return {**final, "alone": _ran(fixed), "with_fix": _ran(runs[tuple(final["ids"])])}
+
+
+COMPANION_RUNS_S = 12  # the search for companion fixes may take this many times the own fix's run
 
 
 def _ran(fixed: Verification) -> dict:
