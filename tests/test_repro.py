@@ -217,6 +217,8 @@ def test_a_unified_checkpoint_script_builds_the_trainer_state_it_saves() -> None
         text = repro_py(scripted, "t", "s")
         compile(text, "repro.py", "exec")
         assert "trainer._save_checkpoint(" in text and "trainer._load_from_checkpoint(path)" in text
+        # the Trainer's end of training (UC ends its writers) and the trainer state the save wrote, .json or .bin
+        assert "handler.unlink_shared_memory()" in text and "TrainerState.load(state)" in text
         assert ("def wait(" in text) is async_code and ("def kill_writers(" in text) is async_code
         assert "python -m paddle.distributed.launch" in run_sh(scripted)
     pdc = repro_py(script_case(_case("paddleformers-uc-missing-checkpoint-wedges-group")), "t", "s")

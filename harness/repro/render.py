@@ -316,7 +316,7 @@ def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = F
         damage(scripted.edit_kinds()) if scripted.edit_kinds() else "",
         CRASH if scripted.crash_phases() else "",
         CHECK,
-        _main(scripted, text.SETUP),
+        _main(scripted, text.SETUP, getattr(text, "TEARDOWN", "")),
     ]
     return "\n".join(parts)
 
@@ -355,9 +355,10 @@ def _piece(p: Piece) -> str:
             f"{p.placements}, {p.owner})")
 
 
-def _main(scripted: ScriptedCase, setup: str) -> str:
-    """Set-up and steps inside ``main()``, run only as the program: a writer process the framework starts with
-    multiprocessing's "spawn" imports this file again, and must not set up or run the steps a second time."""
+def _main(scripted: ScriptedCase, setup: str, teardown: str = "") -> str:
+    """Set-up, steps and the framework's own end of a job (``teardown``) inside ``main()``, run only as the
+    program: a writer process the framework starts with multiprocessing's "spawn" imports this file again, and must
+    not set up or run the steps a second time."""
     lines = ["def main():", "    global ROOT, PHASE, RANK",
              "    ROOT, PHASE = sys.argv[1], int(sys.argv[2])",
              *(f"    {line}" if line else "" for line in setup.splitlines())]
@@ -365,6 +366,7 @@ def _main(scripted: ScriptedCase, setup: str) -> str:
         lines.append(f"    {'if' if number == 0 else 'elif'} PHASE == {number}:  # {phase.world} process(es)")
         for step in phase.steps:
             lines.append(f"        {_call(step)}")
+    lines += [f"    {line}" for line in teardown.splitlines()]
     lines += ['    print(f"rank {RANK}: every step of launch {PHASE} behaved as it should")', "", "",
               'if __name__ == "__main__":', "    main()"]
     return "\n".join(lines) + "\n"
