@@ -157,17 +157,22 @@ def async_handler():
 
 
 def wait(timeout=60):
-    """Until UC's writer processes have finished their files (the Trainer waits only at its next save); a writer
-    that died raises, as UC's own wait does."""
-    handler, deadline = async_handler(), time.monotonic() + timeout
+    """Until UC's writer processes have finished their files (the Trainer waits only at its next save), on every
+    rank: the next step starts once all ranks' writers are done, as a later resume would find them; a writer that
+    died raises, as UC's own wait does."""
+    handler, deadline, problem = async_handler(), time.monotonic() + timeout, None
     for kind, flag_name, process_name in WRITERS if handler is not None else ():
         flag, process = getattr(handler, flag_name, None), getattr(handler, process_name, None)
-        while flag is not None and flag[0] > 0:
+        while problem is None and flag is not None and flag[0] > 0:
             if process is None or not process.is_alive():
-                raise Failed(f"the UC process that saves {kind} died before finishing its file")
-            if time.monotonic() > deadline:
-                raise Failed(f"the UC {kind} writer did not finish within {timeout} s")
+                problem = f"the UC process that saves {kind} died before finishing its file"
+            elif time.monotonic() > deadline:
+                problem = f"the UC {kind} writer did not finish within {timeout} s"
             time.sleep(0.01)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()  # every rank comes, its writers done or not: none waits on a rank that raised
+    if problem is not None:
+        raise Failed(problem)
 
 
 '''
