@@ -16,6 +16,8 @@ import paddle.distributed as dist
 
 from collections import namedtuple
 
+
+
 if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
     import fix
 
@@ -78,6 +80,7 @@ from paddleformers.trainer.trainer_callback import TrainerState  # noqa: E402
 from paddleformers.trainer.trainer_utils import get_last_checkpoint  # noqa: E402
 from paddleformers.trainer.utils.helper import distributed_file, distributed_isfile  # noqa: E402
 from paddleformers.transformers import PretrainedConfig, PretrainedModel  # noqa: E402
+from paddleformers.utils.env import TRAINER_STATE_NAME  # noqa: E402
 
 JOB = []  # this launch's training job, [trainer, parameters by name], made by its first save
 
@@ -189,17 +192,22 @@ def async_handler():
 
 
 def wait(timeout=60):
-    """Until UC's writer processes have finished their files (the Trainer waits only at its next save); a writer
-    that died raises, as UC's own wait does."""
-    handler, deadline = async_handler(), time.monotonic() + timeout
+    """Until UC's writer processes have finished their files (the Trainer waits only at its next save), on every
+    rank: the next step starts once all ranks' writers are done, as a later resume would find them; a writer that
+    died raises, as UC's own wait does."""
+    handler, deadline, problem = async_handler(), time.monotonic() + timeout, None
     for kind, flag_name, process_name in WRITERS if handler is not None else ():
         flag, process = getattr(handler, flag_name, None), getattr(handler, process_name, None)
-        while flag is not None and flag[0] > 0:
+        while problem is None and flag is not None and flag[0] > 0:
             if process is None or not process.is_alive():
-                raise Failed(f"the UC process that saves {kind} died before finishing its file")
-            if time.monotonic() > deadline:
-                raise Failed(f"the UC {kind} writer did not finish within {timeout} s")
+                problem = f"the UC process that saves {kind} died before finishing its file"
+            elif time.monotonic() > deadline:
+                problem = f"the UC {kind} writer did not finish within {timeout} s"
             time.sleep(0.01)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()  # every rank comes, its writers done or not: none waits on a rank that raised
+    if problem is not None:
+        raise Failed(problem)
 
 
 def load(name, pieces):
@@ -215,11 +223,14 @@ def load(name, pieces):
     trainer._load_from_checkpoint(path)
     trainer.model_wrapped = trainer._wrap_model(trainer.model_wrapped)
     trainer._load_optimizer_and_scheduler(path)
-    state = os.path.join(path, "trainer_state.json")
+    state = os.path.join(path, TRAINER_STATE_NAME)
     if distributed_isfile(state):  # as the training loop: a missing trainer state is skipped
-        trainer.state = TrainerState.load_from_json(distributed_file(state))
+        state = distributed_file(state)  # the .json or .bin the save wrote
+        trainer.state = TrainerState.load_from_json(state) if state.endswith(".json") else TrainerState.load(state)
     first_step_state(trainer, params)  # moments and masters come from what was loaded
     return slots(trainer, params, pieces)
+
+
 
 
 
@@ -264,9 +275,10 @@ class Failed(Exception):
     """A failure this script detects itself (the framework only logged it)."""
 
 
-def run(step, action, *args, expect_error=False, tolerate=False, also=(), **kwargs):
+def run(step, action, *args, expect_error=False, tolerate=False, may_fail=False, also=(), **kwargs):
     """Run one step; an error where none is due (or none where one is), or a load that gives back other bits than
-    were saved, shows the bug."""
+    were saved, shows the bug. ``may_fail``: the save it reads was killed part-way, never acknowledged, or its files
+    were damaged since: an error is a right answer there, other bits are not."""
     try:
         result = action(*args, **kwargs)
     except BaseException as exc:  # torch's CheckpointException is a BaseException
@@ -280,6 +292,10 @@ def run(step, action, *args, expect_error=False, tolerate=False, also=(), **kwar
             return None
         if expect_error:
             print(f"{step}: raised as it should ({type(exc).__name__})")
+            return None
+        if may_fail:
+            print(f"{step}: raised ({type(exc).__name__}), a right answer: the save it reads was killed part-way "
+                  "or its files were damaged")
             return None
         print(f"BUG: {step} raised on rank {RANK}")
         print("EXPECTED: it succeeds")
@@ -302,6 +318,12 @@ def main():
     RANK = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
     if PHASE == 0:  # 2 process(es)
         run('step 0: save step-1 (async)', save, 'step-1', DATA['save', 0][RANK], async_save=True)
+    handler = getattr(JOB[0], "unified_checkpoint_handler", None) if JOB else None
+    if handler is not None:
+        try:
+            handler.unlink_shared_memory()
+        except RuntimeError as exc:
+            print(f"rank {RANK}: UC's end of training: {exc}")
     print(f"rank {RANK}: every step of launch {PHASE} behaved as it should")
 
 
