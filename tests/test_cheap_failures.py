@@ -65,3 +65,21 @@ def test_replay_waits_every_wait() -> None:
         assert not judgement.ok and not outcome.cut_short and waited >= 4.0 and len(outcome.records) == 3
     finally:
         judge.close()
+
+
+def test_a_cases_own_restart_is_a_fresh_launch_not_a_recovery() -> None:
+    """A restart op asks for fresh processes: its launches are counted apart from those that replaced ranks lost to
+    a failure, so the campaign's recovery share says what failures cost."""
+    layout = {"w": replicated(Mesh((2,))).to_json()}
+    case = Case("P-RESUME", "reference", (TensorCase("w", "F32", (3,), 0),), layout, layout,
+                (Op("save", "step-0"), Op("restart"), Op("load", "step-0")), {}, 0)
+    judge = Judge(Runners("reference", "pool"), exploring=True)
+    try:
+        judgement, _ = judge(case)
+        judge(case)
+        assert judgement.ok, judgement
+        recovery = judge.runners.recovery()
+    finally:
+        judge.close()
+    assert recovery["losses"] == {"restart": 2, "failure": 0}
+    assert recovery["replacement_launch_seconds"] == 0 and recovery["restart_launch_seconds"] > 0, recovery

@@ -114,11 +114,12 @@ class _Job:
             self.active.append(runner)
             self.outcome.shims = tuple(runner.shims)
 
-    def drop(self, runner: Runner) -> None:
-        """The job loses these ranks at once (a crash, a hang, a fault): the next op starts them afresh."""
+    def drop(self, runner: Runner, restart: bool = False) -> None:
+        """The job loses these ranks at once (a crash, a hang, a fault, or the case's ``restart``): the next op
+        starts them afresh."""
         if runner in self.active:
             self.active.remove(runner)
-        self.runners.lose(runner, graceful=False)
+        self.runners.lose(runner, graceful=False, restart=restart)
 
     def ranks_op(self, runner: Runner, op: Op, rec: OpRecord) -> bool:
         """Run the op on the ranks; True when the case stops there (ranks stuck behind one that raised, in a
@@ -181,7 +182,7 @@ class _Job:
         rec = OpRecord(index, op.kind, op.name)
         if op.kind == "restart":
             for runner in list(self.active):
-                self.drop(runner)
+                self.drop(runner, restart=True)
             return rec
         try:
             rec.applied = op.corruption_fault(index).inflict(self.root).to_json()

@@ -44,6 +44,7 @@ class Runners:
             raise ValueError(f"{sut} has no virtual ranks (capability 'virtual'); launch it as a pool")
         self._runners: dict[tuple[int, str, str], Runner] = {}
         self._retired_launches = 0
+        self._losses = {"restart": 0, "failure": 0}  # ranks lost by a case's own restart op, or by a failure
         self._retired: list[Runner] = []  # closed runners, kept for the recovery figures
         self._keys_launched: set[tuple[int, str, str]] = set()
         self._retired_devices: set[str] = set()
@@ -168,9 +169,11 @@ class Runners:
         finally:
             setattr(self, flag, before)
 
-    def lose(self, runner: Runner, graceful: bool = True) -> None:
-        """The job lost these ranks (a crash, a hang, a fault, a restart, ranks out of step): fresh ones in their
-        place, by the runner itself where it can (Runner.recover), else by discarding it (a spare is stocked)."""
+    def lose(self, runner: Runner, graceful: bool = True, restart: bool = False) -> None:
+        """The job lost these ranks (a crash, a hang, a fault, ranks out of step; or ``restart``, the case's own
+        restart op): fresh ones in their place, by the runner itself where it can (Runner.recover), else by
+        discarding it (a spare is stocked)."""
+        self._losses["restart" if restart else "failure"] += 1
         if not runner.recover():
             self.discard(runner, graceful)
 
@@ -223,12 +226,20 @@ class Runners:
         return self._retired_launches + sum(r.launches for r in self._runners.values())
 
     def recovery(self) -> dict[str, float]:
-        """What lost ranks cost so far: launches, their seconds, the seconds of launches that replaced lost ranks
-        (relaunches and spares, in the background or not), and seconds spent on ranks that had failed."""
+        """What lost ranks cost so far: launches, their seconds, the seconds of launches that replaced ranks lost
+        to failures (relaunches and spares, in the background or not), those that a case's own restart asked for
+        (fresh processes are what a restart means, not a recovery), and seconds spent on ranks that had failed. A
+        replacement launch is not told apart by its cause (a spare stands ready for either), so the replacement
+        seconds are shared out by the number of losses of each cause."""
         every = [*self._retired, *self._runners.values()]
+        replaced = sum(r.recovery_launch_s for r in every)
+        losses = sum(self._losses.values())
+        restarts = replaced * self._losses["restart"] / losses if losses else 0.0
         return {"launches": self.launches,
                 "launch_seconds": round(sum(sum(r.launch_seconds) for r in every), 1),
-                "replacement_launch_seconds": round(sum(r.recovery_launch_s for r in every), 1),
+                "replacement_launch_seconds": round(replaced - restarts, 1),
+                "restart_launch_seconds": round(restarts, 1),
+                "losses": dict(self._losses),
                 "failure_wait_seconds": round(sum(r.failure_wait_s for r in every), 1)}
 
     @property

@@ -152,9 +152,11 @@ def _savings_line(summary: dict) -> list[str]:
 def _recovery_line(rec: dict) -> list[str]:
     if not rec:
         return []
+    restarts = (f"; cases' own restarts took {rec['restart_launch_seconds']} s of fresh launches"
+                if rec.get("restart_launch_seconds") else "")
     return [f"Lost ranks cost {rec['replacement_launch_seconds']} s of replacement launches (of "
             f"{rec['launch_seconds']} s launching in all) and {rec['failure_wait_seconds']} s waiting on ranks that "
-            "had failed."]
+            f"had failed{restarts}."]
 
 
 def _observed(summary: dict, prop: str) -> str:
