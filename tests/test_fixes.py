@@ -304,6 +304,27 @@ def test_a_swarm_round_leaves_a_fix_out_and_proves_its_bug_known(tmp_path: Path,
     assert summary["fixes"] == ["test-flip"]
 
 
+def test_a_round_puts_its_left_out_fixes_back_once_their_bugs_were_met() -> None:
+    """A left-out fix's known bug that keeps firing (a rank it kills relaunched case after case) only costs the
+    campaign once met: after LEFT_OUT_HITS cases it explained, by its row or by a patched replay, the turn ends and
+    the rest of the round runs with every fix. Other known bugs do not count."""
+    from collections import Counter
+
+    from harness.campaign.fuzz import LEFT_OUT_HITS, _Run
+
+    judge = SimpleNamespace(known_hits=Counter({"paddle-dcp-int16-reshard-kills-rank.json": 5}))
+    run = _Run(judge, Campaign("x", 2, [], 20, 0), frozenset(), False, 0.0, 1.0, 2.0,
+               left_out=("paddle-dcp-broadcast-wire-dtype",), hits_before=Counter(judge.known_hits))
+    assert not run.left_out_met()
+    judge.known_hits["paddle-dcp-version-cache.json"] += 10  # another known bug: its fix is on
+    judge.known_hits["fixed by paddle-dcp-broadcast-wire-dtype"] += LEFT_OUT_HITS - 1
+    assert not run.left_out_met()
+    judge.known_hits["paddle-dcp-int16-reshard-kills-rank.json"] += 1
+    assert run.left_out_met()
+    run.left_out = ()
+    assert not run.left_out_met()
+
+
 PROOFS = sorted((fix_id, stem) for fix_id, fix in FIXES.items() for stem in fix.covers)
 
 

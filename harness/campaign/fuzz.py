@@ -20,7 +20,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, Phase, given, settings
@@ -31,7 +31,7 @@ from hypothesis.internal.observability import with_observability_callback
 from harness.campaign.corpus import replay_corpus
 from harness.campaign.reduce import reduce_case
 from harness.campaign.results import Campaign, Finding
-from harness.fixes import FIXES
+from harness.fixes import FIXED_BY, FIXES, own_fixes
 from harness.judging.fidelity import REAL_MAX, max_world
 from harness.judging.judge import Judge
 from harness.ranks.runner import PoolFailure
@@ -43,6 +43,10 @@ from properties.model.verdicts import Judgement
 from properties.registry import REGISTRY, property_cases
 from properties.triage.buckets import Bucket
 
+# A round that leaves fixes out puts them back once their known bugs explained this many cases: the bugs that need
+# a known bug's behaviour were in reach, and the known bug repeating (a rank it kills relaunched case after case)
+# only costs the campaign.
+LEFT_OUT_HITS = 3
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
 # Seconds of shrinking per new bucket: a tenth of the campaign, within these bounds. A short campaign meeting
 # several unknown bugs must not spend itself shrinking them (each failing Paddle case may cost a relaunch); a long
@@ -67,6 +71,13 @@ class _Run:
     deadline: float
     hard_deadline: float  # room past ``deadline`` to finish shrinking a failure
     real: Judge | None = None
+    left_out: tuple[str, ...] = ()  # the fixes this round leaves out, while it does
+    hits_before: Counter = field(default_factory=Counter)  # the judge's known hits as the round began
+
+    def left_out_met(self) -> bool:
+        """The round's left-out fixes' known bugs explained LEFT_OUT_HITS cases: time to put them back."""
+        return bool(self.left_out) and _left_out_hits(self.judge_case, self.left_out,
+                                                        self.hits_before) >= LEFT_OUT_HITS
 
     def real_judge(self) -> Judge:
         """The judge replaying virtual findings on real ranks under the strict rules (``replay``'s)."""
@@ -104,7 +115,8 @@ class _Turn:
         if run.campaign.fatal is not None or now > run.hard_deadline or (
                 self.shrink_until is not None and now > self.shrink_until):
             return True
-        return self.shrink_until is None and (now > self.turn_end or run.campaign.capped(self.prop))
+        return self.shrink_until is None and (now > self.turn_end or run.campaign.capped(self.prop)
+                                              or run.left_out_met())
 
     def met(self, bucket: Bucket, finding: Finding, campaign: Campaign) -> None:
         """Shrink, count or keep a failure; raising ``_Failed`` makes it the case Hypothesis shrinks. It is raised
@@ -148,13 +160,19 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     judge_case.prove_until = run.hard_deadline
     turn = 0
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
-        with _fixes_left_out(judge_case, _round_fixes(campaign, judge_case.runners, turn)):
+        run.left_out, run.hits_before = _round_fixes(campaign, judge_case.runners, turn), Counter(judge_case.known_hits)
+        with ExitStack() as round_fixes:
+            round_fixes.enter_context(_fixes_left_out(judge_case, run.left_out))
             for n, prop in enumerate(campaign.properties):
                 if time.monotonic() >= deadline or campaign.done():
                     break
                 if campaign.capped(prop):
                     continue
+                if run.left_out_met():
+                    round_fixes.close()  # their bugs were met: the rest of the round runs with every fix
+                    run.left_out = ()
                 _turn(run, prop, campaign.seed + turn * len(campaign.properties) + n, reuse=turn == 0)
+        run.left_out = ()
         turn += 1
     campaign.wall = time.monotonic() - start
     run.close()
@@ -171,6 +189,17 @@ def _round_fixes(campaign: Campaign, runners: Runners, turn: int) -> tuple[str, 
         return ()
     return swarm_fixes(runners.fixes, f"{campaign.seed}|fixes|{turn}",
                        lambda fix_id: [k for k, f in FIXES.items() if fix_id in f.requires])
+
+
+def _left_out_hits(judge_case: Judge, left_out: tuple[str, ...], before: Counter) -> int:
+    """Cases since ``before`` explained by the known bugs of the fixes a round left out: by a row whose own fix is
+    out, or proven by a patched replay with one of them."""
+    hits = 0
+    for key, count in judge_case.known_hits.items():
+        fixes = (key.removeprefix(FIXED_BY).split("+") if key.startswith(FIXED_BY) else own_fixes(key))
+        if set(fixes) & set(left_out):
+            hits += count - before[key]
+    return hits
 
 
 @contextmanager
