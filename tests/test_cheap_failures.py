@@ -81,5 +81,5 @@ def test_a_cases_own_restart_is_a_fresh_launch_not_a_recovery() -> None:
         recovery = judge.runners.recovery()
     finally:
         judge.close()
-    assert recovery["losses"] == {"restart": 2, "failure": 0}
+    assert (recovery["restart_losses"], recovery["failure_losses"]) == (2, 0)
     assert recovery["replacement_launch_seconds"] == 0 and recovery["restart_launch_seconds"] > 0, recovery

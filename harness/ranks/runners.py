@@ -239,7 +239,7 @@ class Runners:
                 "launch_seconds": round(sum(sum(r.launch_seconds) for r in every), 1),
                 "replacement_launch_seconds": round(replaced - restarts, 1),
                 "restart_launch_seconds": round(restarts, 1),
-                "losses": dict(self._losses),
+                "restart_losses": self._losses["restart"], "failure_losses": self._losses["failure"],
                 "failure_wait_seconds": round(sum(r.failure_wait_s for r in every), 1)}
 
     @property
