@@ -571,6 +571,10 @@ def test_a_repro_that_meets_other_known_bugs_gets_the_fewest_fixes_that_pass_it(
     assert set(got) == set(resolve(",".join(wanted))) - set(covering(stem))
     assert len(calls) <= RUNS and len(calls) <= 2 + len(wanted) * 6
     assert fewest(stem, lambda ids: False) is None  # not even every fix passes it: no companions
+    for runs in range(1, RUNS):  # cut short anywhere, the answer is a set some run showed to pass
+        calls.clear()
+        short = fewest(stem, passes, runs)
+        assert resolve(",".join((*covering(stem), *short))) in [c for c in calls if wanted <= set(c)], runs
 
 
 def test_a_report_names_the_other_bugs_fixes_a_run_needed_and_what_its_own_fix_alone_met() -> None:

@@ -50,7 +50,7 @@ def write_candidate(out: Path, stem: str, title: str, companions: tuple[str, ...
     own = [f for f in fixes if stem in f.covers]
     return {"ids": [f.id for f in fixes],
             "own": [f.id for f in own],
-            **({"companions": [i for i in companions if i not in covering(stem)]} if companions else {}),
+            **({"companions": list(companions)} if companions else {}),
             "kinds": {f.id: f.kind for f in fixes},
             "summaries": {f.id: f.summary for f in fixes},
             "written_against": sorted({f"{f.framework} {f.version}" for f in fixes}),

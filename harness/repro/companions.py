@@ -25,7 +25,8 @@ def others(stem: str) -> list[str]:
 def fewest(stem: str, passes: Callable[[tuple[str, ...]], bool], runs: int = RUNS) -> tuple[str, ...] | None:
     """The smallest set of other fixes with which ``passes(own + set)`` holds, found in about k·log2(n) + 1 calls for
     k needed of n fixes (each needed fix is the last of the shortest passing prefix: a binary search); None when even
-    every other fix does not make it pass. Where the bound of ``runs`` ends the search, the last passing set."""
+    every other fix does not make it pass. Where the bound of ``runs`` ends the search, the smallest set seen to pass,
+never one no run has shown to pass."""
     own = covering(stem)
     left = [runs]
 
@@ -36,7 +37,11 @@ def fewest(stem: str, passes: Callable[[tuple[str, ...]], bool], runs: int = RUN
     candidates, needed = others(stem), []
     if not candidates or not check(candidates):
         return None
-    while candidates and left[0] > 0 and not check(needed):
+    # Throughout, needed + candidates is a set that was seen to pass: what is returned when the runs run out.
+    while candidates and left[0] > 0:
+        if check(needed):
+            candidates = []
+            break
         low, high = 1, len(candidates)  # needed + candidates[:high] passes
         while low < high and left[0] > 0:
             middle = (low + high) // 2
@@ -44,9 +49,9 @@ def fewest(stem: str, passes: Callable[[tuple[str, ...]], bool], runs: int = RUN
                 high = middle
             else:
                 low = middle + 1
-        if low < high:  # out of runs: the last passing set
-            needed += candidates[:high]
+        if low < high:  # out of runs
+            candidates = candidates[:high]
             break
         needed.append(candidates[high - 1])
         candidates = candidates[:high - 1]
-    return tuple(i for i in resolve(",".join((*own, *needed))) if i not in own)
+    return tuple(i for i in resolve(",".join((*own, *needed, *candidates))) if i not in own)
