@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable
 
 from harness.fixes.patch import Fix, FixError
+from harness.fixes.reach import REACH_OPTION, Watched, watch
 
-__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "covering", "own_fixes", "resolve"]
+__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "covering", "own_fixes", "prepare", "resolve"]
 
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 
@@ -64,3 +66,18 @@ def apply_fixes(ids: tuple[str, ...] | list[str]) -> None:
         if fix_id not in FIXES:
             raise FixError(f"unknown fix {fix_id!r}")
         FIXES[fix_id].apply()
+
+
+def prepare(options: dict) -> Callable[[], None]:
+    """A rank's set-up options put in force before the framework runs: their fixes applied, and the functions the
+    fix table asks about watched (``harness.fixes.reach``). Returns what takes the watch off again."""
+    apply_fixes(options.get("fixes", ()))
+    reach = options.get(REACH_OPTION)
+    if not reach:
+        return lambda: None
+    return watch(edits(reach["fixes"]), reach["dir"])
+
+
+def edits(ids: list[str] | tuple[str, ...]) -> list[Watched]:
+    """These fixes' edits, function by function, as the reach recorder takes them."""
+    return [(i, h.module, h.qualname, h.edits) for i in ids for h in FIXES[i].hunks]

@@ -20,11 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from harness.fixes.rebind import compiled, rebind, source_digest, target
+from harness.fixes.rebind import EDITS_ATTR, ORIGINAL_ATTR, compiled, rebind, source_digest, target
 
 KINDS = ("fix", "workaround", "detector")
-EDITS_ATTR = "__ckpt_fixes__"  # on a patched function: ((fix id, edits), ...) in the order they were applied
-ORIGINAL_ATTR = "__ckpt_original__"  # ... and the framework's own function it replaces
 
 Edits = tuple[tuple[str, str], ...]  # (old, new): exact lines of the function's source and what replaces them
 

@@ -14,6 +14,9 @@ import textwrap
 import types
 from collections.abc import Callable, Iterator
 
+EDITS_ATTR = "__ckpt_fixes__"  # on a patched function: ((fix id, edits), ...) in the order they were applied
+ORIGINAL_ATTR = "__ckpt_original__"  # ... and the framework's own function it replaces
+
 
 def source_digest(text: str) -> str:
     """The first 16 hex digits of the sha256 of a function's source, as ``inspect.getsource`` gives it."""

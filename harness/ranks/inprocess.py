@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
-from harness.fixes import FIXES, apply_fixes
+from harness.fixes import FIXES, prepare
 from harness.ranks.rankops import RankExecutor
 from harness.ranks.runner import Runner
 from harness.sut import adapter_class
@@ -20,7 +20,7 @@ class InProcessRunner(Runner):
         cls = adapter_class(sut)
         # The controller's own process: fixes applied here are taken back when the ranks close.
         self.fixes = [FIXES[f] for f in options.get("fixes", ()) if not FIXES[f].applied()]
-        apply_fixes([f.id for f in self.fixes])
+        self.unwatch = prepare({**options, "fixes": [f.id for f in self.fixes]})
         self.executors = []
         for rank in range(world):
             adapter = cls()
@@ -48,5 +48,6 @@ class InProcessRunner(Runner):
         for ex in self.executors:
             ex.release()  # a held writer would keep the adapter's close waiting for ever
             ex.adapter.close()
+        self.unwatch()
         for fix in reversed(self.fixes):
             fix.revert()

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 from harness.fixes import FIXES
+from harness.fixes.reach import REACH_OPTION
 from harness.ranks.forkserver import ForkServer
 from harness.ranks.inprocess import InProcessRunner
 from harness.ranks.pool import RankPool
@@ -39,6 +40,7 @@ class Runners:
         self.sut, self.mode, self.op_timeout = sut, mode, op_timeout
         self.device, self.nnodes = device, nnodes
         self.fixes = fixes  # applied on every rank before the adapter's set-up (harness.fixes)
+        self.reach: dict | None = None  # the fix table's watch on every rank (harness.fixes.reach): dir and fix ids
         self.cls = adapter_class(sut)
         if mode == "virtual" and "virtual" not in self.cls.capabilities:
             raise ValueError(f"{sut} has no virtual ranks (capability 'virtual'); launch it as a pool")
@@ -80,6 +82,8 @@ class Runners:
         setup = {"shims": options.get("shims", True), "device": self.device}
         if self.fixes:
             setup["fixes"] = list(self.fixes)
+        if self.reach:
+            setup[REACH_OPTION] = self.reach
         in_process = (not launched and self.mode == "in-process" and self.nnodes == 1
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
         virtual = not launched and not fault_case and self.mode == "virtual"

@@ -21,7 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.fixes import apply_fixes
+from harness.fixes import prepare
 from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rank_logs import route
 from harness.ranks.rankops import RankExecutor
@@ -76,7 +76,7 @@ def _world(cls: type[SutAdapter], size: int, options: dict, conns: list[Connecti
     """A fresh virtual world with every rank's adapter set up; None when set-up failed (each rank was told)."""
     world = None
     try:
-        apply_fixes(options.get("fixes", ()))  # before the world copies the framework's module state for its ranks
+        prepare(options)  # fixes (and watches) before the world copies the framework's module state for its ranks
         world = cls.virtual_world(size)
         adapters: list[SutAdapter] = [cls() for _ in range(size)]
         setups = world.run([lambda r=r: adapters[r].setup(r, size, options) for r in range(size)])

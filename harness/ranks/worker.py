@@ -17,7 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # started as a script by a framework launcher
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.fixes import apply_fixes
+from harness.fixes import prepare
 from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rankops import RankExecutor
 from harness.sut import adapter_class
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     _keep_control_from_children(conn.fileno())
     try:
         options = json.loads(args.options)
-        apply_fixes(options.get("fixes", ()))  # before the adapter runs any of the framework's code
+        prepare(options)  # fixes (and watches) before the adapter runs any of the framework's code
         adapter = adapter_class(args.sut)()
         shims = adapter.setup(rank, world, options)
     except Exception as exc:  # the adapter does not import or set up here: the controller says why, in one line
