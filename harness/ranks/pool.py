@@ -31,6 +31,7 @@ _CAUSE = re.compile(r"what\(\):|terminate called|Assertion .*failed|Check failed
 
 
 FORKABLE = ("paddle", "plain")  # launchers whose ranks the fork server can start (torchrun's need its agent's store)
+MASTER_WAIT_S = 5.0  # a forked rank 0 that does not listen by then: the others start anyway
 LOG_CHARS = 4000  # the ranks' log tails quoted in a failure message
 IDLE_POLL_S = 0.1  # after a rank raised, how often the others' CPU time is read
 IDLE_FOR_S = 0.4  # a rank whose processes used no CPU this long, after a peer raised, waits on that peer
@@ -79,6 +80,20 @@ def _tree_cpu(pid: int | None) -> float | None:
         return total
     except psutil.Error:
         return None
+
+
+def _await_listening(proc, port: int, bound: float) -> None:
+    """Until ``proc`` listens on ``port``, ends, or ``bound`` seconds pass (the others then start and retry as
+    they would)."""
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+                   for c in psutil.Process(proc.pid).net_connections(kind="tcp")):
+                return
+        except psutil.Error:
+            return
+        time.sleep(0.01)
 
 
 class RankPool(Runner):
@@ -192,8 +207,11 @@ class RankPool(Runner):
         for path, text in files.items():
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             Path(path).write_text(text, encoding="utf-8")
+        master = envs.get(0, {}).get(self.cls.master_env or "", "")
         for rank, env in sorted(envs.items()):
             self.procs.append(self.forks.spawn(argv, {**base, **env}, log_dir / f"workerlog.{rank}"))
+            if rank == 0 and master and len(envs) > 1:
+                _await_listening(self.procs[0], int(master.rsplit(":", 1)[1]), MASTER_WAIT_S)
 
     def _gather(self, listener: socket.socket, deadline: float) -> None:
         """Accept every rank and read its hello as it comes, so a rank that reports a failed set-up is heard at once

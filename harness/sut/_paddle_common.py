@@ -189,6 +189,7 @@ class PaddleAdapter(SutAdapter):
     scribbling over the tensors an async save was handed (each handle keeps them in ``handle.tensors``)."""
 
     launcher = "paddle"
+    master_env = "PADDLE_MASTER"  # rank 0's TCPStore; a client that finds it closed retries seconds later
     framework = "paddle"
 
     @classmethod

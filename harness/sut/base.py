@@ -47,6 +47,10 @@ class SutAdapter:
     #: How ranks are started: "plain" (the harness starts N processes with RANK/WORLD_SIZE set) or "paddle"
     #: (python -m paddle.distributed.launch).
     launcher: ClassVar[str] = "plain"
+    #: The environment variable naming the endpoint rank 0 serves and every other rank connects to at set-up
+    #: (Paddle's TCPStore). Forked ranks start together, so the others would connect before it listens and wait
+    #: out the framework's retry interval; with this set, rank 0 is forked first and the others once it listens.
+    master_env: ClassVar[str | None] = None
     #: A module the adapter needs; `ckpt-harness list` reports whether it is importable.
     framework: ClassVar[str | None] = None
     #: Names of the exception types that say "this checkpoint is incomplete or damaged" clearly. None: the SUT
