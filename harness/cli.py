@@ -19,6 +19,7 @@ from pathlib import Path
 
 from faults.strace import ERRNO_NAMES
 from harness.campaign.corpus import Corpus
+from harness.campaign.exploration import EVERY, Exploration, keep_place, place_file, read_place
 from harness.campaign.fuzz import default_seed, fuzz, shrink_room
 from harness.campaign.results import Campaign
 from harness.fixes import FIXES, FixError, resolve
@@ -61,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--faults", action="store_true", help="turn the fault layer on")
     f.add_argument("--exhaustive-bound", type=int, default=EXHAUSTIVE_BOUND, metavar="N",
                    help="a drawn crash point or power-loss state is judged together with every other one of the case "
-                   f"where it has at most N of them (default {EXHAUSTIVE_BOUND}; 0: only the drawn one)")
+                   f"where it has at most N of them (default {EXHAUSTIVE_BOUND}: only the drawn one; every point of "
+                   "short op sequences is the explorer's)")
+    f.add_argument("--no-explore", dest="explore", action="store_false",
+                   help="with --faults: no share of the time for the bounded-exhaustive explorer (every crash point, "
+                   "power-loss state and errno of short save sequences; resumed from --corpus)")
     f.add_argument("--cases", type=int, default=None, metavar="N",
                    help="each property stops after N judged cases (default: as many as --time allows); --time "
                    "still bounds the campaign")
@@ -266,11 +271,27 @@ def _fuzz(args: argparse.Namespace) -> int:
         print(f"fuzz: drawing cases for {args.time:g} s; a failure found late is shrunk and proven for up to "
               f"{shrink_room(args.time):.0f} s more" + (", and a repro is written for each new bucket while that "
               "time lasts (after it: the command to write it)" if args.repro else ""), file=sys.stderr)
+    exploration, place_path = _exploration(args, campaign, caps, runners.fixes)
     try:
-        fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty())
+        fuzz(judge_case, campaign, caps, progress=sys.stderr.isatty(), exploration=exploration)
     finally:
         judge_case.close()
+        if exploration is not None and place_path is not None:
+            keep_place(place_path, exploration.place)
     return _report(args, campaign)
+
+
+def _exploration(args: argparse.Namespace, campaign: Campaign, caps: frozenset[str], fixes: tuple[str, ...]
+                 ) -> tuple[Exploration | None, Path | None]:
+    """A fault campaign's explorer (unless --no-explore, or no strace here), resumed where the corpus's last one
+    stopped; and where to keep its place."""
+    if not (args.faults and args.explore and campaign.ptrace):
+        return None, None
+    # Crash points and errnos strike rank processes: in-process ranks have none, only power-loss states.
+    kinds = ("state",) if args.launch == "in-process" else EVERY
+    path = place_file(args.corpus, args.sut, args.ranks, fixes, kinds) if args.corpus is not None else None
+    place = read_place(path) if path is not None else None
+    return Exploration(args.sut, caps, args.ranks, place=place, kinds=kinds), path
 
 
 def _report(args: argparse.Namespace, campaign: Campaign) -> int:

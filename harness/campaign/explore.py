@@ -169,7 +169,7 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
     report = ShapeReport(shape)
     report.control = check_history(case, run_case(case, runners), runners.cls.clear_errors)
     if not report.control.ok:  # a bug of the plain shape (often a known one) would excuse every fault: shrink it away
-        case, report.dropped, passing = _without_failing_tensor(case, runners)
+        case, report.dropped, passing = without_failing_tensor(case, runners)
         if passing is not None:
             report.failed_control, report.control = report.control, passing
     report.case = case
@@ -194,7 +194,7 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
     return report
 
 
-def _without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Judgement | None]:
+def without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Judgement | None]:
     """The case without the first tensor whose absence lets its fault-free run pass: a failure the full state has
     without any fault (a zero-size tensor the SUT cannot save, say) would otherwise excuse every crash point and
     power-loss state of the shape, hiding what the fault does to the rest. (case, "", None) where no single tensor

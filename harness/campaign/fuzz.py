@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -32,6 +33,7 @@ from harness.campaign.corpus import replay_corpus
 from harness.campaign.reduce import reduce_case
 from harness.campaign.results import Campaign, Finding
 from harness.fixes import FIXED_BY, FIXES, own_fixes
+from harness.judging.fault_runs import CrashResult
 from harness.judging.fidelity import REAL_MAX, max_world
 from harness.judging.judge import Judge
 from harness.ranks.runner import PoolFailure
@@ -47,6 +49,9 @@ from properties.triage.buckets import Bucket
 # a known bug's behaviour were in reach, and the known bug repeating (a rank it kills relaunched case after case)
 # only costs the campaign.
 LEFT_OUT_HITS = 3
+# The explorer's share of each round of a fault campaign (the rest: the properties' turns). Bounded-exhaustive
+# exploration finds crash bugs drawn fault cases rarely meet, so it gets time from the first round on.
+EXPLORE_SHARE = 0.4
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
 # Seconds of shrinking per new bucket: a tenth of the campaign, within these bounds. A short campaign meeting
 # several unknown bugs must not spend itself shrinking them (each failing Paddle case may cost a relaunch); a long
@@ -56,6 +61,16 @@ SHRINK_MIN, SHRINK_MAX = 15.0, 120.0
 
 class _Failed(AssertionError):
     pass
+
+
+class Exploration(Protocol):
+    """What a campaign needs of the explorer taking its share (harness.campaign.exploration.Exploration)."""
+
+    seconds: float  # spent exploring so far
+
+    def turn(self, runners: Runners, confirm: Judge, until: float) -> list[tuple[Case, CrashResult]]: ...
+
+    def summary(self) -> dict: ...
 
 
 @dataclass
@@ -146,10 +161,12 @@ class _Turn:
         return ([self.smallest] if self.smallest is not None else []) + list(self.others.values())
 
 
-def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], progress: bool = False) -> Campaign:
+def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], progress: bool = False,
+         exploration: Exploration | None = None) -> Campaign:
     """Properties take turns in short time slices from the first second until the time is up. A failure in a
     bucket not seen yet is shrunk once and becomes a finding; later failures in a seen bucket are only counted,
-    and the property goes on looking for other bugs."""
+    and the property goes on looking for other bugs. With an ``exploration``, the explorer opens every round with
+    its share (``EXPLORE_SHARE`` of the round, on every fix)."""
     if campaign.corpus is not None:  # before the clock starts: the budget is for exploring
         campaign.corpus_rows, still = replay_corpus(campaign.corpus, campaign.sut, judge_case)
         campaign.buckets += still
@@ -160,6 +177,8 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     judge_case.prove_until = run.hard_deadline
     turn = 0
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
+        if exploration is not None:
+            _explore(run, exploration, _slice(campaign) * len(campaign.properties))
         run.left_out, run.hits_before = _round_fixes(campaign, judge_case.runners, turn), Counter(judge_case.known_hits)
         with ExitStack() as round_fixes:
             round_fixes.enter_context(_fixes_left_out(judge_case, run.left_out))
@@ -174,12 +193,47 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
                 _turn(run, prop, campaign.seed + turn * len(campaign.properties) + n, reuse=turn == 0)
         run.left_out = ()
         turn += 1
+    if exploration is not None:
+        campaign.exploration = exploration.summary()
     campaign.wall = time.monotonic() - start
     run.close()
     _tally(judge_case, campaign)
     if progress:
         sys.stderr.write("\n")
     return campaign
+
+
+def _explore(run: _Run, exploration: Exploration, turns_seconds: float) -> None:
+    """The explorer's share of a round whose property turns take about ``turns_seconds``: its failures (each
+    replayed as its own case in fresh processes, known bugs excused there) become findings in their buckets like
+    any other."""
+    campaign, judge_case = run.campaign, run.judge_case
+    if time.monotonic() >= run.deadline or campaign.done():
+        return
+    now = time.monotonic()
+    # Its share of the time so far and of the round ahead, less what it had; never past its share of what is left.
+    owed = (EXPLORE_SHARE * (now - run.start + turns_seconds) - exploration.seconds) / (1 - EXPLORE_SHARE)
+    share = min(EXPLORE_SHARE * (run.deadline - now), max(MIN_SLICE, owed))
+    try:
+        found = exploration.turn(judge_case.runners, judge_case, min(run.deadline, time.monotonic() + share))
+    except Exception as exc:  # the harness's own failure: counted, and the campaign goes on
+        campaign.harness_errors.append(f"explorer: {type(exc).__name__}: {exc}")
+        if is_fatal(exc):
+            campaign.fatal = exc
+        return
+    for case, result in found:
+        assert result.judgement is not None
+        bucket = judge_case.bucket(case, result.judgement, Outcome(case.sut))
+        if campaign.counted(bucket, case.property) or not result.confirmed:
+            continue  # a failure not replayed in fresh processes opens no bucket
+        finding = Finding(case, result.judgement, fault=result.report, bucket=bucket,
+                          found_at=time.monotonic() - run.start)
+        campaign.register(bucket, case.property)
+        finding.fixes = tuple(judge_case.runners.fixes)
+        if judge_case.runners.fixes:
+            finding.needs_fixes = judge_case.fixes_needed(case, bucket.core)
+        campaign.findings.append(finding)
+        campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
 
 
 def _round_fixes(campaign: Campaign, runners: Runners, turn: int) -> tuple[str, ...]:

@@ -78,6 +78,7 @@ class Campaign:
     bucket_props: dict[str, set[str]] = field(default_factory=dict)  # bucket id -> properties that met it
     swarm_cases: Counter = field(default_factory=Counter)  # swarm feature left out -> cases of batches without it
     swarm_seconds: Counter = field(default_factory=Counter)  # ... and the seconds those batches took
+    exploration: dict = field(default_factory=dict)  # the explorer's share (harness.campaign.exploration): its summary
 
     def counted(self, bucket: Bucket, prop: str) -> bool:
         """Count a failure in the campaign's bucket that covers it; False when none does (a new bug)."""

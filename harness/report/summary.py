@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.campaign.results import Campaign, Finding
 from harness.fixes import FIXED_BY, own_fixes
 from properties.model.verdicts import Verdict
+from properties.registry import FAULT_PROPERTIES
 
 
 def finding_json(finding: Finding, replay: str, fixes: list[str] | None = None) -> dict:
@@ -84,6 +85,10 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
         "harness_errors": campaign.harness_errors[:20],
         "flaky_failures": campaign.flaky[:20],
         "seconds_per_property": {p: round(t, 1) for p, t in sorted(campaign.prop_seconds.items())},
+        "fault_cases_per_minute": {p: round(campaign.cases_run[p] / campaign.prop_seconds[p] * 60, 1)
+                                   for p in sorted(campaign.cases_run) if p in FAULT_PROPERTIES
+                                   and campaign.prop_seconds[p] > 0},
+        "exploration": campaign.exploration,
         "swarm_per_feature": {f: {"cases": campaign.swarm_cases[f], "seconds": round(campaign.swarm_seconds[f], 1)}
                               for f in sorted(campaign.swarm_cases)},
         "hypothesis_per_property": {p: {k: round(v, 2) if isinstance(v, float) else v for k, v in sorted(c.items())}
@@ -168,6 +173,18 @@ def _observed(summary: dict, prop: str) -> str:
             f"{seen.get('from_database', 0)} | {seen.get('generate_s', 0.0)}")
 
 
+def _exploration_lines(exploration: dict) -> list[str]:
+    """The explorer's share of a fault campaign, in a sentence, and its judged / total per shape so far."""
+    if not exploration:
+        return []
+    shapes = "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in kinds.items())
+                       for s, kinds in exploration.get("shapes", {}).items())
+    return [f"Explorer: {exploration['points']} crash points and {exploration['states']} power-loss states judged in "
+            f"{exploration['seconds']} s ({exploration['points_per_minute']} and {exploration['states_per_minute']} "
+            f"per minute), {exploration['failing']} failing; now at {exploration['at']}"
+            + (f"; judged/total so far: {shapes}" if shapes else "") + "."]
+
+
 def report(summary: dict, rows: list[dict]) -> str:
     shims = ", ".join(summary["shims"]) or "none"
     lines = [
@@ -181,6 +198,7 @@ def report(summary: dict, rows: list[dict]) -> str:
         *_savings_line(summary),
         *_despite_fix_line(summary.get("known_despite_fix") or {}),
         *_recovery_line(summary.get("recovery") or {}),
+        *_exploration_lines(summary.get("exploration") or {}),
         "",
         "| property | cases | seconds | drawn (gave up) | while shrinking | from database | drawing s |",
         "|---|---|---|---|---|---|---|",

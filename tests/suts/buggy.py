@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from harness.sut.paddle_dcp import PaddleDcpSut
-from harness.sut.reference import ReferenceSut, agreed_save_id
+from harness.sut.reference import COMMIT_TIMEOUT, ReferenceSut, agreed_save_id
 from reference import commit, committed_checkpoints, save_rank
 from reference.commit import set_latest
 
@@ -285,7 +285,8 @@ class IndexFirstSut(_FinishesAtWaitSut):
         local = {n: rt.local for n, rt in tensors.items()}
         save_rank(private, name, agreed_save_id(name), self.rank, self.world, local)
         if self.rank == 0:
-            commit(private, name, agreed_save_id(name), self.world, timeout=60.0)
+            commit(private, name, agreed_save_id(name), self.world,
+                   timeout=float(options.get("commit_timeout", COMMIT_TIMEOUT)))
             (root / name).mkdir()
             shutil.copy(private / name / "index.json", root / name / "index.json")
 

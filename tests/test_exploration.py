@@ -1,0 +1,79 @@
+"""The explorer inside a fault campaign (harness/campaign/exploration.py): it takes its share from the first round,
+its failures become findings, it keeps its place in the corpus and the next campaign goes on from there, and the
+summary shows what it judged and how fast, with the fault properties' cases per minute."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from faults import strace
+from faults.spec import StateFault
+from harness.campaign.exploration import MAX_LEN, START_LEN, Exploration, Place, keep_place, place_file, read_place
+from harness.campaign.explore import shapes
+from harness.cli import main
+from harness.sut import adapter_class
+from properties.model.case import read_case_file
+
+needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
+REFERENCE = frozenset(adapter_class("reference").capabilities)
+BROKEN = "tests.suts.buggy:IndexFirstSut"  # publishes a checkpoint's index before its data
+
+
+def test_the_place_walks_every_op_and_kind_of_every_shape_then_longer_shapes_then_again() -> None:
+    exploration = Exploration("reference", REFERENCE, 2, kinds=("kill", "state"))
+    seen = []
+    for _ in range(10_000):
+        place = exploration.place
+        if place.passes:
+            break
+        seen.append((place.max_len, exploration.shapes()[place.shape], place.op, exploration.kinds[place.kind]))
+        exploration._advance(len(exploration.shapes()[place.shape]))
+    every = [(n, s, op, k) for n in range(START_LEN, MAX_LEN + 1) for s in shapes(REFERENCE, n)
+             for op in range(len(s)) for k in ("kill", "state")]
+    assert seen == every
+    assert exploration.place == Place(passes=1)
+
+
+def test_a_kept_place_reads_back_and_a_damaged_one_starts_over(tmp_path: Path) -> None:
+    path = place_file(tmp_path, "pkg.mod:Sut", 2, ("b", "a"))
+    assert path == place_file(tmp_path, "pkg.mod:Sut", 2, ("a", "b")) != place_file(tmp_path, "pkg.mod:Sut", 2, ())
+    place = Place(max_len=3, shape=4, op=1, kind=1, index=7, judged={"SS": {"op 1 state": 7}})
+    keep_place(path, place)
+    assert read_place(path) == place
+    path.write_text("{not json")
+    assert read_place(path) is None
+    path.write_text(json.dumps({"max_len": "x", "shape": []}))
+    assert read_place(path) is None
+    path.write_text(json.dumps({"max_len": 9}))  # a length past the explorer's: starts over too
+    assert read_place(path) is None
+
+
+@needs_strace
+def test_a_fault_campaign_explores_from_the_first_round_and_resumes_from_the_corpus(tmp_path: Path) -> None:
+    """The broken SUT's power-loss bug is found by the explorer (the finding names the exact state), starting where
+    the corpus says the last night stopped (the first save's late states: the index is there, its data not yet);
+    the place is kept, and the next campaign goes on from there."""
+    corpus = tmp_path / "corpus"
+    keep_place(place_file(corpus, BROKEN, 2, (), ("state",)), Place(index=120))
+    out = tmp_path / "one"
+    code = main(["fuzz", "--sut", BROKEN, "--faults", "--time", "12", "--launch", "in-process", "--no-repro",
+                 "--property", "P-ROUNDTRIP", "--seed", "1", "--corpus", str(corpus), "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    explored = summary["exploration"]
+    assert code == 1 and explored["states"] > 0 and explored["failing"] > 0, explored
+    assert explored["seconds"] < 12 and explored["states_per_minute"] > 0
+    findings = [read_case_file(p)[0] for p in sorted((out / "findings").glob("*.json"))]
+    assert any(isinstance(c.fault, StateFault) for c in findings), [c.fault for c in findings]
+    assert "Explorer:" in (out / "report.md").read_text()
+    kept = read_place(place_file(corpus, BROKEN, 2, (), ("state",)))
+    assert kept is not None and (kept.shape, kept.kind, kept.index) > (0, 0, 120)
+    again = tmp_path / "two"
+    main(["fuzz", "--sut", BROKEN, "--faults", "--time", "6", "--launch", "in-process", "--no-repro",
+          "--property", "P-ROUNDTRIP", "--seed", "2", "--corpus", str(corpus), "--out", str(again)])
+    later = read_place(place_file(corpus, BROKEN, 2, (), ("state",)))
+    assert later is not None and later.passes == 0
+    assert (later.max_len, later.shape, later.op, later.kind, later.index) > \
+        (kept.max_len, kept.shape, kept.op, kept.kind, kept.index)
