@@ -25,6 +25,7 @@ from properties.check.anomalies import (
     OpFailed,
     OpsMissing,
     OutcomeDiffers,
+    PersistenceOrder,
     RankDied,
     RankHung,
     ReadPlanViolated,
@@ -113,6 +114,18 @@ EXAMPLES: list[tuple[Anomaly, str]] = [
     (OutcomeDiffers("P-DIFF", LOAD, ERR, None),
      "op 4 (load latest): SUT CheckpointIncomplete: rank 0: no commit marker; reference succeeded"),
     (OpsMissing("P-ATOMIC", 3, 5), "only 3 of 5 ops ran"),
+    (PersistenceOrder("P-ATOMIC", At(0, "save", "step-0"), "record-before-data", "step-N/N.metadata",
+                      "step-N/N_N.distcp", "step-N/N_N.distcp: named before it is written",
+                      ("#3 write: write step-0/0.metadata @0 +10 bytes",
+                       "#7 write: write step-0/0_0.distcp @0 +8 bytes"), 1),
+     "op 0 (save step-0): a power loss may lose it: step-N/N.metadata vouches for step-N/N_N.distcp before it is "
+     "durable (step-N/N_N.distcp: named before it is written) (and 1 more): #3 write: write step-0/0.metadata @0 +10 "
+     "bytes; #7 write: write step-0/0_0.distcp @0 +8 bytes"),
+    (PersistenceOrder("P-ATOMIC", At(0, "save", "step-0"), "not-durable-at-return", "", "step-N/N_N.distcp",
+                      "step-N/N_N.distcp: data written, not fsynced",
+                      ("#7 write: write step-0/0_0.distcp @0 +8 bytes",)),
+     "op 0 (save step-0): a power loss may lose it: step-N/N_N.distcp is not durable when the save returns "
+     "(step-N/N_N.distcp: data written, not fsynced): #7 write: write step-0/0_0.distcp @0 +8 bytes"),
 ]
 
 

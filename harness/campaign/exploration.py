@@ -3,6 +3,7 @@ with the properties from the first round on, judges crash points and power-loss 
 it stopped, and keeps its place in the corpus, so the nightly job goes on where the last night stopped.
 
 The order is the explorer's: shapes shortest first, each op of a shape in turn the fault op, and for each op its
+recorded IO judged against the durability contract (persistence order, harness.judging.persistence_order), its
 crash points (a SIGKILL at each call), its power-loss states, then each call failing with each of ``ERRNOS``. A
 turn that ends inside an op traces the op again next time (one run) and resumes at the next point. Once every
 shape of ``max_len`` ops is judged, the next pass explores one op longer, up to ``MAX_LEN``; then it starts over
@@ -82,6 +83,7 @@ class Exploration:
         self.place = place or Place()
         self.seconds = 0.0
         self.points = self.states = 0  # judged this campaign
+        self.orders = 0  # ops whose recorded IO was judged against the durability contract
         self.failing: list[tuple[Case, CrashResult]] = []
         self.errors: list[str] = []
         self._controls: dict[str, tuple[Case, Judgement]] = {}
@@ -109,11 +111,15 @@ class Exploration:
         case, control = self._control(shape, runners)
         kind = self.kinds[place.kind]
         key = f"op {place.op} {kind}"
+        found: list[tuple[Case, CrashResult]] = []
+        checked = place.judged.setdefault(shape, {})
+        if f"op {place.op} order" not in checked and confirm is not None and control.ok:
+            checked[f"op {place.op} order"] = 1
+            found += self._order(case, confirm)
         # Each op and kind replays its first CONFIRMS failures in fresh processes; later ones (mostly the same bug
         # at the next point) stay unconfirmed: they count in a known bucket but open none.
         confirm = at_most(confirm if control.ok else None, CONFIRMS)
         fcase = dataclasses.replace(case, fault=RecordFault(op=place.op))
-        found: list[tuple[Case, CrashResult]] = []
         try:
             with traced(fcase, runners) as t:
                 items = list(t.states()) if kind == "state" else t.points(None if kind == "kill" else kind)
@@ -143,6 +149,20 @@ class Exploration:
             self.errors.append(f"{shape} op {place.op} {kind}: {type(exc).__name__}: {exc}")
         self._advance(len(shape))
         return found
+
+    def _order(self, case: Case, judge: CaseJudge) -> list[tuple[Case, CrashResult]]:
+        """The op's recorded IO judged against the durability contract (harness.judging.persistence_order), once
+        per op: a failure is a finding whether or not a crash point or state exposes it."""
+        concrete = dataclasses.replace(case, fault=RecordFault(op=self.place.op, capture=True))
+        self.orders += 1
+        try:
+            judgement, _ = judge(concrete)
+        except Exception as exc:  # the op could not be recorded: the check stays undone, and says why
+            self.errors.append(f"op {self.place.op} persistence order: {type(exc).__name__}: {exc}")
+            return []
+        if judgement.ok:
+            return []
+        return [(concrete, CrashResult(concrete.fault, "persistence order", judgement, confirmed=True))]
 
     def _control(self, shape: str, runners: Runners) -> tuple[Case, Judgement]:
         """The shape's case and its fault-free judgement (failures the plain shape has are not the fault's)."""
@@ -183,6 +203,7 @@ class Exploration:
         shape = self.shapes()[place.shape]
         return {
             "seconds": round(self.seconds, 1), "points": self.points, "states": self.states,
+            "orders": self.orders,
             "points_per_minute": round(self.points / minutes, 1), "states_per_minute": round(self.states / minutes, 1),
             "failing": len(self.failing), "errors": self.errors[:20],
             "at": f"max_len {place.max_len}, shape {shape} op {place.op} {self.kinds[place.kind]} #{place.index}",

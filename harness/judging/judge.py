@@ -13,10 +13,11 @@ import time
 from collections import Counter
 
 from faults.errors import TraceMismatch
-from faults.spec import PowerFault
+from faults.spec import PowerFault, RecordFault
 from harness.fixes import FIXED_BY, FIXES, own_fixes
 from harness.judging.fault_runs import judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
+from harness.judging.persistence_order import order_judgement
 from harness.judging.run import run_case
 from harness.ranks.runners import Runners
 from harness.sut import REGISTRY
@@ -25,7 +26,7 @@ from properties.check.history import check_history
 from properties.check.oracle import check_diff, check_oracle
 from properties.model.case import Case, CaseError
 from properties.model.outcome import Outcome
-from properties.model.verdicts import Excuse, Judgement, Verdict
+from properties.model.verdicts import Excuse, Judgement, Verdict, worst
 from properties.registry import Checker, checker_for
 from properties.triage.buckets import Bucket, bucket_of
 from properties.triage.known import Known, explained_by
@@ -127,7 +128,7 @@ class Judge:
         def passes(fixes: tuple[str, ...]) -> bool:
             judged = self.judged_with(case, (*self.runners.fixes, *fixes))
             return judged is not None and judged[0].ok and (
-                case.fault is None or bool((judged[1].fault or {}).get("fired")))
+                case.fault is None or isinstance(case.fault, RecordFault) or bool((judged[1].fault or {}).get("fired")))
 
         groups = [tuple(self.suspects), tuple(dict.fromkeys((*self.suspects, *self.prove)))]
         for kept in dict.fromkeys(g for g in groups if g):
@@ -237,6 +238,9 @@ class Judge:
         outcome = self._run(case)
         if checker is Checker.HISTORY:
             judgement = check_history(case, outcome, self.runners.cls.clear_errors)
+            order = order_judgement(case, outcome)  # a recorded save: its IO judged against the contract
+            if order is not None:
+                judgement = worst([judgement, order]) or order
             faulted = case.fault is not None and not judgement.ok
             return (self._charge_to_fault(case, judgement) if faulted else judgement), outcome
         if checker is Checker.ORACLE:

@@ -179,7 +179,8 @@ def _exploration_lines(exploration: dict) -> list[str]:
         return []
     shapes = "; ".join(f"{s}: " + ", ".join(f"{k} {v}" for k, v in kinds.items())
                        for s, kinds in exploration.get("shapes", {}).items())
-    return [f"Explorer: {exploration['points']} crash points and {exploration['states']} power-loss states judged in "
+    return [f"Explorer: {exploration.get('orders', 0)} saves' IO checked for persistence order, "
+            f"{exploration['points']} crash points and {exploration['states']} power-loss states judged in "
             f"{exploration['seconds']} s ({exploration['points_per_minute']} and {exploration['states_per_minute']} "
             f"per minute), {exploration['failing']} failing; now at {exploration['at']}"
             + (f"; judged/total so far: {shapes}" if shapes else "") + "."]

@@ -434,6 +434,32 @@ class NoCompleteCheckpoint(Anomaly):
 
 
 @dataclass(frozen=True)
+class PersistenceOrder(Anomaly):
+    """A save's recorded IO breaks the durability contract (faults/persistence.py), whether or not a power-loss state
+    the model enumerates separates the writes involved: a record (index, metadata, ``latest``) vouching for data that
+    is not durable yet, or a save acknowledged before all it wrote is durable. ``record`` and ``path`` are the files'
+    names with their digits masked (the bucket's); ``calls`` quotes the offending calls; ``more``: further
+    violations of the same rule in that save."""
+
+    at: At
+    rule: str  # record-before-data, not-durable-at-return
+    record: str
+    path: str
+    why: str
+    calls: tuple[str, ...]
+    more: int = 0
+    kind = "persistence-order"
+    verdict_is = Verdict.DATA_LOSS
+
+    def render(self) -> str:
+        what = (f"{self.record} vouches for {self.path} before it is durable" if self.rule == "record-before-data"
+                else f"{self.path} is not durable when the save returns")
+        more = f" (and {self.more} more)" if self.more else ""
+        return (f"{self.at.render()}: a power loss may lose it: {what} ({self.why}){more}: "
+                + "; ".join(self.calls))
+
+
+@dataclass(frozen=True)
 class CoverViolated(Anomaly):
     """What a save wrote does not cover a tensor exactly once (``error_type``: MissingSlices, OverlappingSlices,
     SliceOutOfRange)."""
@@ -501,7 +527,7 @@ TYPES: dict[str, type[Anomaly]] = {cls.kind: cls for cls in (
     OpFailed, RankHung, RankDied, FailedAfterFault, FaultKilledRank, LoadStopped, SaveAfterFaultLost,
     AcknowledgedLost, UnclearError, LoadedUnsaved, OlderCameBack, CorruptionRedirected, TensorDiffers,
     LoadedNoVersion, WrongVersion, ResumedRunDiffers, RotationDeletedLast, ResumeLost, ListedIncomplete,
-    NoCompleteCheckpoint, CoverViolated, ReadPlanViolated, OutcomeDiffers, OpsMissing)}
+    NoCompleteCheckpoint, CoverViolated, ReadPlanViolated, OutcomeDiffers, OpsMissing, PersistenceOrder)}
 
 
 def cited_error(anomaly: Anomaly) -> SutError | None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from properties.check.anomalies import (
     Anomaly,
     LoadedNoVersion,
+    PersistenceOrder,
     ResumedRunDiffers,
     TensorDiffers,
     WrongVersion,
@@ -117,6 +118,11 @@ def bucket_of(case: Case, anomalies: Sequence[Anomaly], tracebacks: dict[int, st
         frame = innermost_frame((tracebacks or {}).get(at.op)) if at is not None else None
         title = f"{cls}: {error.error_type}: {message}" + (f" (at {frame})" if frame else "")
         return Bucket(f"{cls}|{error.error_type}|{message}|{frame}", frozenset(), title)
+    if isinstance(first, PersistenceOrder):  # the rule, and which kinds of file: which step or rank says nothing
+        what = f"{first.rule}|{first.record}|{first.path}"
+        return Bucket(f"{first.verdict.value}|{first.kind}|{what}", frozenset(),
+                      f"{first.verdict.value}: {first.rule}: " + (f"{first.record} before {first.path}"
+                                                                   if first.record else first.path))
     if isinstance(first, WrongVersion):  # a whole other version: which one says more than how its bits differ
         return Bucket(f"{first.verdict.value}|wrong-version|{first.relation}", frozenset(),
                       f"{first.verdict.value}: load gave another version whole ({first.relation})")

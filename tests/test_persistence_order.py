@@ -1,0 +1,122 @@
+"""Persistence-order analysis (faults/persistence.py, harness/judging/persistence_order.py): a save's recorded IO
+judged against the durability contract — records vouch only for durable data, an acknowledged save is durable —
+on constructed traces of the usual commit protocols, and on a real recorded save of the reference (which keeps
+the contract) through the judge."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from faults import strace
+from faults.fsmodel import FsOp
+from faults.persistence import NOT_DURABLE, RECORD_BEFORE_DATA, order_violations
+from faults.spec import RecordFault
+from harness.campaign.explore import shape_case
+from harness.judging.judge import Judge
+from harness.ranks.runners import Runners
+from harness.sut import adapter_class
+
+needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
+
+
+class _Ops:
+    """A trace under construction: each call appended with its index as the handle later calls use."""
+
+    def __init__(self) -> None:
+        self.ops: list[FsOp] = []
+
+    def add(self, kind: str, path: str = "", **kw) -> int:
+        self.ops.append(FsOp(kind, path, call=kind, seq=len(self.ops), **kw))
+        return len(self.ops) - 1
+
+    def file(self, path: str, data: bytes, fsync: bool = True) -> None:
+        fd = self.add("open", path, create=True, trunc=True)
+        self.add("write", path, handle=fd, data=data)
+        if fsync:
+            self.add("fsync", path, handle=fd)
+
+    def dir_fsync(self, path: str) -> None:
+        fd = self.add("open", path, is_dir=True)
+        self.add("fsync", path, handle=fd)
+
+
+def _rules(ops: list[FsOp]) -> set[tuple[str, str, str]]:
+    return {(v.kind, v.record, v.path) for v in order_violations(ops)}
+
+
+def test_a_staged_commit_that_fsyncs_everything_keeps_the_contract() -> None:
+    """Data files and the index written in a staging directory, fsynced, the directory fsynced, renamed into place,
+    its parent fsynced; then ``latest`` through a temporary and a rename: nothing to report."""
+    t = _Ops()
+    t.add("mkdir", ".staging")
+    t.file(".staging/rank-0.safetensors", b"\x01" * 64)
+    t.file(".staging/rank-1.safetensors", b"\x02" * 64)
+    t.file(".staging/index.json", b'{"files": ["rank-0.safetensors", "rank-1.safetensors"]}')
+    t.dir_fsync(".staging")
+    t.add("rename", ".staging", new_path="step-1")
+    t.dir_fsync("")
+    t.file(".latest.tmp", b"step-1")
+    t.add("rename", ".latest.tmp", new_path="latest")
+    t.dir_fsync("")
+    assert _rules(t.ops) == set()
+
+
+def test_a_record_written_before_its_data_is_reported_with_the_calls() -> None:
+    """Paddle's shape: the coordinator writes the metadata naming every rank's data file before the ranks write
+    them, and nothing is fsynced."""
+    t = _Ops()
+    t.add("mkdir", "step-0")
+    t.file("step-0/0.metadata", b"...0_0.distcp...1_0.distcp...", fsync=False)
+    t.file("step-0/0_0.distcp", b"\x01" * 32, fsync=False)
+    t.file("step-0/1_0.distcp", b"\x02" * 32, fsync=False)
+    found = order_violations(t.ops)
+    before = [v for v in found if v.kind == RECORD_BEFORE_DATA]
+    assert {v.path for v in before} == {"step-0/0_0.distcp", "step-0/1_0.distcp"}
+    assert all(v.record == "step-0/0.metadata" and "named before it is written" in v.why for v in before)
+    assert "write step-0/0.metadata" in before[0].calls[0] and "write step-0/0_0.distcp" in before[0].calls[1]
+    assert {v.path for v in found if v.kind == NOT_DURABLE} == {"step-0", "step-0/0.metadata", "step-0/0_0.distcp",
+                                                                "step-0/1_0.distcp"}
+
+
+def test_a_pointer_renamed_into_place_before_its_checkpoint_is_durable() -> None:
+    """``latest`` moved to a checkpoint whose data was written but never fsynced: the rename vouches too early,
+    whatever the checkpoint's own directory holds; an unlinked temporary is not required to be durable."""
+    t = _Ops()
+    t.add("mkdir", "step-2")
+    t.file("step-2/data.bin", b"\x03" * 16, fsync=False)
+    t.dir_fsync("step-2")
+    t.dir_fsync("")
+    t.file("scratch.tmp", b"x", fsync=False)
+    t.add("unlink", "scratch.tmp")
+    t.file(".latest.tmp", b"step-2")
+    t.add("rename", ".latest.tmp", new_path="latest")
+    t.dir_fsync("")
+    found = _rules(t.ops)
+    assert (RECORD_BEFORE_DATA, "latest", "step-2") in found
+    assert (NOT_DURABLE, "", "step-2/data.bin") in found
+    assert not any("scratch" in path for _, _, path in found)
+
+
+def test_an_entry_never_made_durable_is_reported_at_return() -> None:
+    t = _Ops()
+    t.file("model.pdparams", b"\x04" * 8)  # data fsynced, but the directory never is
+    assert _rules(t.ops) == {(NOT_DURABLE, "", "model.pdparams")}
+    t.add("sync")
+    assert _rules(t.ops) == set()
+
+
+@needs_strace
+def test_a_recorded_reference_save_keeps_the_contract_through_the_judge() -> None:
+    """A case whose fault is ``record`` with the bytes captured is a persistence-order case: the reference's save
+    passes; the same case file replays through ``ckpt-harness replay`` like any finding."""
+    case = shape_case("reference", adapter_class("reference").capabilities, 2, "SR")
+    judge = Judge(Runners("reference", "pool"))
+    try:
+        for op in (0, 1):
+            judgement, outcome = judge(dataclasses.replace(case, fault=RecordFault(op=op, capture=True)))
+            assert judgement.ok, judgement.details
+            assert outcome.trace is not None
+    finally:
+        judge.close()
