@@ -285,8 +285,8 @@ def _exploration(args: argparse.Namespace, campaign: Campaign, caps: frozenset[s
                  ) -> tuple[Exploration | None, Path | None]:
     """A fault campaign's explorer (unless --no-explore, or no strace here), resumed where the corpus's last one
     stopped; and where to keep its place."""
-    if not (args.faults and args.explore and campaign.ptrace):
-        return None, None
+    if not (args.faults and args.explore and campaign.ptrace) or args.cases is not None:
+        return None, None  # (a campaign bounded by cases is the same run anywhere; the explorer's share is time)
     # Crash points and errnos strike rank processes: in-process ranks have none, only power-loss states.
     kinds = ("state",) if args.launch == "in-process" else EVERY
     path = place_file(args.corpus, args.sut, args.ranks, fixes, kinds) if args.corpus is not None else None
