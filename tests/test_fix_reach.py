@@ -22,6 +22,14 @@ def pick(x):
     return "neg"
 
 
+def branch(x):
+    if x > 0:
+        y = "pos"
+    else:
+        y = "neg"
+    return y
+
+
 def outer(x):
     return pick(x) + "!"
 
@@ -78,7 +86,8 @@ def _fixes(toy) -> list[Fix]:
             _fix(toy, "outer", "outer", '    return pick(x) + "!"\n', '    return pick(x) + "?"\n'),
             _fix(toy, "default", "sign", "         scale=1):\n", "         scale=2):\n"),
             _fix(toy, "below", "countdown", '        yield "below"\n', '        yield "BELOW"\n'),
-            _fix(toy, "inner", "Box.get", "if v > 2]", "if v > 3]")]
+            _fix(toy, "inner", "Box.get", "if v > 2]", "if v > 3]"),
+            _fix(toy, "else", "branch", '        y = "pos"\n    else:\n', '        y = "pos"\n    elif x < 0:\n')]
 
 
 def test_an_edit_counts_only_once_its_lines_run(toy, tmp_path: Path) -> None:
@@ -91,6 +100,19 @@ def test_an_edit_counts_only_once_its_lines_run(toy, tmp_path: Path) -> None:
         assert reached(tmp_path) == ("inner", "outer", "pos")
         assert toy.pick(-1) == "neg"
         assert reached(tmp_path) == ("inner", "neg", "outer", "pos")
+    finally:
+        unwatch()
+
+
+def test_an_edit_of_an_else_counts_at_every_call(toy, tmp_path: Path) -> None:
+    """An ``else:`` has no line event of its own, and turned into an ``if`` it runs after the branch before it
+    falls through, where no event of the replaced lines shows: the edit counts at every call, even one that takes
+    only the first branch."""
+    fixes = _fixes(toy)
+    unwatch = watch(_watched(fixes), str(tmp_path))
+    try:
+        assert toy.branch(1) == "pos"
+        assert reached(tmp_path) == ("else",)
     finally:
         unwatch()
 

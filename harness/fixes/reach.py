@@ -4,9 +4,10 @@ stock run reaches one of its edits.
 
 Every function the watched fixes patch is bound to a recorder. While a recorded call runs, the thread traces the
 frames of watched code only (their nested comprehensions and lambdas included), and notes each edit whose replaced
-lines execute. Where that cannot be seen, the edit counts as reached as soon as its function is called: replaced
-lines that compile to no line of their own (a signature, a continuation line, an ``else:``), a generator or
-coroutine (its body runs after the call returns), a function already patched, or a thread another tracer owns.
+lines execute. Where that cannot be seen, the edit counts as reached as soon as its function is called: a replaced
+line that compiles to no line event of its own (an ``else:``, a closing line, a signature: its effect shows where
+no event does, e.g. after the branch before an ``else:`` falls through), a generator or coroutine (its body runs
+after the call returns), a function already patched, or a thread another tracer owns.
 
 A rank records into the directory its set-up options name (``REACH_OPTION``): one file per process, a line per
 function called and per edit reached, the first time in that process. Processes forked from a rank inherit the
@@ -118,8 +119,12 @@ def _spans(func: Callable, edits: list[tuple[str, str]]) -> tuple[list[tuple[str
     traced, on_call = [], []
     for key, old in edits:
         begin = first + source[:source.index(old)].count("\n")
-        span = frozenset(range(begin, begin + old.rstrip("\n").count("\n") + 1)) & starts
-        if span:
+        lines = range(begin, begin + old.rstrip("\n").count("\n") + 1)
+        span = frozenset(lines) & starts
+        code = [n for n, text in zip(lines, old.splitlines()) if text.strip() and not text.strip().startswith("#")]
+        # A replaced line with no line event of its own (``else:``, a closing line, a signature) changes control
+        # where no event shows it (an ``else:`` turned ``if``: after the branch before it falls through).
+        if span and all(n in starts for n in code):
             traced.append((key, span))
         else:
             on_call.append(key)
