@@ -179,7 +179,7 @@ def test_a_campaign_stopped_by_ranks_that_cannot_start_keeps_its_results_and_exi
                                                                                      monkeypatch) -> None:
     from harness.ranks.runner import PoolFailure
 
-    def stopped(judge, campaign, capabilities, progress=False):
+    def stopped(judge, campaign, capabilities, progress=False, exploration=None):
         campaign.cases_run["P-ROUNDTRIP"] = 2
         campaign.harness_errors.append("P-ROUNDTRIP: PoolFailure: rank 1 could not set up")
         campaign.fatal = PoolFailure("setup", "rank 1 could not set up the SUT adapter: OSError: no\nmore")
