@@ -40,7 +40,7 @@ class Corpus:
         return MultiplexedDatabase(local, ReadOnlyDatabase(DirectoryBasedExampleDatabase(self.shared / "hypothesis")))
 
     def bucket_dirs(self, sut: str) -> list[Path]:
-        name = _safe(sut)
+        name = safe_name(sut)
         return [d / "buckets" / name for d in (self.root, self.shared) if d is not None]
 
     def keep(self, sut: str, bucket: Bucket, finding: dict) -> Path:
@@ -80,7 +80,8 @@ def replay_corpus(corpus: Corpus, sut: str, judge) -> tuple[list[dict], list[Buc
     return rows, failing
 
 
-def _safe(name: str) -> str:
+def safe_name(name: str) -> str:
+    """A name as a file name: everything but letters, digits and ._- becomes _."""
     return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from faults.spec import RecordFault
+from harness.campaign.corpus import safe_name
 from harness.campaign.explore import shape_case, shapes, without_failing_tensor
 from harness.judging.fault_runs import CaseJudge, CrashResult, at_most, judge_crash_states, judge_points, traced
 from harness.judging.judge import charge_to_fault
@@ -216,7 +216,7 @@ class Exploration:
 def place_file(corpus_root: Path, sut: str, world: int, fixes: tuple[str, ...], kinds: tuple[str, ...] = EVERY
                ) -> Path:
     """Where a corpus keeps the exploration of ``sut`` on ``world`` ranks with these fixes and fault kinds."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", sut)
+    name = safe_name(sut)
     fixed = hashlib.sha256(",".join(sorted(fixes)).encode()).hexdigest()[:10] if fixes else "stock"
     return corpus_root / "explore" / f"{name}-{world}-{fixed}-{'+'.join(kinds)}.json"
 
