@@ -225,48 +225,60 @@ class Traced:
 
     def run_states(self, states: list, runners: RunnerSet, batch: int = 64) -> Iterator[CrashResult]:
         """Judge every state: materialise a batch of them first (each in a fresh directory), then run the ops after
-        the fault op on each, on warm ranks. A state that cannot be materialised or run is yielded unjudged."""
+        the fault op on each, on warm ranks. A state whose run raises is run once more from a fresh copy on fresh
+        ranks (a busy machine can stall one run past a bound); one that still cannot be materialised or run is
+        yielded unjudged, with the error."""
         from faults.crashstates import materialize
 
         with runners.warm():
             yield from self._run_states(states, runners, batch, materialize)
 
     def _run_states(self, states: list, runners: RunnerSet, batch: int, materialize: Callable) -> Iterator[CrashResult]:
-        n_ops = len(self.fs_ops)
         for start in range(0, len(states), batch):
-            ready: list[tuple[object, Path | None, str | None]] = []
+            ready: list[tuple[object, Path, str | None]] = []
             for state in states[start:start + batch]:
-                root = self._fresh()
-                try:
-                    materialize(self.fs_ops, state, root, base=self.tmp / "ckpt.before")
-                    ready.append((state, root, None))
-                except RUN_ERRORS as exc:
-                    ready.append((state, root, f"{type(exc).__name__}: {exc}"))
+                ready.append(self._materialized(state, materialize))
             try:
                 for state, root, error in ready:
-                    fault = self.state_fault(state)
-                    if error is None:
-                        case = dataclasses.replace(self.case, fault=fault)
-                        # The fault op's record as the traced run left it, but with what the SUT lists as finished
-                        # on this state's root (the history holds the next op's load to that listing).
-                        faulted = dataclasses.replace(self.outcome.records[self.op],
-                                                      complete=listing(case, runners, root))
-                        outcome = Outcome(sut=case.sut, launch_mode=runners.mode,
-                                          records=[*self.outcome.records[: self.op], faulted],
-                                          fault={"kind": "state", "fired": True,
-                                                 "acknowledged": state.prefix >= n_ops})
-                        try:
-                            run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
-                        except Exception as exc:  # whatever stopped it: this state stays unjudged
-                            error = f"{type(exc).__name__}: {exc}"
-                    shutil.rmtree(root.parent, ignore_errors=True)
-                    yield (CrashResult(fault, state.describe(), None, error=error) if error is not None else
-                           CrashResult(fault, state.describe(), check_history(case, outcome, runners.cls.clear_errors),
-                                       outcome.fault or {}))
+                    result = self._run_state(state, root, error, runners)
+                    if result.error is not None and error is None:  # the run raised: once more, from scratch
+                        runners.after_case()
+                        result = self._run_state(*self._materialized(state, materialize), runners)
+                    yield result
             finally:
                 for _, root, _ in ready:
                     shutil.rmtree(root.parent, ignore_errors=True)
                 runners.after_case()
+
+    def _materialized(self, state, materialize: Callable) -> tuple[object, Path, str | None]:
+        root = self._fresh()
+        try:
+            materialize(self.fs_ops, state, root, base=self.tmp / "ckpt.before")
+            return state, root, None
+        except RUN_ERRORS as exc:
+            return state, root, f"{type(exc).__name__}: {exc}"
+
+    def _run_state(self, state, root: Path, error: str | None, runners: RunnerSet) -> CrashResult:
+        """The ops after the fault op, run on ``state``'s materialised ``root`` (removed after)."""
+        fault = self.state_fault(state)
+        try:
+            if error is not None:
+                return CrashResult(fault, state.describe(), None, error=error)
+            case = dataclasses.replace(self.case, fault=fault)
+            # The fault op's record as the traced run left it, but with what the SUT lists as finished on this
+            # state's root (the history holds the next op's load to that listing).
+            faulted = dataclasses.replace(self.outcome.records[self.op], complete=listing(case, runners, root))
+            outcome = Outcome(sut=case.sut, launch_mode=runners.mode,
+                              records=[*self.outcome.records[: self.op], faulted],
+                              fault={"kind": "state", "fired": True, "acknowledged": state.prefix >= len(self.fs_ops)})
+            try:
+                run_ops(case, runners, root, range(self.op + 1, len(case.ops)), outcome)
+            except Exception as exc:  # whatever stopped it: this state stays unjudged
+                return CrashResult(fault, state.describe(), None, error=f"{type(exc).__name__}: {exc}")
+            return CrashResult(fault, state.describe(), check_history(case, outcome, runners.cls.clear_errors),
+                               outcome.fault or {})
+        finally:
+            shutil.rmtree(root.parent, ignore_errors=True)
 
 
 @contextmanager
