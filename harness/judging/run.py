@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from faults.errors import FaultSpecError
+from faults.spec import StallFault
 from harness.judging.inject import ArmedFault
 from harness.ranks.rankops import unpack
 from harness.ranks.runner import PoolFailure, Runner, RunnerSet
@@ -131,7 +132,8 @@ class _Job:
         fast = self.runners.fast_failures and self.case.property not in WAITS_OUT_FAILURES
         stuck = STUCK_AFTER_S if self.case.fault is not None and self.runners.keep_failed else (
             FAST_STUCK_CAP_S if fast else None)
-        replies = runner.op(rec.index, op_timeout(self.case, self.runners), stuck_after=stuck)
+        replies = runner.op(rec.index, op_timeout(self.case, self.runners), stuck_after=stuck,
+                            idle_limit=idle_limit(self.case, self.runners))
         _merge(rec, replies)
         stuck_ranks = tuple(r["rank"] for r in replies if r.get("stuck"))
         if stuck_ranks and self.case.fault is None:
@@ -161,7 +163,8 @@ class _Job:
             with armed:
                 try:
                     _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners),
-                                          fail_fast=self.case.property != "P-LIVENESS"))
+                                          fail_fast=self.case.property != "P-LIVENESS",
+                                          idle_limit=idle_limit(self.case, self.runners)))
                 except PoolFailure as failure:
                     _failed(rec, failure)
             self.root = armed.after()
@@ -215,6 +218,16 @@ def listing(case: Case, runners: RunnerSet, root: Path) -> tuple[str, ...] | Non
     return None if found is None else tuple(found)
 
 
+def idle_limit(case: Case, runners: RunnerSet) -> float | None:
+    """How long the ranks of a fault case's op may all sit idle before it is hung (None: a case without a fault
+    waits its op timeout, since its failures are never replayed with longer waits)."""
+    if case.fault is None:
+        return None
+    fast = (runners.keep_failed or runners.fast_failures) and case.property not in WAITS_OUT_FAILURES
+    bound = FAULT_IDLE_FAST_S if fast else FAULT_IDLE_STRICT_S
+    return bound + (case.fault.duration if isinstance(case.fault, StallFault) else 0.0)
+
+
 def op_timeout(case: Case, runners: RunnerSet) -> float:
     """How long one op may take before its ranks count as hung: the case's own bound (``options["op_timeout"]``,
     part of a P-LIVENESS case: it says what "within a bound" means there), else the runners'."""
@@ -245,6 +258,13 @@ CAUSE_MARGIN_S = 5.0  # a rank that failed this much sooner than the others rais
 STUCK_AFTER_S = 1.5
 # Fuzzing: the bound on that wait where ranks do not go idle (NCCL spins while it waits); below gloo's 30 s.
 FAST_STUCK_CAP_S = 10.0
+# A fault case's op is hung once no rank still in it has used CPU for this long: nothing but a timer can change
+# then, so a fault that leaves the SUT waiting costs seconds, not the op timeout. Warm passes and fuzzing replay
+# every failure they find before it counts; a strict run, and every run of a property about what ranks do after a
+# peer failed, waits past gloo's 30 s collective timeout, so a SUT that waits out a lost peer and then raises is
+# judged by its error. A stall adds its own duration.
+FAULT_IDLE_FAST_S = 5.0
+FAULT_IDLE_STRICT_S = 45.0
 WAITS_OUT_FAILURES = ("P-LIVENESS",)  # properties about what ranks do after a peer failed: every wait is theirs
 
 

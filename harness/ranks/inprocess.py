@@ -34,7 +34,8 @@ class InProcessRunner(Runner):
         for ex in self.executors:
             ex.begin(case_json, root)
 
-    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None) -> list[dict]:
+    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None,
+           idle_limit: float | None = None) -> list[dict]:
         return sorted((ex.op(index) for ex in self.order), key=lambda r: r["rank"])
 
     def end(self) -> None:

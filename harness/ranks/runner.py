@@ -61,12 +61,14 @@ class Runner(ABC):
         """Hand every rank the case and the directory its checkpoints live in."""
 
     @abstractmethod
-    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None) -> list[dict]:
+    def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None,
+           idle_limit: float | None = None) -> list[dict]:
         """Run op ``index`` on every rank; one reply per rank, sorted by rank. Raises PoolFailure when a rank dies
         (at once, or with ``fail_fast=False`` once the survivors answered) or stays silent past ``timeout``.
         ``stuck_after``: once a rank has raised, ranks still busy this much later are answered for by a "Stuck"
         reply (they wait on it in a collective it left; the caller drops such ranks) instead of being waited on
-        until the backend's own timeout."""
+        until the backend's own timeout. ``idle_limit``: ranks whose processes used no CPU for that long raise
+        "hang" before ``timeout`` (runners whose ranks share the harness's process cannot tell, and ignore it)."""
 
     @abstractmethod
     def end(self) -> None:

@@ -418,3 +418,34 @@ class ComputesOnLoadSut(ReferenceSut):
             while time.process_time() < end:
                 pass
         return super().load(root, name, targets, options=options)
+
+
+class WaitsOutEveryFaultSut(ReferenceSut):
+    """Never gives up: a save or load that fails (a call failing, a file it cannot read) waits forever instead of
+    raising, a peer's missing part is waited for as long as the case allows (``commit_timeout``), and a load first
+    waits for every async save still running, however long that takes. Under any fault it hangs without using CPU,
+    so only the harness's own bounds can end the case."""
+
+    name = "waits-out-every-fault"
+
+    def save(self, root, name, tensors, *, use_async, options):
+        try:
+            return super().save(root, name, tensors, use_async=use_async, options=options)
+        except Exception:
+            threading.Event().wait()
+            raise
+
+    def wait(self, handle):
+        try:
+            return super().wait(handle)
+        except Exception:
+            threading.Event().wait()
+            raise
+
+    def load(self, root, name, targets, *, options):
+        try:
+            self.saver.drain()
+            return super().load(root, name, targets, options=options)
+        except Exception:
+            threading.Event().wait()
+            raise
