@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from faults import strace
-from faults.spec import StateFault
+from faults.spec import RecordFault, StateFault
 from harness.campaign.exploration import MAX_LEN, START_LEN, Exploration, Place, keep_place, place_file, read_place
 from harness.campaign.explore import shapes
 from harness.cli import main
@@ -77,3 +77,30 @@ def test_a_fault_campaign_explores_from_the_first_round_and_resumes_from_the_cor
     assert later is not None and later.passes == 0
     assert (later.max_len, later.shape, later.op, later.kind, later.index) > \
         (kept.max_len, kept.shape, kept.op, kept.kind, kept.index)
+
+
+@needs_strace
+def test_the_explorer_reports_each_failure_as_it_is_found_and_stops_when_told() -> None:
+    """A campaign hears of a failure the moment the explorer confirms it (so it is dated truly, and a campaign
+    that is done stops there), not when the explorer's turn ends. The broken SUT's first failure is the order of
+    its first save's IO, judged before any state of that op: its copies are not made durable."""
+    import time
+
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
+
+    exploration = Exploration(BROKEN, frozenset(adapter_class(BROKEN).capabilities), 2, kinds=("state",),
+                              place=Place(index=120))
+    judge = Judge(Runners(BROKEN, "in-process"), exploring=True)
+    heard: list[float] = []
+    try:
+        start = time.monotonic()
+        found = exploration.turn(judge.runners, judge, start + 120,
+                                 lambda case, result: heard.append(time.monotonic()) is None)
+    finally:
+        judge.close()
+    assert len(found) == len(heard) == 1, found
+    case, result = found[0]
+    assert isinstance(case.fault, RecordFault) and result.failing and "a power loss may lose it" in str(
+        result.judgement.details), result.judgement.details
+    assert (exploration.place.op, exploration.place.index) == (0, 120)  # it stopped there, before any state

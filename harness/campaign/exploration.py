@@ -17,12 +17,13 @@ import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from faults.spec import RecordFault
 from harness.campaign.corpus import safe_name
-from harness.campaign.explore import shape_case, shapes, without_failing_tensor
+from harness.campaign.explore import COMMIT_TIMEOUT, shape_case, shapes, without_failing_tensor
 from harness.judging.fault_runs import CaseJudge, CrashResult, at_most, judge_crash_states, judge_points, traced
 from harness.judging.judge import charge_to_fault
 from harness.judging.run import run_case
@@ -35,7 +36,6 @@ KINDS = ("kill", "state")  # every op's crash points, then its power-loss states
 ERRNOS = ("ENOSPC", "EIO")  # then each call failing with each of these
 EVERY = (*KINDS, *ERRNOS)
 CONFIRMS = 2  # failures per op and kind replayed in fresh processes
-COMMIT_TIMEOUT = 5  # seconds a rank waits for its peers' part of a commit in explored cases
 START_LEN, MAX_LEN = 2, 3  # ops per shape: the first pass, and the longest (ACE: most crash bugs need <= 3 ops)
 
 
@@ -77,8 +77,6 @@ class Exploration:
                  place: Place | None = None, options: dict | None = None) -> None:
         self.sut, self.capabilities, self.world = sut, capabilities, world
         self.kinds = kinds or EVERY  # "kill", "state" or an errno name
-        # A peer a fault took away is waited for seconds, not the minute a healthy job allows (SUTs that wait
-        # for their peers' files read commit_timeout; others ignore it).
         self.options = {"commit_timeout": COMMIT_TIMEOUT, **(options or {})}
         self.place = place or Place()
         self.seconds = 0.0
@@ -87,22 +85,32 @@ class Exploration:
         self.failing: list[tuple[Case, CrashResult]] = []
         self.errors: list[str] = []
         self._controls: dict[str, tuple[Case, Judgement]] = {}
+        self._report: Callable[[Case, CrashResult], bool] | None = None
+        self._stop = False  # the report asked the turn to end
 
     def shapes(self) -> list[str]:
         return shapes(self.capabilities, self.place.max_len)
 
-    def turn(self, runners: Runners, confirm: CaseJudge | None, until: float) -> list[tuple[Case, CrashResult]]:
+    def turn(self, runners: Runners, confirm: CaseJudge | None, until: float,
+             report: Callable[[Case, CrashResult], bool] | None = None) -> list[tuple[Case, CrashResult]]:
         """Judge from where the exploration stands until ``until`` (a point or state started before it runs to
-        its end); returns the failures found, each a concrete fault case and its result."""
+        its end); returns the failures found, each a concrete fault case and its result. ``report`` hears of each
+        failure as it is found (so a campaign dates it truly) and ends the turn by returning True."""
         began, found = time.monotonic(), []
+        self._report, self._stop = report, False
         try:
             with runners.warm():
-                while time.monotonic() < until:
+                while time.monotonic() < until and not self._stop:
                     found += self._op(runners, confirm, until)
         finally:
             self.seconds += time.monotonic() - began
         self.failing += found
         return found
+
+    def _found(self, found: list[tuple[Case, CrashResult]], case: Case, result: CrashResult) -> None:
+        found.append((case, result))
+        if self._report is not None and self._report(case, result):
+            self._stop = True
 
     def _op(self, runners: Runners, confirm: CaseJudge | None, until: float) -> list[tuple[Case, CrashResult]]:
         """The current op's current kind, from the current index until done or ``until``; then the place moves."""
@@ -115,7 +123,10 @@ class Exploration:
         checked = place.judged.setdefault(shape, {})
         if f"op {place.op} order" not in checked and confirm is not None and control.ok:
             checked[f"op {place.op} order"] = 1
-            found += self._order(case, confirm)
+            for failure in self._order(case, confirm):
+                self._found(found, *failure)
+            if self._stop:
+                return found
         # Each op and kind replays its first CONFIRMS failures in fresh processes; later ones (mostly the same bug
         # at the next point) stay unconfirmed: they count in a known bucket but open none.
         confirm = at_most(confirm if control.ok else None, CONFIRMS)
@@ -124,7 +135,7 @@ class Exploration:
             with traced(fcase, runners) as t:
                 items = list(t.states()) if kind == "state" else t.points(None if kind == "kill" else kind)
                 place.totals.setdefault(shape, {})[key] = len(items)
-                while place.index < len(items) and time.monotonic() < until:
+                while place.index < len(items) and time.monotonic() < until and not self._stop:
                     item = items[place.index]
                     result = (judge_crash_states(t, [item], runners, confirm) if kind == "state"
                               else judge_points(t, [item], runners, confirm))[0]
@@ -140,7 +151,7 @@ class Exploration:
                     if result.judged and not result.judgement.ok and not control.ok:
                         result.judgement = charge_to_fault(concrete, result.judgement, control)
                     if result.failing:
-                        found.append((concrete, result))
+                        self._found(found, concrete, result)
                     elif not result.judged:
                         self.errors.append(f"{shape} op {place.op} {kind}: {result.error}")
                 if place.index < len(items):

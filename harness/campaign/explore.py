@@ -38,6 +38,9 @@ from properties.model.verdicts import Judgement
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
 LETTERS = {"S": "save", "R": "re-save", "T": "rotate"}
+# Seconds a rank waits for its peers' part of a commit in explored cases: a peer a fault took away is waited for
+# seconds, not the minute a healthy job allows (SUTs that wait for their peers' files read it; others ignore it).
+COMMIT_TIMEOUT = 5
 
 
 def alphabet(capabilities: Iterable[str]) -> str:
@@ -217,6 +220,7 @@ def explore(sut: str, runners: Runners, world: int, max_len: int, confirm: CaseJ
             on_result: Callable[[str, CrashResult], None] | None = None) -> list[ShapeReport]:
     """Explore every shape of at most ``max_len`` ops (or just ``only``) for ``sut`` on ``world`` ranks."""
     caps = runners.cls.capabilities
+    options = {"commit_timeout": COMMIT_TIMEOUT, **(options or {})}
     reports = []
     for shape in (list(only) if only is not None else shapes(caps, max_len)):
         case = shape_case(sut, caps, world, shape, options)

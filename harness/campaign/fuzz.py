@@ -68,7 +68,8 @@ class Exploration(Protocol):
 
     seconds: float  # spent exploring so far
 
-    def turn(self, runners: Runners, confirm: Judge, until: float) -> list[tuple[Case, CrashResult]]: ...
+    def turn(self, runners: Runners, confirm: Judge, until: float,
+             report: Callable[[Case, CrashResult], bool] | None = None) -> list[tuple[Case, CrashResult]]: ...
 
     def summary(self) -> dict: ...
 
@@ -214,18 +215,14 @@ def _explore(run: _Run, exploration: Exploration, turns_seconds: float) -> None:
     # Its share of the time so far and of the round ahead, less what it had; never past its share of what is left.
     owed = (EXPLORE_SHARE * (now - run.start + turns_seconds) - exploration.seconds) / (1 - EXPLORE_SHARE)
     share = min(EXPLORE_SHARE * (run.deadline - now), max(MIN_SLICE, owed))
-    try:
-        found = exploration.turn(judge_case.runners, judge_case, min(run.deadline, time.monotonic() + share))
-    except Exception as exc:  # the harness's own failure: counted, and the campaign goes on
-        campaign.harness_errors.append(f"explorer: {type(exc).__name__}: {exc}")
-        if is_fatal(exc):
-            campaign.fatal = exc
-        return
-    for case, result in found:
+
+    def report(case: Case, result: CrashResult) -> bool:
+        """A failure as the explorer finds it: a finding in its bucket (each replayed as its own case in fresh
+        processes, known bugs excused there); True once the campaign is done."""
         assert result.judgement is not None
         bucket = judge_case.bucket(case, result.judgement, Outcome(case.sut))
         if campaign.counted(bucket, case.property) or not result.confirmed:
-            continue  # a failure not replayed in fresh processes opens no bucket
+            return campaign.done()  # a failure not replayed in fresh processes opens no bucket
         finding = Finding(case, result.judgement, fault=result.report, bucket=bucket,
                           found_at=time.monotonic() - run.start)
         campaign.register(bucket, case.property)
@@ -234,6 +231,14 @@ def _explore(run: _Run, exploration: Exploration, turns_seconds: float) -> None:
             finding.needs_fixes = judge_case.fixes_needed(case, bucket.core)
         campaign.findings.append(finding)
         campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
+        return campaign.done()
+
+    try:
+        exploration.turn(judge_case.runners, judge_case, min(run.deadline, time.monotonic() + share), report)
+    except Exception as exc:  # the harness's own failure: counted, and the campaign goes on
+        campaign.harness_errors.append(f"explorer: {type(exc).__name__}: {exc}")
+        if is_fatal(exc):
+            campaign.fatal = exc
 
 
 def _round_fixes(campaign: Campaign, runners: Runners, turn: int) -> tuple[str, ...]:
