@@ -104,3 +104,15 @@ def test_the_explorer_reports_each_failure_as_it_is_found_and_stops_when_told() 
     assert isinstance(case.fault, RecordFault) and result.failing and "a power loss may lose it" in str(
         result.judgement.details), result.judgement.details
     assert (exploration.place.op, exploration.place.index) == (0, 120)  # it stopped there, before any state
+
+
+@needs_strace
+def test_without_the_explorer_a_drawn_fault_case_still_reports_its_save_order(tmp_path: Path) -> None:
+    """The drawn cases' own recordings are judged for persistence order: with the explorer left out, the broken
+    SUT's index-before-data save still becomes a persistence-order finding (a ``record`` case), once."""
+    code = main(["fuzz", "--sut", BROKEN, "--faults", "--no-explore", "--time", "8", "--launch", "in-process",
+                 "--no-repro", "--property", "P-ATOMIC", "--seed", "1", "--out", str(tmp_path)])
+    findings = [read_case_file(p)[0] for p in sorted((tmp_path / "findings").glob("*.json"))]
+    orders = [c for c in findings if isinstance(c.fault, RecordFault)]
+    assert code == 1 and len(orders) == 1, [c.fault for c in findings]
+    assert not json.loads((tmp_path / "summary.json").read_text()).get("exploration")

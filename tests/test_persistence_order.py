@@ -12,7 +12,7 @@ import pytest
 from faults import strace
 from faults.fsmodel import FsOp
 from faults.persistence import NOT_DURABLE, RECORD_BEFORE_DATA, order_violations
-from faults.spec import RecordFault
+from faults.spec import PowerFault, RecordFault
 from harness.campaign.explore import shape_case
 from harness.judging.judge import Judge
 from harness.ranks.runners import Runners
@@ -120,3 +120,25 @@ def test_a_recorded_reference_save_keeps_the_contract_through_the_judge() -> Non
             assert outcome.trace is not None
     finally:
         judge.close()
+
+
+@needs_strace
+@pytest.mark.parametrize("sut,broken", [("reference", False), ("tests.suts.buggy:IndexFirstSut", True)])
+def test_a_drawn_fault_case_judges_its_recorded_save_apart_from_its_verdict(sut: str, broken: bool) -> None:
+    """A drawn power-loss case records its fault op anyway: that recording is judged against the contract too, and
+    what it breaks comes back beside the verdict (``Outcome.order``: the persistence-order case and its
+    judgement), for the campaign to make a finding of its own; the drawn state is judged as before."""
+    case = dataclasses.replace(shape_case(sut, adapter_class(sut).capabilities, 2, "S"),
+                               fault=PowerFault(op=0, index=0))
+    judge = Judge(Runners(sut, "in-process"))
+    try:
+        judgement, outcome = judge(case)
+    finally:
+        judge.close()
+    assert judgement.ok, judgement.details  # the first state: nothing of the save is durable yet
+    if not broken:
+        assert outcome.order is None
+        return
+    record, order = outcome.order
+    assert record.fault == RecordFault(op=0, capture=True) and record.ops == case.ops
+    assert order.verdict.value == "data-loss" and "a power loss may lose it" in order.details[0], order.details

@@ -89,6 +89,7 @@ class _Run:
     real: Judge | None = None
     left_out: tuple[str, ...] = ()  # the fixes this round leaves out, while it does
     hits_before: Counter = field(default_factory=Counter)  # the judge's known hits as the round began
+    orders: set[str] = field(default_factory=set)  # persistence-order buckets of drawn cases judged so far
 
     def left_out_met(self) -> bool:
         """The round's left-out fixes' known bugs explained LEFT_OUT_HITS cases: time to put them back."""
@@ -217,20 +218,9 @@ def _explore(run: _Run, exploration: Exploration, turns_seconds: float) -> None:
     share = min(EXPLORE_SHARE * (run.deadline - now), max(MIN_SLICE, owed))
 
     def report(case: Case, result: CrashResult) -> bool:
-        """A failure as the explorer finds it: a finding in its bucket (each replayed as its own case in fresh
-        processes, known bugs excused there); True once the campaign is done."""
         assert result.judgement is not None
-        bucket = judge_case.bucket(case, result.judgement, Outcome(case.sut))
-        if campaign.counted(bucket, case.property) or not result.confirmed:
-            return campaign.done()  # a failure not replayed in fresh processes opens no bucket
-        finding = Finding(case, result.judgement, fault=result.report, bucket=bucket,
-                          found_at=time.monotonic() - run.start)
-        campaign.register(bucket, case.property)
-        finding.fixes = tuple(judge_case.runners.fixes)
-        if judge_case.runners.fixes:
-            finding.needs_fixes = judge_case.fixes_needed(case, bucket.core)
-        campaign.findings.append(finding)
-        campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
+        if result.confirmed:  # a failure not replayed in fresh processes opens no bucket
+            _found_apart(run, case, result.judgement, result.report)
         return campaign.done()
 
     try:
@@ -239,6 +229,40 @@ def _explore(run: _Run, exploration: Exploration, turns_seconds: float) -> None:
         campaign.harness_errors.append(f"explorer: {type(exc).__name__}: {exc}")
         if is_fatal(exc):
             campaign.fatal = exc
+
+
+def _found_apart(run: _Run, case: Case, judgement: Judgement, fault: dict | None = None) -> None:
+    """A failure found apart from Hypothesis's draws (the explorer's, a drawn fault case's save order), already
+    judged as its own case: a finding in its bucket where the campaign has not seen that bucket, counted in it
+    where it has. Nothing to shrink: its case is the explorer's smallest, or the drawn case's own."""
+    campaign, judge_case = run.campaign, run.judge_case
+    bucket = judge_case.bucket(case, judgement, Outcome(case.sut))
+    if campaign.counted(bucket, case.property):
+        return
+    finding = Finding(case, judgement, fault=fault, bucket=bucket, found_at=time.monotonic() - run.start)
+    campaign.register(bucket, case.property)
+    finding.fixes = tuple(judge_case.runners.fixes)
+    if judge_case.runners.fixes:
+        finding.needs_fixes = judge_case.fixes_needed(case, bucket.core)
+    campaign.findings.append(finding)
+    campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
+
+
+def _order(run: _Run, prop: str, outcome: Outcome) -> None:
+    """A drawn fault case whose traced save broke the durability contract: its persistence-order case is judged as
+    its own case (known bugs excused there) the first time its bucket comes up in the campaign, and counted in it
+    after that."""
+    if outcome.order is None:
+        return
+    case, broken = outcome.order
+    bucket = run.judge_case.bucket(case, broken, Outcome(case.sut))
+    if bucket.id in run.orders:
+        run.campaign.counted(bucket, case.property)
+        return
+    run.orders.add(bucket.id)
+    judged = _judged(run, prop, case)
+    if judged is not None and not judged[0].ok:
+        _found_apart(run, case, judged[0])
 
 
 def _round_fixes(campaign: Campaign, runners: Runners, turn: int) -> tuple[str, ...]:
@@ -359,6 +383,8 @@ def _case(run: _Run, turn: _Turn, case: Case) -> None:
     if turn.spent(run):
         return
     judged = _judged(run, turn.prop, case)
+    if judged is not None:
+        _order(run, turn.prop, judged[1])
     if judged is not None and not judged[0].ok:
         _failed(run, turn, case, *judged)
 

@@ -15,7 +15,7 @@ from collections import Counter
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault, RecordFault
 from harness.fixes import FIXED_BY, FIXES, own_fixes
-from harness.judging.fault_runs import judge_crash_states, judge_points, traced
+from harness.judging.fault_runs import Traced, judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.persistence_order import order_judgement
 from harness.judging.run import run_case
@@ -253,29 +253,35 @@ class Judge:
     def _drawn(self, case: Case) -> tuple[Judgement, Outcome]:
         """A drawn fault, judged as the concrete fault it picks from a recording of this very case; where the case
         has at most ``exhaustive`` crash points (or states) of that kind, every one of them is judged on warm ranks
-        (from the drawn one on) and the first whose replay as its own case fails is the finding."""
+        (from the drawn one on) and the first whose replay as its own case fails is the finding. The recording
+        is also judged against the durability contract (``Outcome.order``), apart from the verdict."""
         with traced(case, self.runners) as t:
-            faults = t.concrete(case.fault)
-            if not faults:
-                return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",),
-                                 excuse=Excuse.SKIPPED), Outcome(case.sut)
-            first = case.fault.index % len(faults)
-            if len(faults) > self.exhaustive:
-                return self._concrete(dataclasses.replace(case, fault=faults[first]))
-            if isinstance(case.fault, PowerFault):
-                states = list(t.states())
-                results = judge_crash_states(t, states[first:] + states[:first], self.runners)
-            else:
-                results = judge_points(t, faults[first:] + faults[:first], self.runners)
-            failing = any(r.judged and not r.judgement.ok for r in results)  # the map is taken while the run exists
-            drawn = (timeline(t, case.sut), list(t.recording.all_calls), t.root) if failing else None
+            record = dataclasses.replace(case, fault=RecordFault(op=t.op, capture=True))
+            broken = order_judgement(record, t.outcome)
+            judgement, outcome = self._drawn_traced(case, t)
+        outcome.order = (record, broken) if broken is not None else None
+        return judgement, outcome
+
+    def _drawn_traced(self, case: Case, t: Traced) -> tuple[Judgement, Outcome]:
+        faults = t.concrete(case.fault)
+        if not faults:
+            return Judgement(case.property, Verdict.PASS, ("the op makes no IO under the root",),
+                             excuse=Excuse.SKIPPED), Outcome(case.sut)
+        first = case.fault.index % len(faults)
+        if len(faults) > self.exhaustive:
+            return self._concrete(dataclasses.replace(case, fault=faults[first]))
+        if isinstance(case.fault, PowerFault):
+            states = list(t.states())
+            results = judge_crash_states(t, states[first:] + states[:first], self.runners)
+        else:
+            results = judge_points(t, faults[first:] + faults[:first], self.runners)
         unjudged = [r for r in results if not r.judged]
         for r in results:
             if r.judged and not r.judgement.ok:
                 judgement, outcome = self._concrete(dataclasses.replace(case, fault=r.fault))
                 if not judgement.ok or judgement.excuse is Excuse.UNATTRIBUTED:  # the same for every fault here
-                    if not judgement.ok and drawn is not None:  # where in the op the SUT is unsafe, point by point
-                        outcome.io_map = place(drawn[0], results, drawn[1], drawn[2])
+                    if not judgement.ok:  # where in the op the SUT is unsafe, point by point
+                        outcome.io_map = place(timeline(t, case.sut), results, list(t.recording.all_calls), t.root)
                     return judgement, outcome
         what = "crash states" if isinstance(case.fault, PowerFault) else "crash points"
         note = f"; {len(unjudged)} could not be run: {unjudged[0].error}" if unjudged else ""

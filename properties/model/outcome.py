@@ -51,6 +51,9 @@ class Outcome:
     # harness.judging.judge settles such a judgement by a run that waits them out)
     io_map: dict | None = None  # a drawn fault judged at every crash point or state: the crash-point map of its op
     # (harness/judging/iomap.py; plain JSON for the report, never judged)
+    # A drawn fault's traced op broke the durability contract in its IO: (its persistence-order case, that case's
+    # judgement from the recording). Never part of this case's verdict; a campaign makes it a finding of its own.
+    order: tuple[Any, Any] | None = None
 
     @property
     def traceback(self) -> str | None:
