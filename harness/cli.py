@@ -19,7 +19,7 @@ from pathlib import Path
 
 from faults.strace import ERRNO_NAMES
 from harness.campaign.corpus import Corpus
-from harness.campaign.exploration import EVERY, Exploration, keep_place, place_file, read_place
+from harness.campaign.exploration import EVERY, Exploration, keep_place, parse_part, place_file, read_place
 from harness.campaign.fuzz import default_seed, fuzz, shrink_room
 from harness.campaign.results import Campaign
 from harness.fixes import FIXES, FixError, resolve
@@ -64,9 +64,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="a drawn crash point or power-loss state is judged together with every other one of the case "
                    f"where it has at most N of them (default {EXHAUSTIVE_BOUND}: only the drawn one; every point of "
                    "short op sequences is the explorer's)")
-    f.add_argument("--no-explore", dest="explore", action="store_false",
-                   help="with --faults: no share of the time for the bounded-exhaustive explorer (every crash point, "
-                   "power-loss state and errno of short save sequences; resumed from --corpus)")
+    explore = f.add_mutually_exclusive_group()
+    explore.add_argument("--no-explore", dest="explore", action="store_const", const="off", default="share",
+                         help="with --faults: no share of the time for the bounded-exhaustive explorer (every crash "
+                         "point, power-loss state and errno of short save sequences; resumed from --corpus)")
+    explore.add_argument("--explore-only", dest="explore", action="store_const", const="only",
+                         help="with --faults: the explorer takes all of the time, no property draws a case (a fleet's "
+                         "exploration shard)")
+    f.add_argument("--explore-part", default="0/1", metavar="K/N",
+                   help="the explorer takes every N-th shape from the K-th (from 0), so N campaigns explore side by "
+                   "side, each keeping its own place (default 0/1: every shape)")
     f.add_argument("--cases", type=int, default=None, metavar="N",
                    help="each property stops after N judged cases (default: as many as --time allows); --time "
                    "still bounds the campaign")
@@ -246,8 +253,15 @@ def _fuzz(args: argparse.Namespace) -> int:
         raise HarnessError(f"properties {needs_faults} inject faults: add --faults")
     if args.ranks < 1 or args.time <= 0 or (args.cases is not None and args.cases < 1):
         raise HarnessError("--ranks and --cases must be at least 1 and --time positive")
+    try:
+        args.explore_part = parse_part(args.explore_part)
+    except ValueError as exc:
+        raise HarnessError(f"--explore-part: {exc}") from None
+    if args.explore == "only" and (not args.faults or args.cases is not None or args.properties):
+        raise HarnessError("--explore-only needs --faults, and takes neither --cases nor --property (no property "
+                           "draws a case)")
     skipped = {p: catalogue.REGISTRY[p].skip_reason(caps) for p in requested}
-    props = [p for p in requested if skipped[p] is None]
+    props = [p for p in requested if skipped[p] is None] if args.explore != "only" else []
     seed = args.seed if args.seed is not None else default_seed()
     campaign = Campaign(args.sut, args.ranks, props, args.time, seed, mode=args.launch, faults=args.faults)
     campaign.skipped = {p: why for p, why in skipped.items() if why is not None}
@@ -284,14 +298,19 @@ def _fuzz(args: argparse.Namespace) -> int:
 def _exploration(args: argparse.Namespace, campaign: Campaign, caps: frozenset[str], fixes: tuple[str, ...]
                  ) -> tuple[Exploration | None, Path | None]:
     """A fault campaign's explorer (unless --no-explore, or no strace here), resumed where the corpus's last one
-    stopped; and where to keep its place."""
-    if not (args.faults and args.explore and campaign.ptrace) or args.cases is not None:
+    stopped (this campaign's --corpus, else the --corpus-readonly a fleet shard is given); and where to keep its
+    place."""
+    if args.explore == "only" and not campaign.ptrace:
+        raise HarnessError("--explore-only: strace cannot attach here, so the explorer cannot run")
+    if not (args.faults and args.explore != "off" and campaign.ptrace) or args.cases is not None:
         return None, None  # (a campaign bounded by cases is the same run anywhere; the explorer's share is time)
     # Crash points and errnos strike rank processes: in-process ranks have none, only power-loss states.
     kinds = ("state",) if args.launch == "in-process" else EVERY
-    path = place_file(args.corpus, args.sut, args.ranks, fixes, kinds) if args.corpus is not None else None
-    place = read_place(path) if path is not None else None
-    return Exploration(args.sut, caps, args.ranks, place=place, kinds=kinds), path
+    where = [place_file(root, args.sut, args.ranks, fixes, kinds, args.explore_part)
+             for root in (args.corpus, args.corpus_readonly) if root is not None]
+    place = next((p for p in map(read_place, where) if p is not None), None)
+    return Exploration(args.sut, caps, args.ranks, place=place, kinds=kinds, part=args.explore_part), \
+        (where[0] if args.corpus is not None else None)
 
 
 def _report(args: argparse.Namespace, campaign: Campaign) -> int:

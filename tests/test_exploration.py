@@ -116,3 +116,38 @@ def test_without_the_explorer_a_drawn_fault_case_still_reports_its_save_order(tm
     orders = [c for c in findings if isinstance(c.fault, RecordFault)]
     assert code == 1 and len(orders) == 1, [c.fault for c in findings]
     assert not json.loads((tmp_path / "summary.json").read_text()).get("exploration")
+
+
+@needs_strace
+def test_an_exploration_of_its_own_runs_no_property_and_resumes_from_a_shared_corpus(tmp_path: Path) -> None:
+    """``--explore-only`` (a fleet's exploration shard): the explorer has the whole time, no property draws a case;
+    with ``--explore-part 1/2`` it takes every second shape from the second, and resumes from the place the shared
+    (read-only) corpus holds for that part, keeping the new place in its own corpus."""
+    part = (1, 2)
+    shared, own = tmp_path / "shared", tmp_path / "own"
+    kept_there = Place(index=3)
+    keep_place(place_file(shared, BROKEN, 2, (), ("state",), part), kept_there)
+    out = tmp_path / "out"
+    main(["fuzz", "--sut", BROKEN, "--faults", "--explore-only", "--explore-part", "1/2", "--time", "6",
+          "--launch", "in-process", "--no-repro", "--seed", "1", "--corpus", str(own), "--corpus-readonly",
+          str(shared), "--out", str(out)])
+    summary = json.loads((out / "summary.json").read_text())
+    assert sum(summary["cases_run"].values()) == 0, summary["cases_run"]
+    explored = summary["exploration"]
+    assert explored["part"] == "1/2" and explored["states"] > 0, explored
+    assert set(explored["shapes"]) <= set(shapes(adapter_class(BROKEN).capabilities, MAX_LEN)[1::2])
+    kept = read_place(place_file(own, BROKEN, 2, (), ("state",), part))
+    assert kept is not None and (kept.shape, kept.kind, kept.index) > (0, 0, 3)
+    assert read_place(place_file(shared, BROKEN, 2, (), ("state",), part)) == kept_there  # never written
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--explore-only"], "--explore-only needs --faults"),
+    (["--faults", "--explore-only", "--cases", "3"], "--explore-only needs --faults, and takes neither --cases"),
+    (["--faults", "--explore-part", "2/2"], "--explore-part: explorer part 2/2: needs 0 <= K < N"),
+    (["--faults", "--explore-part", "half"], "--explore-part: explorer part 'half': expected K/N"),
+])
+def test_explorer_options_that_cannot_run_are_one_line_exit_2(tmp_path: Path, capsys, argv, message) -> None:
+    code = main(["fuzz", "--sut", "reference", "--time", "5", "--out", str(tmp_path / "out"), *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err

@@ -139,6 +139,10 @@ def test_a_shard_killed_mid_run_is_reported_and_retried(tmp_path: Path, capsys) 
         ("[fleet]\nretries = -1\n[[shard]]\nsut = 'reference'\nseeds = [1]\n", "field 'retries'"),
         ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfixes = 'no-such-fix'\n", "field 'fixes': unknown fixes"),
         ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfixes = 1\n", "field 'fixes': expected 'all', 'none'"),
+        ("[[shard]]\nsut = 'reference'\nseeds = [1]\nexplore = 'only'\n", "field 'explore': 'only' is about the"),
+        ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfaults = true\nexplore = 'all'\n", "field 'explore': 'all'"),
+        ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfaults = true\nexplore = 'only'\nproperties = ['P-ATOMIC']\n",
+         "an exploration shard (explore = 'only') runs no property"),
     ],
 )
 def test_a_bad_plan_is_one_line_exit_2(tmp_path: Path, capsys, plan: str | None, message: str) -> None:
@@ -178,3 +182,48 @@ def test_without_ray_the_fleet_is_one_line_exit_2(tmp_path: Path, capsys, monkey
     code = main(["fleet", "--plan", str(plan), "--time", "5", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and "fleet needs Ray: pip install 'ckpt-harness[fleet]'" in err and err.count("\n") == 1
+
+
+def test_the_seeds_of_a_fault_shard_split_its_explorer_and_each_keeps_its_place(tmp_path: Path) -> None:
+    """An exploration shard's seeds take every n-th shape each (``--explore-part``), so they never judge the same
+    point; a fault shard sharing its time does the same; ``off`` leaves the explorer out."""
+    from harness.fleet.plan import read_plan
+
+    plan = _plan(tmp_path / "plan.toml", [
+        {"sut": "reference", "name": "explore", "seeds": [1, 2, 3], "faults": True, "explore": "only"},
+        {"sut": "reference", "name": "faults", "seeds": [4], "faults": True},
+        {"sut": "reference", "name": "plain", "seeds": [5], "faults": True, "explore": "off"}])
+    argvs = {r.id: r.fuzz_argv(10, "out") for r in read_plan(plan).runs}
+    for n, seed in enumerate((1, 2, 3)):
+        argv = argvs[f"explore-{seed}"]
+        assert "--explore-only" in argv and argv[argv.index("--explore-part") + 1] == f"{n}/3"
+    assert "--explore-only" not in argvs["faults-4"] and "--explore-part" not in argvs["faults-4"]
+    assert "--no-explore" in argvs["plain-5"]
+
+
+def test_a_shard_hands_back_the_explorer_place_it_moved_and_the_night_keeps_the_newest(tmp_path: Path) -> None:
+    """Corpus files are written once (first writer wins), but an explorer's place moves on every night: the shard
+    returns it when it changed, and the night's corpus takes it."""
+    import base64
+
+    from harness.fleet.driver import _fold
+    from harness.fleet.shard import _new_corpus
+
+    shard = tmp_path / "shard"
+    (shard / "explore").mkdir(parents=True)
+    (shard / "buckets").mkdir()
+    (shard / "explore" / "reference-2-stock-kill.json").write_text('{"shape": 3}')
+    (shard / "buckets" / "b.json").write_text("new")
+    shipped = {"explore/reference-2-stock-kill.json": b'{"shape": 1}', "buckets/b.json": b"old"}
+    back = _new_corpus(shard, shipped)
+    assert set(back) == {"explore/reference-2-stock-kill.json"}  # a bucket case is written once
+    assert _new_corpus(shard, {"explore/reference-2-stock-kill.json": b'{"shape": 3}'}) == {
+        "buckets/b.json": base64.b64encode(b"new").decode()}  # an unmoved place is not handed back
+    night = tmp_path / "night"
+    (night / "explore").mkdir(parents=True)
+    (night / "explore" / "reference-2-stock-kill.json").write_text('{"shape": 1}')
+    (night / "buckets").mkdir()
+    (night / "buckets" / "b.json").write_text("old")
+    _fold(night, {**back, "buckets/b.json": base64.b64encode(b"new").decode()})
+    assert (night / "explore" / "reference-2-stock-kill.json").read_text() == '{"shape": 3}'
+    assert (night / "buckets" / "b.json").read_text() == "old"

@@ -74,8 +74,9 @@ class Exploration:
     """One campaign's share of the explorer: ``turn`` judges points and states until its deadline."""
 
     def __init__(self, sut: str, capabilities: frozenset[str], world: int, *, kinds: tuple[str, ...] | None = None,
-                 place: Place | None = None, options: dict | None = None) -> None:
+                 place: Place | None = None, options: dict | None = None, part: tuple[int, int] = (0, 1)) -> None:
         self.sut, self.capabilities, self.world = sut, capabilities, world
+        self.part = check_part(part)  # (k, n): this explorer takes every n-th shape from the k-th (fleet shards)
         self.kinds = kinds or EVERY  # "kill", "state" or an errno name
         self.options = {"commit_timeout": COMMIT_TIMEOUT, **(options or {})}
         self.place = place or Place()
@@ -89,7 +90,9 @@ class Exploration:
         self._stop = False  # the report asked the turn to end
 
     def shapes(self) -> list[str]:
-        return shapes(self.capabilities, self.place.max_len)
+        k, n = self.part
+        every = shapes(self.capabilities, self.place.max_len)
+        return every[k::n] or every[:1]  # more parts than shapes: the spare parts go over the first one again
 
     def turn(self, runners: Runners, confirm: CaseJudge | None, until: float,
              report: Callable[[Case, CrashResult], bool] | None = None) -> list[tuple[Case, CrashResult]]:
@@ -218,18 +221,36 @@ class Exploration:
             "points_per_minute": round(self.points / minutes, 1), "states_per_minute": round(self.states / minutes, 1),
             "failing": len(self.failing), "errors": self.errors[:20],
             "at": f"max_len {place.max_len}, shape {shape} op {place.op} {self.kinds[place.kind]} #{place.index}",
-            "passes": place.passes,
+            "passes": place.passes, "part": f"{self.part[0]}/{self.part[1]}",
             "shapes": {s: {k: f"{place.judged.get(s, {}).get(k, 0)}/{n}" for k, n in kinds.items()}
                        for s, kinds in place.totals.items()},
         }
 
 
-def place_file(corpus_root: Path, sut: str, world: int, fixes: tuple[str, ...], kinds: tuple[str, ...] = EVERY
-               ) -> Path:
-    """Where a corpus keeps the exploration of ``sut`` on ``world`` ranks with these fixes and fault kinds."""
+def check_part(part: tuple[int, int]) -> tuple[int, int]:
+    """``(k, n)``: part k (from 0) of n; ValueError where it is not one."""
+    k, n = part
+    if not (type(k) is int and type(n) is int and 0 <= k < n):
+        raise ValueError(f"explorer part {k}/{n}: needs 0 <= K < N")
+    return k, n
+
+
+def parse_part(text: str) -> tuple[int, int]:
+    """``K/N`` (``--explore-part``) as a part; ValueError naming the text where it is not one."""
+    k, sep, n = text.partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit():
+        raise ValueError(f"explorer part {text!r}: expected K/N, e.g. 0/2")
+    return check_part((int(k), int(n)))
+
+
+def place_file(corpus_root: Path, sut: str, world: int, fixes: tuple[str, ...], kinds: tuple[str, ...] = EVERY,
+               part: tuple[int, int] = (0, 1)) -> Path:
+    """Where a corpus keeps the exploration of ``sut`` on ``world`` ranks with these fixes and fault kinds (and,
+    split between fleet shards, this part of it)."""
     name = safe_name(sut)
     fixed = hashlib.sha256(",".join(sorted(fixes)).encode()).hexdigest()[:10] if fixes else "stock"
-    return corpus_root / "explore" / f"{name}-{world}-{fixed}-{'+'.join(kinds)}.json"
+    split = f"-part{part[0]}of{part[1]}" if part[1] > 1 else ""
+    return corpus_root / "explore" / f"{name}-{world}-{fixed}-{'+'.join(kinds)}{split}.json"
 
 
 def read_place(path: Path) -> Place | None:

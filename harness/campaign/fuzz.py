@@ -178,6 +178,8 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     run = _Run(judge_case, campaign, capabilities, progress, start, deadline, deadline + shrink_room(campaign.seconds))
     judge_case.prove_until = run.hard_deadline
     turn = 0
+    if exploration is not None and not campaign.properties:  # an exploration of its own: the explorer has it all
+        _explore(run, exploration, None)
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
         if exploration is not None:
             _explore(run, exploration, _slice(campaign) * len(campaign.properties))
@@ -205,17 +207,20 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     return campaign
 
 
-def _explore(run: _Run, exploration: Exploration, turns_seconds: float) -> None:
-    """The explorer's share of a round whose property turns take about ``turns_seconds``: its failures (each
-    replayed as its own case in fresh processes, known bugs excused there) become findings in their buckets like
-    any other."""
-    campaign, judge_case = run.campaign, run.judge_case
+def _explore(run: _Run, exploration: Exploration, turns_seconds: float | None) -> None:
+    """The explorer's share of a round whose property turns take about ``turns_seconds`` (None: no properties, the
+    whole campaign is the explorer's): its failures (each replayed as its own case in fresh processes, known bugs
+    excused there) become findings in their buckets like any other."""
+    campaign = run.campaign
     if time.monotonic() >= run.deadline or campaign.done():
         return
     now = time.monotonic()
     # Its share of the time so far and of the round ahead, less what it had; never past its share of what is left.
-    owed = (EXPLORE_SHARE * (now - run.start + turns_seconds) - exploration.seconds) / (1 - EXPLORE_SHARE)
-    share = min(EXPLORE_SHARE * (run.deadline - now), max(MIN_SLICE, owed))
+    if turns_seconds is None:
+        share = run.deadline - now
+    else:
+        owed = (EXPLORE_SHARE * (now - run.start + turns_seconds) - exploration.seconds) / (1 - EXPLORE_SHARE)
+        share = min(EXPLORE_SHARE * (run.deadline - now), max(MIN_SLICE, owed))
 
     def report(case: Case, result: CrashResult) -> bool:
         assert result.judgement is not None
@@ -224,7 +229,7 @@ def _explore(run: _Run, exploration: Exploration, turns_seconds: float) -> None:
         return campaign.done()
 
     try:
-        exploration.turn(judge_case.runners, judge_case, min(run.deadline, time.monotonic() + share), report)
+        exploration.turn(run.judge_case.runners, run.judge_case, min(run.deadline, time.monotonic() + share), report)
     except Exception as exc:  # the harness's own failure: counted, and the campaign goes on
         campaign.harness_errors.append(f"explorer: {type(exc).__name__}: {exc}")
         if is_fatal(exc):

@@ -97,8 +97,9 @@ class Campaign:
 
     def done(self) -> bool:
         """Nothing more to do before the time is up: ranks that cannot start, a first finding was all asked, or
-        every property has run the cases asked of it."""
-        return self.fatal is not None or self.stopped or all(self.capped(p) for p in self.properties)
+        every property has run the cases asked of it (a campaign of none is the explorer's: only time ends it)."""
+        return self.fatal is not None or self.stopped or (
+            bool(self.properties) and all(self.capped(p) for p in self.properties))
 
     def capped(self, prop: str) -> bool:
         """``prop`` has run all the cases ``--cases`` allows it (a count-bounded campaign is the same run on any

@@ -28,7 +28,7 @@ import psutil
 from harness.campaign.corpus import record_night, trends
 from harness.fleet.merge import busy_seconds, merge_buckets, merged_summary, pick_findings, write_fleet, write_shard
 from harness.fleet.plan import Plan, ShardRun
-from harness.fleet.shard import FLEET_VAR, TERM_GRACE, pack_corpus, run_shard, sweep
+from harness.fleet.shard import FLEET_VAR, TERM_GRACE, is_place, pack_corpus, run_shard, sweep
 from harness.ranks.launch import rank_pythonpath, short_tempdir
 
 DRIVER_GRACE = TERM_GRACE + 30.0  # past a shard's own bound: the task's own termination had its chance
@@ -273,10 +273,11 @@ def _failed(run: ShardRun, attempt: int, status: str, error: str, started: float
 
 
 def _fold(corpus: Path, files: dict[str, str]) -> None:
-    """A shard's new corpus files into the night's corpus (what is there already stays: first writer wins)."""
+    """A shard's new corpus files into the night's corpus (what is there already stays: first writer wins), and
+    the explorer places it moved on (each shard of an exploration keeps its own)."""
     for rel, data in files.items():
         path = corpus / rel
-        if ".." in Path(rel).parts or path.exists():
+        if ".." in Path(rel).parts or (path.exists() and not is_place(rel)):
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(data))

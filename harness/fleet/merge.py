@@ -10,7 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from harness.report.summary import buckets_table, findings_table, fix_savings, write_reports
+from harness.report.summary import buckets_table, exploration_lines, findings_table, fix_savings, write_reports
 from properties.model.verdicts import Verdict
 from properties.triage.buckets import Bucket
 
@@ -149,6 +149,7 @@ def merged_summary(runs: list[dict], shards: list[tuple[str, dict]], buckets: li
                               for f in sorted(swarm_cases)},
         "buckets": buckets,
         "corpus": corpus,
+        "exploration": {shard: s["exploration"] for shard, s in shards if s.get("exploration")},
         "shards": [{**{k: r[k] for k in ("id", "sut", "ranks", "device", "launch", "seed", "faults")},
                     **_outcome(r, summaries.get(r["id"]))} for r in runs],
         "fleet": fleet,
@@ -191,6 +192,8 @@ def fleet_report(summary: dict, findings: list[dict]) -> str:
     lines += ["", "| property | cases | seconds |", "|---|---|---|",
               *[f"| {p} | {n} | {summary['seconds_per_property'].get(p, '-')} |"
                 for p, n in summary["cases_run"].items()], ""]
+    lines += [f"Shard {shard}: {line}" for shard, explored in summary.get("exploration", {}).items()
+              for line in exploration_lines(explored)]
     lines += [f"The harness itself failed on a case (a harness bug, not a finding): {e}"
               for e in summary["harness_errors"]]
     lines += ["## Buckets (one root cause each, across shards)", "", *buckets_table(summary), "", "## New findings",

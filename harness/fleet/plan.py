@@ -18,6 +18,8 @@ seeds = [1, 2]       # one shard run per seed, each its own campaign
 cpus = 1             # CPUs the shard reserves (default 1)
 time = 300           # optional: this shard's seconds instead of --time
 fixes = "all"        # optional: fuzz --fixes for this shard (all | none | ids), instead of fleet --fixes
+explore = "share"    # with faults: the explorer's share of the time (share), none (off), or all of it (only:
+                     # an exploration shard); the seeds split the explorer's shapes, each keeping its place
 ```
 """
 
@@ -41,7 +43,8 @@ else:  # Python 3.10: the fleet extra installs tomli, tomllib's origin
 
 FLEET_KEYS = {"slack": float, "retries": int}
 SHARD_KEYS = ("name", "sut", "ranks", "device", "launch", "faults", "properties", "seeds", "cpus", "time",
-              "op_timeout", "fixes")
+              "op_timeout", "fixes", "explore")
+EXPLORE = ("share", "off", "only")
 _EXTERNAL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 DEFAULT_SLACK = 120.0
@@ -68,6 +71,8 @@ class ShardRun:
     time: float | None
     op_timeout: float | None
     fixes: str = "all"  # fuzz --fixes
+    explore: str = "share"  # the explorer's time in a fault shard: share, off or only (EXPLORE)
+    explore_part: tuple[int, int] = (0, 1)  # the explorer's part of the shapes: this seed's, of the shard's seeds
 
     def gpus(self) -> int:
         """GPUs to reserve on one node: one per rank for a GPU shard (docs/gpu.md)."""
@@ -82,6 +87,9 @@ class ShardRun:
             argv += ["--property", prop]
         if self.faults:
             argv.append("--faults")
+            argv += {"share": [], "off": ["--no-explore"], "only": ["--explore-only"]}[self.explore]
+            if self.explore_part[1] > 1:
+                argv += ["--explore-part", f"{self.explore_part[0]}/{self.explore_part[1]}"]
         if self.op_timeout is not None:
             argv += ["--op-timeout", str(self.op_timeout)]
         return argv
@@ -168,8 +176,17 @@ def _shard(path: Path, n: int, raw: Any, fixes: str) -> list[ShardRun]:
     op_timeout = raw.get("op_timeout")
     op_timeout = None if op_timeout is None else _number(op_timeout, f"{where}: field 'op_timeout'", low=1.0)
     fixes = _fixes(raw.get("fixes", fixes), f"{where}: field 'fixes'")
+    explore = _choice(raw.get("explore", "share"), EXPLORE, f"{where}: field 'explore'")
+    if explore != "share" and not faults:
+        raise PlanError(f"{where}: field 'explore': {explore!r} is about the explorer of a fault campaign: set "
+                        "faults = true")
+    if explore == "only" and props:
+        raise PlanError(f"{where}: field 'properties': an exploration shard (explore = 'only') runs no property")
+    # The seeds of a fault shard split its explorer's shapes, each run keeping its own place in the corpus (the
+    # explorer's order is fixed: two runs of one part would judge the same points).
+    parts = len(seeds) if faults and explore != "off" else 1
     return [ShardRun(f"{name}-{seed}", name, sut, ranks, device, launch, faults, tuple(props), seed, cpus, time,
-                     op_timeout, fixes) for seed in seeds]
+                     op_timeout, fixes, explore, (n % parts, parts)) for n, seed in enumerate(seeds)]
 
 
 def _fixes(value: Any, where: str) -> str:

@@ -165,7 +165,13 @@ def pack_corpus(root: Path | None) -> dict[str, bytes]:
 
 
 def _new_corpus(root: Path, shipped: dict[str, bytes]) -> dict[str, str]:
-    """Corpus files the shard wrote that the shared corpus did not hold (base64: any bytes travel); not its night
-    line: the fleet records the night once, merged."""
+    """Corpus files the shard wrote that the shared corpus did not hold, and explorer places it moved on (base64:
+    any bytes travel); not its night line: the fleet records the night once, merged."""
     return {rel: base64.b64encode(data).decode() for rel, data in pack_corpus(root).items()
-            if rel not in shipped and rel != NIGHTS}
+            if rel != NIGHTS and (rel not in shipped or (is_place(rel) and shipped[rel] != data))}
+
+
+def is_place(rel: str) -> bool:
+    """Whether a corpus file is an explorer's place (harness.campaign.exploration.place_file): state a night
+    moves on, where every other corpus file is written once."""
+    return Path(rel).parts[:1] == ("explore",)

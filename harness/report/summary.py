@@ -173,7 +173,7 @@ def _observed(summary: dict, prop: str) -> str:
             f"{seen.get('from_database', 0)} | {seen.get('generate_s', 0.0)}")
 
 
-def _exploration_lines(exploration: dict) -> list[str]:
+def exploration_lines(exploration: dict) -> list[str]:
     """The explorer's share of a fault campaign, in a sentence, and its judged / total per shape so far."""
     if not exploration:
         return []
@@ -183,6 +183,7 @@ def _exploration_lines(exploration: dict) -> list[str]:
             f"{exploration['points']} crash points and {exploration['states']} power-loss states judged in "
             f"{exploration['seconds']} s ({exploration['points_per_minute']} and {exploration['states_per_minute']} "
             f"per minute), {exploration['failing']} failing; now at {exploration['at']}"
+            + (f" (part {exploration['part']} of the shapes)" if exploration.get("part", "0/1") != "0/1" else "")
             + (f"; judged/total so far: {shapes}" if shapes else "") + "."]
 
 
@@ -199,7 +200,7 @@ def report(summary: dict, rows: list[dict]) -> str:
         *_savings_line(summary),
         *_despite_fix_line(summary.get("known_despite_fix") or {}),
         *_recovery_line(summary.get("recovery") or {}),
-        *_exploration_lines(summary.get("exploration") or {}),
+        *exploration_lines(summary.get("exploration") or {}),
         "",
         "| property | cases | seconds | drawn (gave up) | while shrinking | from database | drawing s |",
         "|---|---|---|---|---|---|---|",
