@@ -32,15 +32,12 @@ from harness.judging.run import run_case
 from harness.ranks.runners import Runners
 from properties.check.history import check_history
 from properties.generate.cases import Caps
-from properties.generate.fault_cases import has_latest
+from properties.generate.fault_cases import COMMIT_TIMEOUT, has_latest
 from properties.model.case import Case, Op, TensorCase
 from properties.model.verdicts import Judgement
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
 LETTERS = {"S": "save", "R": "re-save", "T": "rotate"}
-# Seconds a rank waits for its peers' part of a commit in explored cases: a peer a fault took away is waited for
-# seconds, not the minute a healthy job allows (SUTs that wait for their peers' files read it; others ignore it).
-COMMIT_TIMEOUT = 5
 
 
 def alphabet(capabilities: Iterable[str]) -> str:

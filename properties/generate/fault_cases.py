@@ -18,14 +18,19 @@ from properties.generate.cases import Caps, _layouts_for, mesh_of, options, tens
 from properties.model.case import Case, Op
 
 FAULT_OP = 1  # the save the fault hits in fault_ops
+# Seconds a rank waits for its peers' part of a commit in a fault case: a peer the fault took away is waited for
+# seconds, not the minute a healthy job allows (SUTs that wait for their peers' files read it; others ignore it).
+COMMIT_TIMEOUT = 5
 
 
-def fault_ops(*, latest: bool, use_async: bool = False) -> tuple[Op, ...]:
-    """Save version 0 (acknowledged); save version 1 (the fault hits it); then, after a restart, load the latest
-    (where the SUT has one), version 1 and version 0 by name, save and load version 2."""
+def fault_ops(*, latest: bool, use_async: bool = False, rotate: bool = False) -> tuple[Op, ...]:
+    """Save version 0 (acknowledged); save version 1 (the fault hits it); then, after a restart, rotate down to one
+    checkpoint first (``rotate``: a job that prunes what the crash left before it resumes), load the latest (where
+    the SUT has one), version 1 and version 0 by name, save and load version 2."""
     return (
         Op("save", "step-0", 0),
         Op("save", "step-1", 1, use_async=use_async),
+        *((Op("rotate", keep=1),) if rotate else ()),
         *((Op("load", None, 1),) if latest else ()),
         Op("load", "step-1", 1),
         Op("load", "step-0", 0),
@@ -89,7 +94,8 @@ def fault_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[st
     if "same_dir" in caps.caps and draw(st.booleans()):
         opts["same_dir"] = True  # versions of one directory: the SUT's own notion of "latest"
     latest = has_latest(caps.caps, opts)
-    if prop == "P-LIVENESS":
-        opts["commit_timeout"] = 10  # the reference's file rendezvous: a dead peer turns into an error in 10 s
-    return Case(prop, sut, tensors, layout, layout, fault_ops(latest=latest, use_async=use_async), opts,
-                draw(st.integers(0, 2**16)), fault=fault)
+    # P-LIVENESS judges what the survivors do: they get a little longer to turn a lost peer into an error
+    opts["commit_timeout"] = 10 if prop == "P-LIVENESS" else COMMIT_TIMEOUT
+    rotate = "rotate" in caps.caps and draw(st.booleans())
+    return Case(prop, sut, tensors, layout, layout, fault_ops(latest=latest, use_async=use_async, rotate=rotate),
+                opts, draw(st.integers(0, 2**16)), fault=fault)
