@@ -11,7 +11,8 @@ Two rules, over the op's file-system ops (faults/fsmodel.FsOp, in completion ord
   fsynced and every entry it created (files, directories, renames) its directory fsynced.
 
 ``sync`` makes everything durable. A name shorter than ``MIN_NAME`` characters is not looked for (too many chance
-matches). Files the op writes and later unlinks (temporaries) are not required to be durable.
+matches). Files the op writes and later unlinks (temporaries) are not required to be durable, and a record the op
+removes before it returns (a scratch manifest in a private directory) vouches for nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class OrderViolation:
     why: str
     record: str = ""
     calls: tuple[str, ...] = ()
+    record_id: int = field(default=0, compare=False, repr=False)  # the record's file in this analysis (id of it)
 
     def render(self) -> str:
         head = (f"{self.record} vouches for {self.path} before it is durable ({self.why})" if self.record
@@ -142,7 +144,7 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
         return not any(m > n and path.startswith(old + "/") for m, old in staged)
 
     in_place: list[tuple[int, int, OrderViolation]] = []  # (inode, write index, violation): kept unless renamed later
-    events: list[tuple[int, str, bytes, FsOp]] = []  # every publication: index, record, its bytes, the call
+    events: list[tuple[int, str, bytes, FsOp, int]] = []  # every publication: index, record, bytes, call, file
     renamed: dict[int, int] = {}  # id(inode) -> index of its last rename
     for n, op in enumerate(ops):
         if op.kind == "open":
@@ -161,7 +163,7 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
                 record = _path_of(trace, inode, op.path)
                 if published(record, n):
                     in_place += [(id(inode), n, v) for v in _vouching(trace, op, record, n, seen)]
-                    events.append((n, record, bytes(inode.content), op))
+                    events.append((n, record, bytes(inode.content), op, id(inode)))
         elif op.kind == "fsync":
             inode = trace.target(op)
             if inode.is_dir:
@@ -177,7 +179,7 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
                 renamed[id(trace.names[path])] = n
                 if published(path, n):
                     found += _vouching(trace, op, path, n, seen)
-                    events.append((n, path, bytes(trace.names[path].content), op))
+                    events.append((n, path, bytes(trace.names[path].content), op, id(trace.names[path])))
         elif op.kind == "mkdir":
             trace.inode(op.path, True)
             trace.make_entry(op.path, op)
@@ -189,6 +191,7 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
     # A record written under a temporary name and renamed into place vouches at the rename, not at its writes.
     found = [v for inode, n, v in in_place if renamed.get(inode, -1) < n] + found
     found += _named_before_written(trace, events, ops, seen)
+    found = [v for v in found if v.kind != RECORD_BEFORE_DATA or v.record_id not in trace.gone]
     for path in sorted(trace.names):
         inode = trace.names[path]
         if inode.is_dir or (not inode.written and path not in trace.entries):
@@ -204,7 +207,7 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
     return found
 
 
-def _named_before_written(trace: _Trace, events: list[tuple[int, str, bytes, FsOp]], ops: Sequence[FsOp],
+def _named_before_written(trace: _Trace, events: list[tuple[int, str, bytes, FsOp, int]], ops: Sequence[FsOp],
                           seen: set) -> list[OrderViolation]:
     """Records published naming a file the op writes only later: they vouch for data that is not there yet."""
     out = []
@@ -213,11 +216,11 @@ def _named_before_written(trace: _Trace, events: list[tuple[int, str, bytes, FsO
         name = os.path.basename(path)
         if first is None or inode.is_dir or id(inode) in trace.gone or len(name) < MIN_NAME:
             continue
-        for n, record, content, op in events:
+        for n, record, content, op, record_id in events:
             if n < first and record != path and name.encode() in content and (record, path) not in seen:
                 seen.add((record, path))
                 out.append(OrderViolation(RECORD_BEFORE_DATA, path, f"{path}: named before it is written", record,
-                                          (_call(op), _call(ops[first]))))
+                                          (_call(op), _call(ops[first])), record_id))
     return out
 
 
@@ -246,5 +249,6 @@ def _vouching(trace: _Trace, op: FsOp, record: str, n: int, seen: set) -> list[O
         problem = trace.not_durable(path)
         if problem is not None and (record, path) not in seen:
             seen.add((record, path))
-            out.append(OrderViolation(RECORD_BEFORE_DATA, path, problem[0], record, (_call(op), *problem[1])))
+            out.append(OrderViolation(RECORD_BEFORE_DATA, path, problem[0], record, (_call(op), *problem[1]),
+                                      id(inode)))
     return out

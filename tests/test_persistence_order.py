@@ -99,6 +99,27 @@ def test_a_pointer_renamed_into_place_before_its_checkpoint_is_durable() -> None
     assert not any("scratch" in path for _, _, path in found)
 
 
+def test_a_scratch_record_the_op_removes_vouches_for_nothing() -> None:
+    """A rank prepares its part in a private directory (a manifest naming its data file, the directory never
+    fsynced) and removes it before the save returns: nothing reads that manifest, so it breaks no rule; the same
+    manifest kept is a record that vouches too early."""
+    def prepared(removed: bool) -> list[FsOp]:
+        t = _Ops()
+        t.add("mkdir", ".private")
+        t.file(".private/rank-1.safetensors", b"\x05" * 16)
+        t.file(".private/rank-1.manifest.json", b'{"file": "rank-1.safetensors"}')
+        if removed:
+            t.add("unlink", ".private/rank-1.manifest.json")
+            t.add("unlink", ".private/rank-1.safetensors")
+            t.add("rmdir", ".private")
+        t.add("sync")
+        return t.ops
+
+    assert _rules(prepared(removed=True)) == set()
+    assert (RECORD_BEFORE_DATA, ".private/rank-1.manifest.json", ".private/rank-1.safetensors") in _rules(
+        prepared(removed=False))
+
+
 def test_an_entry_never_made_durable_is_reported_at_return() -> None:
     t = _Ops()
     t.file("model.pdparams", b"\x04" * 8)  # data fsynced, but the directory never is
