@@ -182,7 +182,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
         _explore(run, exploration, None)
     while campaign.properties and time.monotonic() < deadline and not campaign.done():
         if exploration is not None:
-            _explore(run, exploration, _slice(campaign) * len(campaign.properties))
+            _explore(run, exploration, _round_seconds(campaign))
         run.left_out, run.hits_before = _round_fixes(campaign, judge_case.runners, turn), Counter(judge_case.known_hits)
         with ExitStack() as round_fixes:
             round_fixes.enter_context(_fixes_left_out(judge_case, run.left_out))
@@ -320,18 +320,34 @@ def _tally(judge_case: Judge, campaign: Campaign) -> None:
     campaign.flaky = list(judge_case.flaky)
 
 
-def _slice(campaign: Campaign) -> float:
-    """Seconds per property turn: short enough that every property gets several turns in a short campaign."""
-    return max(MIN_SLICE, min(MAX_SLICE, campaign.seconds / (4 * max(1, len(campaign.properties)))))
+def _slice(campaign: Campaign, prop: str | None = None) -> float:
+    """Seconds per property turn: short enough that every property gets several turns in a short campaign; a
+    fault campaign's fault properties get ``_weight`` of them."""
+    base = max(MIN_SLICE, min(MAX_SLICE, campaign.seconds / (4 * max(1, len(campaign.properties)))))
+    return base * (_weight(campaign, prop) if prop is not None else 1.0)
+
+
+def _weight(campaign: Campaign, prop: str) -> float:
+    """In a fault campaign the fault properties, as a group, get the time its fault-free properties get: fault
+    cases are the slow ones, and what the campaign was started for. 1 for every other property."""
+    fault = [p for p in campaign.properties if REGISTRY[p].fault]
+    if not campaign.faults or prop not in fault:
+        return 1.0
+    return max(1.0, (len(campaign.properties) - len(fault)) / len(fault))
+
+
+def _round_seconds(campaign: Campaign) -> float:
+    """About how long a round of property turns takes (each its slice)."""
+    return sum(_slice(campaign, p) for p in campaign.properties)
 
 
 def _turn(run: _Run, prop: str, seed: int, reuse: bool) -> None:
     """One turn of ``prop``, as many cases as fit its slice; its findings join the campaign's."""
     campaign = run.campaign
     began = time.monotonic()
-    examples = campaign.examples_for(prop, _slice(campaign))
+    examples = campaign.examples_for(prop, _slice(campaign, prop))
     # Bounded by cases, a property's turn runs them all: no time slice decides which cases are drawn.
-    turn_end = run.deadline if campaign.cases_per_property else min(run.deadline, began + _slice(campaign))
+    turn_end = run.deadline if campaign.cases_per_property else min(run.deadline, began + _slice(campaign, prop))
     for finding in _batch(run, prop, seed, examples, turn_end, reuse=reuse):
         campaign.findings.append(finding)
         campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
