@@ -227,3 +227,21 @@ def test_a_shard_hands_back_the_explorer_place_it_moved_and_the_night_keeps_the_
     _fold(night, {**back, "buckets/b.json": base64.b64encode(b"new").decode()})
     assert (night / "explore" / "reference-2-stock-kill.json").read_text() == '{"shape": 3}'
     assert (night / "buckets" / "b.json").read_text() == "old"
+
+
+def test_the_night_report_has_a_line_per_shard_explorer() -> None:
+    from harness.fleet.merge import fleet_report, merged_summary
+
+    explored = {"seconds": 290.0, "points": 120, "states": 300, "orders": 4, "points_per_minute": 24.8,
+                "states_per_minute": 62.1, "failing": 0, "errors": [], "at": "max_len 2, shape ST op 1 kill #3",
+                "passes": 0, "part": "1/2", "shapes": {"SR": {"op 0 kill": "40/40"}}}
+    runs = [{"id": f"x-{n}", "sut": "reference", "ranks": 2, "device": "cpu", "launch": "pool", "seed": n,
+             "faults": True, "attempts": [{"attempt": 0, "status": "ok", "seconds": 300.0}]} for n in (1, 2)]
+    shards = [("x-1", {"exploration": explored, "cases_run": {}}), ("x-2", {"cases_run": {"P-ATOMIC": 3}})]
+    fleet = {"wall_s": 310.0, "inside_shards_s": 300.0, "overhead_s": 10.0, "ray_start_s": 5.0, "merge_s": 0.1,
+             "ray": "local"}
+    summary = merged_summary(runs, shards, [], [], fleet)
+    assert summary["exploration"] == {"x-1": explored}
+    report = fleet_report(summary, [])
+    assert "Shard x-1: Explorer: 4 saves' IO checked" in report and "(part 1/2 of the shapes)" in report, report
+    assert "Shard x-2: Explorer" not in report
