@@ -144,6 +144,7 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
         return not any(m > n and path.startswith(old + "/") for m, old in staged)
 
     in_place: list[tuple[int, int, OrderViolation]] = []  # (inode, write index, violation): kept unless renamed later
+    by_rename: list[tuple[int, int, OrderViolation]] = []  # (inode, rename index, violation): kept if its last
     events: list[tuple[int, str, bytes, FsOp, int]] = []  # every publication: index, record, bytes, call, file
     renamed: dict[int, int] = {}  # id(inode) -> index of its last rename
     for n, op in enumerate(ops):
@@ -176,10 +177,14 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
             moved = trace.move(op.path, op.new_path, swap=op.kind == "exchange")
             trace.make_entry(op.new_path, op)
             for path in moved:  # what the rename published: a record, or a directory of them, vouches now
-                renamed[id(trace.names[path])] = n
+                inode = trace.names[path]
+                renamed[id(inode)] = n
                 if published(path, n):
-                    found += _vouching(trace, op, path, n, seen)
-                    events.append((n, path, bytes(trace.names[path].content), op, id(trace.names[path])))
+                    if inode.is_dir:
+                        found += _vouching(trace, op, path, n, seen)
+                    else:  # a file renamed on again (tmp -> tmp2 -> final) vouches at its last rename
+                        by_rename += [(id(inode), n, v) for v in _vouching(trace, op, path, n, seen)]
+                    events.append((n, path, bytes(inode.content), op, id(inode)))
         elif op.kind == "mkdir":
             trace.inode(op.path, True)
             trace.make_entry(op.path, op)
@@ -188,8 +193,10 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
             if gone is not None:
                 trace.gone.add(id(gone))
             trace.entries.pop(op.path, None)
-    # A record written under a temporary name and renamed into place vouches at the rename, not at its writes.
-    found = [v for inode, n, v in in_place if renamed.get(inode, -1) < n] + found
+    # A record written under a temporary name and renamed into place vouches at the rename, not at its writes; a
+    # file renamed more than once, at its last rename.
+    found = ([v for inode, n, v in in_place if renamed.get(inode, -1) < n]
+             + [v for inode, n, v in by_rename if renamed[inode] == n] + found)
     found += _named_before_written(trace, events, ops, seen)
     found = [v for v in found if v.kind != RECORD_BEFORE_DATA or v.record_id not in trace.gone]
     for path in sorted(trace.names):

@@ -120,6 +120,28 @@ def test_a_scratch_record_the_op_removes_vouches_for_nothing() -> None:
         prepared(removed=False))
 
 
+def test_a_record_renamed_twice_vouches_at_its_last_rename() -> None:
+    """A writer that saves durably through a temporary (``x.tmp.part`` -> ``x.tmp``), called by code that renames
+    ``x.tmp`` -> ``x`` in turn: the record is published by the last rename, so only what is not durable then
+    counts, and the violation names the record's final name."""
+    def saved(durable_before_final: bool) -> list[FsOp]:
+        t = _Ops()
+        t.add("mkdir", "step-1")
+        t.dir_fsync("")
+        t.file("step-1/0_0.distcp", b"\x06" * 16)
+        t.file("step-1/0.metadata.tmp.part", b"...0_0.distcp...")
+        t.add("rename", "step-1/0.metadata.tmp.part", new_path="step-1/0.metadata.tmp")
+        if durable_before_final:
+            t.dir_fsync("step-1")
+        t.add("rename", "step-1/0.metadata.tmp", new_path="step-1/0.metadata")
+        t.dir_fsync("step-1")
+        return t.ops
+
+    assert _rules(saved(durable_before_final=True)) == set()
+    assert _rules(saved(durable_before_final=False)) == {(RECORD_BEFORE_DATA, "step-1/0.metadata",
+                                                          "step-1/0_0.distcp")}
+
+
 def test_an_entry_never_made_durable_is_reported_at_return() -> None:
     t = _Ops()
     t.file("model.pdparams", b"\x04" * 8)  # data fsynced, but the directory never is
