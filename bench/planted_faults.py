@@ -138,9 +138,7 @@ class VotesBeforeDataReference(_PlantedSave):
             vote = staging / f".{_manifest_file(self.rank)}.tmp"
             write_durable(vote, (prepared / _manifest_file(self.rank)).read_bytes())
             os.replace(vote, staging / _manifest_file(self.rank))
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            reference.stio._write_all(fd, memoryview(data))
             os.fsync(fd)
         finally:
             os.close(fd)
