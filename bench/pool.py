@@ -8,7 +8,12 @@ For a SUT whose rank 0 serves the others' rendezvous (``master_env``), it also p
 ``forked_launch_together_vs_master_first: R``: the mean seconds of a pool forked from the fork server with every
 rank at once ÷ with rank 0 first and the others once it listens, alternated launch by launch. On a 2-core machine
 with Paddle 3.3.1: together 1.44 s (a third of the launches wait out the TCPStore client's retry, 3.4 s),
-rank 0 first 0.58 s; ratio 2.5.
+rank 0 first 0.58 s; ratio 2.5 (a later run of 6 launches each: 0.40 s both ways, ratio 1.00).
+
+For a SUT of a framework with fixes (harness.fixes), ``forked_launch_fixes_in_rank_vs_zygote: R``: the mean
+seconds of a forked pool whose ranks run with every fix, each rank applying them itself ÷ forked from a zygote that
+applied them once. Same machine, Paddle 3.3.1 with its 30 fixes, 6 launches each: by each rank 3.68 s, from a zygote
+0.45 s; ratio 8.2 (a pool that a fault case loses is replaced for about an eighth of the cost).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hypothesis import HealthCheck, given, settings
 from hypothesis import seed as hypothesis_seed
 
+from harness.fixes import resolve
 from harness.judging.run import run_case
 from harness.ranks.forkserver import ForkServer
 from harness.ranks.runners import Runners
@@ -99,6 +105,29 @@ def forked_launches(sut: str, case: Case, count: int) -> tuple[float, float]:
     return statistics.mean(seconds[True]), statistics.mean(seconds[False])
 
 
+def forked_launches_with_fixes(sut: str, case: Case, count: int) -> tuple[float, float]:
+    """Mean launch seconds of forked pools whose ranks run with every fix of the SUT's framework, the fixes applied
+    once in a zygote of the fork server, and applied by each rank, alternated pool by pool. Untimed as above."""
+    fixes = resolve("all", adapter_class(sut).framework)
+    servers = {True: ForkServer(sut, zygotes=True), False: ForkServer(sut, zygotes=False)}
+    seconds: dict[bool, list[float]] = {True: [], False: []}
+    try:
+        for n in range(2 * count + 4):
+            zygote = n % 2 == 0
+            runners = Runners(sut, mode="pool", fixes=fixes, forks=servers[zygote])
+            runners.fork_pools = True
+            try:
+                run_case(case, runners)
+                if n >= 4:
+                    seconds[zygote].append(runners.recovery()["launch_seconds"])
+            finally:
+                runners.close()
+    finally:
+        for server in servers.values():
+            server.close()
+    return statistics.mean(seconds[True]), statistics.mean(seconds[False])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sut", default="paddle-dcp", help="default paddle-dcp (falls back to reference if Paddle "
@@ -130,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
         first, together = forked_launches(sut, batch[0], args.forked_launches)
         print(f"forked_launch_together_vs_master_first: {together / first:.2f}")
         print(f"# forked launches, {args.forked_launches} each: rank 0 first {first:.2f} s, together {together:.2f} s")
+    if adapter_class(sut).framework and args.forked_launches:
+        zygote, in_rank = forked_launches_with_fixes(sut, batch[0], args.forked_launches)
+        print(f"forked_launch_fixes_in_rank_vs_zygote: {in_rank / zygote:.2f}")
+        print(f"# forked launches with every fix, {args.forked_launches} each: fixes applied in a zygote "
+              f"{zygote:.2f} s, by each rank {in_rank:.2f} s")
     sizes = [sum(t.build().nbytes for t in c.tensors) for c in batch]
     print(f"# case state size: median {statistics.median(sizes):.0f} bytes, max {max(sizes)} bytes")
     return 0

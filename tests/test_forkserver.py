@@ -10,6 +10,7 @@ import os
 import psutil
 import pytest
 
+from harness.fixes import resolve
 from harness.judging.judge import Judge
 from harness.ranks.forkserver import Template
 from harness.ranks.runners import Runners
@@ -50,8 +51,8 @@ def _roundtrip(sut: str) -> Case:
     return Case("P-ROUNDTRIP", sut, tensors, save, save, (Op("save", "step-0"), Op("load", "step-0")), {}, 0)
 
 
-def _forked_pools(sut: str) -> None:
-    judge = Judge(Runners(sut, "pool"), exploring=True)
+def _forked_pools(sut: str, fixes: tuple[str, ...] = ()) -> None:
+    judge = Judge(Runners(sut, "pool", fixes=fixes), exploring=True)
     runners = judge.runners
     try:
         first = runners.get(2, {})
@@ -66,6 +67,10 @@ def _forked_pools(sut: str) -> None:
             assert judge(_roundtrip(sut))[0].ok
             ranks = [psutil.Process(pid) for pid in pool.pids.values()]
             assert all(os.getsid(p.pid) == p.pid for p in ranks)  # each in a session of its own, like launched
+            server, parents = runners.forks._proc.pid, {p.ppid() for p in ranks}
+            # with fixes, forked from the server's zygote that applied them once; without, from the server itself
+            expected = {server} if not fixes else {psutil.Process(pp).ppid() for pp in parents}
+            assert (parents == {server}) != bool(fixes) and expected == {server}
             runners.discard(pool, graceful=False)
             assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in ranks)
         with runners.waiting():  # a replay under the strict rules launches for real
@@ -83,8 +88,10 @@ def test_a_lost_pool_is_replaced_by_forked_ranks_while_exploring() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("paddle") is None, reason="needs Paddle")
 def test_forked_paddle_ranks_get_what_paddles_launcher_gives() -> None:
     """Paddle's launcher hands each rank ports, ids and a file of its environment; forked ranks get the same, with
-    ports of their own, set their process group up, and save and load bitwise."""
+    ports of their own, set their process group up, and save and load bitwise; with every fix applied, the fixes
+    were applied once, in the zygote the ranks were forked from."""
     _forked_pools("paddle-dcp")
+    _forked_pools("paddle-dcp", resolve("all", "paddle"))
 
 
 def test_a_pool_lost_while_exploring_is_replaced_by_a_spare_started_at_once() -> None:

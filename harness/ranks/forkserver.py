@@ -4,7 +4,10 @@ A Paddle pool costs about five CPU seconds to launch on a small machine (the lau
 Paddle), and a fuzzing campaign or a warm pass over crash states loses a pool each time one rank raises while
 another waits on it. The fork server imports the SUT adapter's framework once (``SutAdapter.preload``: imports
 only, no device, no process group) and forks fresh rank processes on request; each child sets up the SUT from
-scratch (its process group included), exactly as a launched rank does.
+scratch (its process group included), exactly as a launched rank does. Ranks whose set-up applies fixes
+(``harness.fixes``) are forked from a child of the server that applied that set of fixes once (a zygote): applying
+thirty fixes rebuilds their functions from source, seconds of CPU that every rank would pay again; applying them
+is idempotent, so the rank's own set-up finds them in force.
 
 What each rank gets from the framework's launcher is learned from a real launch of the same shape (``Template``):
 its environment, with every loopback port and the pool's directory replaced by those of the new pool. So a forked
@@ -31,6 +34,7 @@ import sys
 import threading
 import time
 import uuid
+from multiprocessing import Pipe
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
 
@@ -48,6 +52,9 @@ WORKER_MAIN = "harness.ranks.worker"
 ENTRY_POINTS = (WORKER_MAIN, "harness.ranks.virtual_host")
 
 START_TIMEOUT_S = 120.0
+#: Fix sets with a zygote of their own at once (a campaign uses one, a patched replay or a round that leaves fixes
+#: out a few more); the set used least recently gives way.
+ZYGOTES = 4
 _ENDPOINT = re.compile(r"\b(127\.0\.0\.1|localhost):(\d+)\b")
 
 
@@ -130,8 +137,10 @@ class ForkedRank:
 class ForkServer:
     """Controller side: one server process per runner set, started in the background on first need."""
 
-    def __init__(self, sut: str) -> None:
-        self.sut = sut
+    def __init__(self, sut: str, zygotes: bool = True) -> None:
+        """``zygotes``: fork the ranks of a fix set from a zygote that applied it (off: each rank applies its own,
+        as a benchmark compares)."""
+        self.sut, self.zygotes = sut, zygotes
         self.templates: dict[int, Template] = {}  # world size -> what its ranks got from a real launch
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -161,7 +170,7 @@ class ForkServer:
             listener.listen(1)
             log = open(self._dir / "server.log", "ab")  # noqa: SIM115 -- the server's stdout, closed with it
             self._proc = popen([sys.executable, "-m", "harness.ranks.forkserver", "--sut", self.sut,
-                                "--control", address],
+                                "--control", address, *([] if self.zygotes else ["--no-zygotes"])],
                                env=child_env(common), cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=log,
                                stderr=subprocess.STDOUT)
             log.close()
@@ -195,16 +204,18 @@ class ForkServer:
         """The server is up and has not failed (never waits: a caller launches the usual way meanwhile)."""
         return self._ready.is_set() and self._conn is not None and self._error is None
 
-    def spawn(self, argv: list[str], env: dict[str, str], log: Path, main: str = WORKER_MAIN) -> ForkedRank:
+    def spawn(self, argv: list[str], env: dict[str, str], log: Path, main: str = WORKER_MAIN,
+              fixes: tuple[str, ...] | list[str] = ()) -> ForkedRank:
         """Fork one process running module ``main``'s ``main(argv)`` (a rank worker, or a host of virtual ranks) in
-        ``env``, its output appended to ``log``."""
+        ``env``, its output appended to ``log``; ``fixes``: those its set-up applies, applied before the fork."""
         self.start()
         if not self._ready.wait(START_TIMEOUT_S) or self._conn is None:
             raise ForkError(f"the fork server did not start: {self._error}")
         token = uuid.uuid4().hex
         with self._lock:
             try:
-                self._conn.send({"argv": argv, "env": {**env, TREE_VAR: token}, "log": str(log), "main": main})
+                self._conn.send({"argv": argv, "env": {**env, TREE_VAR: token}, "log": str(log), "main": main,
+                                 "fixes": sorted(fixes)})
                 reply = self._conn.recv()
             except (OSError, EOFError) as exc:
                 self._error = f"{type(exc).__name__}: {exc}"
@@ -227,13 +238,15 @@ class ForkServer:
 # -- the server process ----------------------------------------------------------------------------------------
 
 
-def _child(conn: Connection, request: dict) -> None:
-    """In the forked child: become a rank process of its own and run the rank worker; never returns."""
+def _child(inherited: list[Connection], request: dict) -> None:
+    """In the forked child: become a rank process of its own and run the rank worker; never returns.
+    ``inherited``: the server's and zygotes' connections, closed here (a zygote ends when its pipe closes)."""
     code = 1
     try:
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the SUT reaps its own children (async writers)
-        conn.close()
+        for conn in inherited:
+            conn.close()
         fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -262,7 +275,91 @@ def _child(conn: Connection, request: dict) -> None:
         os._exit(code or 0)
 
 
-def serve(sut: str, control: str) -> int:
+def _freeze() -> None:
+    gc.collect()
+    gc.freeze()  # what was imported is never collected in a fork: its pages stay shared, and no rank walks them
+
+
+def _fork_rank(inherited: list[Connection], request: dict) -> dict:
+    """Fork the rank ``request`` asks for; the reply for the controller."""
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        return {"error": f"fork failed: {exc}"}
+    if pid == 0:
+        _child(inherited, request)
+    return {"pid": pid}
+
+
+class _Zygotes:
+    """The server's children that applied a set of fixes, by set, each forking the ranks of its set."""
+
+    def __init__(self, control: Connection, enabled: bool) -> None:
+        self.control, self.enabled = control, enabled
+        self.pipes: dict[tuple[str, ...], Connection] = {}  # least recently used first
+        self.failed: set[tuple[str, ...]] = set()  # sets whose zygote failed: their ranks apply them themselves
+
+    def inherited(self) -> list[Connection]:
+        return [self.control, *self.pipes.values()]
+
+    def fork_rank(self, request: dict) -> dict:
+        fixes = tuple(request.get("fixes", ()))
+        zygote = self.enabled and fixes and fixes not in self.failed
+        pipe = (self.pipes.pop(fixes, None) or self._start(fixes)) if zygote else None
+        if not isinstance(pipe, Connection):
+            if isinstance(pipe, dict):  # the rank's own set-up applies them again: its log says what failed
+                self.failed.add(fixes)
+            return _fork_rank(self.inherited(), request)
+        try:
+            pipe.send(request)
+            reply = pipe.recv()
+        except (OSError, EOFError) as exc:
+            pipe.close()
+            return {"error": f"the zygote of {len(fixes)} fixes is gone: {type(exc).__name__}: {exc}"}
+        self.pipes[fixes] = pipe
+        return reply
+
+    def _start(self, fixes: tuple[str, ...]) -> Connection | dict:
+        while len(self.pipes) >= ZYGOTES:
+            self.pipes.pop(next(iter(self.pipes))).close()  # its zygote sees EOF and ends
+        ours, theirs = Pipe()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            return {"error": f"fork failed: {exc}"}
+        if pid == 0:
+            inherited = self.inherited()
+            for conn in (*inherited, ours):
+                conn.close()
+            os._exit(_zygote(theirs, fixes))
+        theirs.close()
+        hello = ours.recv() if ours.poll(START_TIMEOUT_S) else {"error": "the zygote did not answer"}
+        if "error" in hello:
+            ours.close()
+            return hello
+        return ours
+
+
+def _zygote(pipe: Connection, fixes: tuple[str, ...]) -> int:
+    """A child of the server with ``fixes`` applied: forks the ranks of that set until the server closes its pipe."""
+    try:
+        from harness.fixes import apply_fixes
+
+        apply_fixes(fixes)
+    except Exception as exc:  # the rank's own set-up would fail the same way: let it, with its log saying why
+        pipe.send({"error": f"fixes not applied before the fork: {type(exc).__name__}: {exc}"})
+        return 1
+    _freeze()
+    pipe.send({"type": "ready"})
+    while True:
+        try:
+            request = pipe.recv()
+        except (EOFError, OSError):
+            return 0
+        pipe.send(_fork_rank([pipe], request))
+
+
+def serve(sut: str, control: str, zygotes: bool = True) -> int:
     conn = Client(control, family="AF_UNIX")
     try:
         for entry in ENTRY_POINTS:  # what every rank or host imports, paid for once
@@ -273,31 +370,25 @@ def serve(sut: str, control: str) -> int:
     except Exception as exc:
         conn.send({"type": "failed", "error": f"{type(exc).__name__}: {exc}"})
         return 1
-    gc.collect()
-    gc.freeze()  # what was imported is never collected in a fork: its pages stay shared, and no rank walks them
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked ranks are reaped as they end
+    _freeze()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # forked ranks and zygotes are reaped as they end
     conn.send({"type": "ready"})
+    forks = _Zygotes(conn, zygotes)
     while True:
         try:
             request = conn.recv()
         except (EOFError, OSError):
-            return 0  # the controller went away
-        try:
-            pid = os.fork()
-        except OSError as exc:
-            conn.send({"error": f"fork failed: {exc}"})
-            continue
-        if pid == 0:
-            _child(conn, request)
-        conn.send({"pid": pid})
+            return 0  # the controller went away (its zygotes see their pipes close)
+        conn.send(forks.fork_rank(request))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sut", required=True)
     parser.add_argument("--control", required=True)
+    parser.add_argument("--no-zygotes", action="store_true")
     args = parser.parse_args(argv)
-    return serve(args.sut, args.control)
+    return serve(args.sut, args.control, not args.no_zygotes)
 
 
 if __name__ == "__main__":

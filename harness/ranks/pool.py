@@ -209,7 +209,8 @@ class RankPool(Runner):
             Path(path).write_text(text, encoding="utf-8")
         master = envs.get(0, {}).get(self.cls.master_env or "", "")
         for rank, env in sorted(envs.items()):
-            self.procs.append(self.forks.spawn(argv, {**base, **env}, log_dir / f"workerlog.{rank}"))
+            self.procs.append(self.forks.spawn(argv, {**base, **env}, log_dir / f"workerlog.{rank}",
+                                               fixes=self.options.get("fixes", ())))
             if rank == 0 and master and len(envs) > 1:
                 _await_listening(self.procs[0], int(master.rsplit(":", 1)[1]), MASTER_WAIT_S)
 

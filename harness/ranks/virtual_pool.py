@@ -57,7 +57,8 @@ class VirtualPool(RankPool):
             self.host_forks.start()  # in the background: this launch does not wait for it
             if self.host_forks.ready():
                 try:
-                    self.procs.append(self.host_forks.spawn(argv, base, log, main=HOST_MODULE))
+                    self.procs.append(self.host_forks.spawn(argv, base, log, main=HOST_MODULE,
+                                                            fixes=self.options.get("fixes", ())))
                     self.forked = True
                     return base
                 except ForkError:
