@@ -12,6 +12,7 @@ same syscall at least k times. :func:`hit` checks the replay landed on the inten
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -62,27 +63,29 @@ class CrashPoint:
                    pid=data.get("pid"))
 
 
-def _k_of(all_calls: Sequence[Syscall], target: Syscall) -> int:
-    """Per-process occurrence number of ``target`` as strace ``-P target.path`` counts it."""
-    k = 0
+def _occurrences(all_calls: Sequence[Syscall], targets: Sequence[Syscall]) -> dict[int, int]:
+    """Each target's per-process occurrence number as strace ``-P target.path`` counts it, by ``id(target)``: one
+    pass over the recording (a save's trace holds tens of thousands of calls)."""
+    wanted = {id(t) for t in targets}
+    seen: Counter[tuple[int, str, str | None]] = Counter()
+    k: dict[int, int] = {}
     for c in all_calls:
-        if c.pid == target.pid and c.name == target.name and (target.path is None or target.path in c.paths):
-            k += 1
-        if c is target:
-            return k
-    raise ValueError("target call is not in the recording")
+        for path in (None, *set(c.paths)):
+            seen[c.pid, c.name, path] += 1
+        if id(c) in wanted:
+            k[id(c)] = seen[c.pid, c.name, c.path]
+    missing = wanted - k.keys()
+    if missing:
+        raise ValueError(f"{len(missing)} target call(s) not in the recording")
+    return k
 
 
 def enumerate_points(recording: Recording, syscalls: Sequence[str] | None = None) -> list[CrashPoint]:
     """Every matching call of ``recording.calls`` (optionally only ``syscalls``) as a replayable crash point."""
     wanted = None if syscalls is None else set(syscalls)
-    points: list[CrashPoint] = []
-    for call in recording.calls:
-        if wanted is not None and call.name not in wanted:
-            continue
-        k = _k_of(recording.all_calls, call)
-        points.append(CrashPoint(index=len(points), syscall=call.name, k=k, path=call.path, pid=call.pid))
-    return points
+    calls = [c for c in recording.calls if wanted is None or c.name in wanted]
+    k = _occurrences(recording.all_calls, calls)
+    return [CrashPoint(index=n, syscall=c.name, k=k[id(c)], path=c.path, pid=c.pid) for n, c in enumerate(calls)]
 
 
 def run_at(cmd: Sequence[str], point: CrashPoint, *, timeout: float = 60.0, env: Mapping[str, str] | None = None,

@@ -85,23 +85,38 @@ def _unescape(s: str) -> bytes:
     return codecs.escape_decode(s.encode("utf-8", "surrogateescape"))[0]
 
 
+#: What the argument splitter stops at; the text between is skipped at C speed (a write's data runs to kilobytes).
+_ARG_MARK = re.compile(r'["\[\]{}()<>,]')
+
+
+def _closing_quote(args: str, opening: int) -> int:
+    """Where the string opened at ``opening`` closes (a quote after an even run of backslashes), or the end of the
+    text (strace may cut a string off unclosed). With ``-xx`` no quote is ever escaped: one ``find``."""
+    j = opening + 1
+    while (j := args.find('"', j)) >= 0:
+        b = j - 1
+        while b > opening and args[b] == "\\":
+            b -= 1
+        if (j - 1 - b) % 2 == 0:
+            return j
+        j += 1
+    return len(args)
+
+
 def _split_args(args: str) -> list[str]:
     """Top-level arguments of strace's argument text (quotes, brackets and ``<path>`` annotations respected)."""
-    out, depth, start, i, n = [], 0, 0, 0, len(args)
-    while i < n:
-        ch = args[i]
+    out, depth, start, pos = [], 0, 0, 0
+    while m := _ARG_MARK.search(args, pos):
+        ch, pos = m.group(), m.end()
         if ch == '"':
-            i += 1
-            while i < n and args[i] != '"':
-                i += 2 if args[i] == "\\" else 1
+            pos = _closing_quote(args, m.start()) + 1
         elif ch in "[{(<":
             depth += 1
         elif ch in "]})>":
             depth -= 1
         elif ch == "," and depth == 0:
-            out.append(args[start:i].strip())
-            start = i + 1
-        i += 1
+            out.append(args[start:m.start()].strip())
+            start = pos
     out.append(args[start:].strip())
     return out
 
