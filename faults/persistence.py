@@ -197,6 +197,10 @@ def order_violations(ops: Sequence[FsOp]) -> list[OrderViolation]:
     # file renamed more than once, at its last rename.
     found = ([v for inode, n, v in in_place if renamed.get(inode, -1) < n]
              + [v for inode, n, v in by_rename if renamed[inode] == n] + found)
+    # Likewise a publication: a write of a record renamed later publishes nothing, nor does a rename followed by
+    # another (the record's name before its last rename is a temporary one).
+    events = [e for e in events if renamed.get(e[4], -1) == e[0] or (
+        e[3].kind not in ("rename", "exchange") and renamed.get(e[4], -1) < e[0])]
     found += _named_before_written(trace, events, ops, seen)
     found = [v for v in found if v.kind != RECORD_BEFORE_DATA or v.record_id not in trace.gone]
     for path in sorted(trace.names):

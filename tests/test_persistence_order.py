@@ -142,6 +142,26 @@ def test_a_record_renamed_twice_vouches_at_its_last_rename() -> None:
                                                           "step-1/0_0.distcp")}
 
 
+def test_a_record_naming_data_not_yet_written_is_reported_under_its_final_name() -> None:
+    """A record that names a file written only later (an async writer's) is reported at its publication, under the
+    name it is published by: the same finding whether the writer underneath goes through one temporary or two."""
+    def saved(temporaries: list[str]) -> list[FsOp]:
+        t = _Ops()
+        t.add("mkdir", "step-1")
+        t.dir_fsync("")
+        t.file(f"step-1/{temporaries[0]}", b"...0_0.distcp...")
+        for old, new in zip(temporaries, [*temporaries[1:], "0.metadata"], strict=True):
+            t.add("rename", f"step-1/{old}", new_path=f"step-1/{new}")
+        t.dir_fsync("step-1")
+        t.file("step-1/0_0.distcp", b"\x06" * 16)
+        t.dir_fsync("step-1")
+        return t.ops
+
+    one = _rules(saved(["0.metadata.tmp"]))
+    assert one == {(RECORD_BEFORE_DATA, "step-1/0.metadata", "step-1/0_0.distcp")}
+    assert _rules(saved(["0.metadata.tmp.tmp", "0.metadata.tmp"])) == one
+
+
 def test_an_entry_never_made_durable_is_reported_at_return() -> None:
     t = _Ops()
     t.file("model.pdparams", b"\x04" * 8)  # data fsynced, but the directory never is
