@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from harness.fixes.patch import Fix, FixError
 from harness.fixes.reach import REACH_OPTION, Watched, watch
+from harness.fixes.rebind import batched
 
 __all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "covering", "own_fixes", "prepare", "resolve"]
 
@@ -62,10 +63,11 @@ def covering(stem: str) -> tuple[str, ...]:
 
 def apply_fixes(ids: tuple[str, ...] | list[str]) -> None:
     """Apply these fixes in this process (idempotent)."""
-    for fix_id in ids:
-        if fix_id not in FIXES:
-            raise FixError(f"unknown fix {fix_id!r}")
-        FIXES[fix_id].apply()
+    with batched():
+        for fix_id in ids:
+            if fix_id not in FIXES:
+                raise FixError(f"unknown fix {fix_id!r}")
+            FIXES[fix_id].apply()
 
 
 def prepare(options: dict) -> Callable[[], None]:

@@ -139,7 +139,8 @@ class Fix:
             hunk.check(self.id)  # all or nothing: a stale hunk refuses before any is bound
         for hunk in self.hunks:
             if not hunk.carries(self.id):
-                rebind(hunk.current(), hunk.rebuilt((*hunk.applied(), (self.id, hunk.edits)), self.id))
+                rebind(hunk.current(), hunk.rebuilt((*hunk.applied(), (self.id, hunk.edits)), self.id),
+                       *target(hunk.module, hunk.qualname)[:2])
 
     def revert(self) -> None:
         """Bind the functions back without this fix's edits (other fixes' stay); a fix not applied changes nothing."""
