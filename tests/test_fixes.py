@@ -14,6 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from faults.crashstates import fs_ops
+from faults.spec import RecordFault
+from faults.strace import available as strace_available
+from harness.campaign.explore import shape_case
 from harness.campaign.fuzz import _round_fixes
 from harness.campaign.results import Campaign
 from harness.cli import main
@@ -21,7 +25,7 @@ from harness.fixes import FIXES, FixError, apply_fixes, own_fixes, resolve
 from harness.fixes.patch import Fix, Hunk, source_digest
 from harness.judging.judge import Judge
 from harness.ranks.runners import Runners
-from harness.sut import REGISTRY, framework_available
+from harness.sut import REGISTRY, adapter_class, framework_available
 from properties.model.case import Case, read_case_file
 from properties.model.verdicts import Excuse
 from properties.triage.known import explanations, read_known
@@ -484,3 +488,26 @@ def test_a_recompiled_function_keeps_its_modules_annotations() -> None:
 
 def _lazy_annotated(x: int) -> int:
     return x
+
+
+@needs_paddle
+@pytest.mark.skipif(not strace_available(), reason="needs strace with ptrace permitted")
+@pytest.mark.parametrize("fork", [False, True], ids=["launched", "forked"])
+def test_a_writer_the_framework_spawns_runs_the_ranks_fixes(fork: bool) -> None:
+    """Paddle's async save spawns a writer process per rank; with ``paddle-save-durable-replace`` on the ranks, the
+    writers' ``paddle.save`` is the fixed one too (each data file written to ``.tmp`` and renamed into place),
+    whether the ranks were launched or forked from the fork server."""
+    case = shape_case("paddle-dcp", adapter_class("paddle-dcp").capabilities, 2, "S", {"format": "pickle"})
+    ops = (dataclasses.replace(case.ops[0], use_async=True), *case.ops[1:])
+    case = dataclasses.replace(case, ops=ops, fault=RecordFault(op=0, capture=True))
+    judge = Judge(Runners("paddle-dcp", "pool", fixes=("paddle-save-durable-replace",)), exploring=fork)
+    try:
+        if fork:  # the first pool of a shape is a real launch: lose it, so the next one is forked
+            judge.runners.get(2, {}).ensure()
+            judge.runners.discard(judge.runners.get(2, {}), graceful=False)
+        _, outcome = judge(case)
+        assert outcome.trace is not None and outcome.trace[1] is not None
+        renames = {(op.path, op.new_path) for op in fs_ops(outcome.trace[1], outcome.trace[0]) if op.kind == "rename"}
+    finally:
+        judge.close()
+    assert {f"step-0/{r}_0.distcp" for r in range(2)} <= {new for old, new in renames if old == f"{new}.tmp"}, renames

@@ -4,6 +4,7 @@ that fixes it. Imports nothing of the harness above it; patches the framework on
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from collections.abc import Callable
 
@@ -11,8 +12,10 @@ from harness.fixes.patch import Fix, FixError
 from harness.fixes.reach import REACH_OPTION, Watched, watch
 from harness.fixes.rebind import batched
 
-__all__ = ["FIXED_BY", "FIXES", "Fix", "FixError", "apply_fixes", "covering", "own_fixes", "prepare", "resolve"]
+__all__ = ["CARRIED_VAR", "FIXED_BY", "FIXES", "Fix", "FixError", "apply_carried", "apply_fixes", "covering",
+           "own_fixes", "prepare", "resolve"]
 
+CARRIED_VAR = "CKPT_HARNESS_FIXES"  # a rank's fixes, for the processes its framework spawns
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 
 
@@ -71,13 +74,26 @@ def apply_fixes(ids: tuple[str, ...] | list[str]) -> None:
 
 
 def prepare(options: dict) -> Callable[[], None]:
-    """A rank's set-up options put in force before the framework runs: their fixes applied, and the functions the
-    fix table asks about watched (``harness.fixes.reach``). Returns what takes the watch off again."""
-    apply_fixes(options.get("fixes", ()))
+    """A rank's set-up options put in force before the framework runs: their fixes applied, here and in the
+    processes the framework spawns (``apply_carried``), and the functions the fix table asks about watched
+    (``harness.fixes.reach``). Returns what takes the watch off again."""
+    ids = tuple(options.get("fixes", ()))
+    apply_fixes(ids)
+    if ids:
+        os.environ[CARRIED_VAR] = ",".join(ids)
+    else:
+        os.environ.pop(CARRIED_VAR, None)
     reach = options.get(REACH_OPTION)
     if not reach:
         return lambda: None
     return watch(edits(reach["fixes"]), reach["dir"])
+
+
+def apply_carried() -> None:
+    """In a process the framework spawned from a rank (an async writer): the rank's fixes, applied before the
+    process unpickles its work. A spawned process imports the rank's main module again as ``__mp_main__``, which
+    calls this, so a fixed ``paddle.save`` is what a fixed rank's writer runs."""
+    apply_fixes([i for i in os.environ.get(CARRIED_VAR, "").split(",") if i])
 
 
 def edits(ids: list[str] | tuple[str, ...]) -> list[Watched]:

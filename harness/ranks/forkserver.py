@@ -263,7 +263,9 @@ def _child(inherited: list[Connection], request: dict) -> None:
 
         main = request.get("main", WORKER_MAIN)
         sys.argv = [main, *request["argv"]]
-        code = importlib.import_module(main).main(request["argv"])
+        module = importlib.import_module(main)
+        sys.modules["__main__"] = module  # what a process the SUT spawns imports again, as from a launched rank
+        code = module.main(request["argv"])
     except BaseException:  # the rank's log says why; the controller sees it exit
         import traceback
 

@@ -21,13 +21,16 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.fixes import prepare
+from harness.fixes import apply_carried, prepare
 from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rank_logs import route
 from harness.ranks.rankops import RankExecutor
 from harness.sut import adapter_class
 from harness.sut.base import SutAdapter
 from properties.model.case import Case
+
+if __name__ == "__mp_main__":  # a process the framework spawned imports this module again: it runs fixed too
+    apply_carried()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,10 +17,13 @@ from pathlib import Path
 if __package__ in (None, ""):  # started as a script by a framework launcher
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from harness.fixes import prepare
+from harness.fixes import apply_carried, prepare
 from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rankops import RankExecutor
 from harness.sut import adapter_class
+
+if __name__ == "__mp_main__":  # a process the framework spawned imports this module again: it runs fixed too
+    apply_carried()
 
 
 def rank_and_world() -> tuple[int, int]:
