@@ -21,7 +21,7 @@ from harness.campaign.explore import shape_case
 from harness.campaign.fuzz import _round_fixes
 from harness.campaign.results import Campaign
 from harness.cli import main
-from harness.fixes import FIXES, FixError, apply_fixes, own_fixes, resolve
+from harness.fixes import FIXES, FixError, apply_fixes, in_order, own_fixes, resolve, upstream_diff
 from harness.fixes.patch import Fix, Hunk, source_digest
 from harness.judging.judge import Judge
 from harness.ranks.runners import Runners
@@ -102,11 +102,12 @@ def test_resolve_spells_out_requirements() -> None:
 
 @pytest.mark.parametrize("fix_id", _per_fix(sorted(FIXES)))
 def test_a_fix_binds_everywhere_is_idempotent_and_reverts(fix_id: str) -> None:
-    fix = FIXES[fix_id]
+    """Applied with the fixes it requires (some edit a function as those leave it), then reverted in reverse."""
+    fix, order = FIXES[fix_id], in_order(resolve(fix_id))
     originals = [h.current() for h in fix.hunks]
     where = [_holders(f) for f in originals]
     try:
-        fix.apply()
+        apply_fixes(order)
         fix.apply()
         assert fix.applied()
         for hunk, original, held in zip(fix.hunks, originals, where):
@@ -114,7 +115,8 @@ def test_a_fix_binds_everywhere_is_idempotent_and_reverts(fix_id: str) -> None:
             assert patched is not original and patched.__ckpt_original__ is original
             assert _holders(original) == [] and _holders(patched) == held  # every module that held it
     finally:
-        fix.revert()
+        for fix_id_ in reversed(order):
+            FIXES[fix_id_].revert()
     assert not fix.applied()
     assert [h.current() for h in fix.hunks] == originals
     assert [_holders(f) for f in originals] == where
@@ -157,7 +159,7 @@ def test_a_stale_fix_refuses_and_says_why() -> None:
 
 @pytest.mark.parametrize("fix_id", _per_fix(sorted(FIXES)))
 def test_a_fix_reads_as_an_upstream_diff(fix_id: str) -> None:
-    diff = FIXES[fix_id].diff()
+    diff = upstream_diff(fix_id)
     files = [line for line in diff.splitlines() if line.startswith("+++ b/")]
     assert files and all(f.startswith(f"+++ b/{FIXES[fix_id].framework}/") for f in files), diff
     changed = [line for line in diff.splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")]

@@ -13,7 +13,7 @@ from harness.fixes.reach import REACH_OPTION, Watched, watch
 from harness.fixes.rebind import batched
 
 __all__ = ["CARRIED_VAR", "FIXED_BY", "FIXES", "Fix", "FixError", "apply_carried", "apply_fixes", "covering",
-           "own_fixes", "prepare", "resolve"]
+           "in_order", "own_fixes", "prepare", "resolve", "upstream_diff"]
 
 CARRIED_VAR = "CKPT_HARNESS_FIXES"  # a rank's fixes, for the processes its framework spawns
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
@@ -64,12 +64,36 @@ def covering(stem: str) -> tuple[str, ...]:
     return resolve(",".join(own)) if own else ()
 
 
+def in_order(ids: tuple[str, ...] | list[str]) -> list[str]:
+    """``ids`` in the order they apply: each after those of them it requires (a fix that requires another may edit
+    a function as that one leaves it); revert in the reverse order."""
+    unknown = [i for i in ids if i not in FIXES]
+    if unknown:
+        raise FixError(f"unknown fix {unknown[0]!r}")
+    order: list[str] = []
+
+    def after_requirements(fix_id: str) -> None:
+        if fix_id not in order:
+            for required in FIXES[fix_id].requires:
+                if required in ids:
+                    after_requirements(required)
+            order.append(fix_id)
+
+    for fix_id in ids:
+        after_requirements(fix_id)
+    return order
+
+
+def upstream_diff(fix_id: str) -> str:
+    """``fix_id``'s patch of the framework's source, as the fixes it requires leave that source."""
+    fix = FIXES[fix_id]
+    return fix.diff([FIXES[r] for r in in_order(resolve(",".join(fix.requires)))] if fix.requires else [])
+
+
 def apply_fixes(ids: tuple[str, ...] | list[str]) -> None:
-    """Apply these fixes in this process (idempotent)."""
+    """Apply these fixes in this process (idempotent), in ``in_order``'s order."""
     with batched():
-        for fix_id in ids:
-            if fix_id not in FIXES:
-                raise FixError(f"unknown fix {fix_id!r}")
+        for fix_id in in_order(ids):
             FIXES[fix_id].apply()
 
 

@@ -15,7 +15,7 @@ import difflib
 import importlib
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -93,15 +93,20 @@ class Hunk:
             source = _edited(source, edits, who, f"{self.module}.{self.qualname}")
         return source
 
-    def upstream_diff(self, root: Path, fix_id: str) -> str:
-        """The hunk as a unified diff of the source file, its path relative to the framework's package parent."""
+    def upstream_diff(self, root: Path, fix_id: str, base: tuple[tuple[str, Edits], ...] = ()) -> str:
+        """The hunk as a unified diff of the source file, its path relative to the framework's package parent;
+        ``base``: the edits of the fixes it requires there, already in the file it patches."""
         original = self.original()
         self.check(fix_id)
         path = Path(inspect.getsourcefile(original) or "")
-        lines = path.read_text().splitlines(True)
         source, first = inspect.getsourcelines(original)
-        patched = _edited("".join(source), self.edits, fix_id, self.qualname).splitlines(True)
-        after = lines[:first - 1] + patched + lines[first - 1 + len(source):]
+        file = path.read_text().splitlines(True)
+        before = "".join(source)
+        for who, edits in base:
+            before = _edited(before, edits, who, self.qualname)
+        patched = _edited(before, self.edits, fix_id, self.qualname).splitlines(True)
+        lines = file[:first - 1] + before.splitlines(True) + file[first - 1 + len(source):]
+        after = file[:first - 1] + patched + file[first - 1 + len(source):]
         rel = path.relative_to(root) if path.is_relative_to(root) else path
         return "".join(difflib.unified_diff(lines, after, f"a/{rel}", f"b/{rel}"))
 
@@ -148,7 +153,10 @@ class Fix:
             if hunk.carries(self.id):
                 rebind(hunk.current(), hunk.rebuilt(tuple(e for e in hunk.applied() if e[0] != self.id), self.id))
 
-    def diff(self) -> str:
-        """The change in upstream terms: a unified diff per hunk, paths as in the framework's source tree."""
+    def diff(self, required: Sequence[Fix] = ()) -> str:
+        """The change in upstream terms: a unified diff per hunk, paths as in the framework's source tree, of the
+        source as ``required`` (the fixes it requires, in the order they apply) leave it: it applies after them."""
         root = Path(importlib.import_module(self.framework).__file__ or "").parent.parent
-        return "".join(h.upstream_diff(root, self.id) for h in self.hunks)
+        return "".join(h.upstream_diff(root, self.id, tuple(
+            (r.id, other.edits) for r in required for other in r.hunks
+            if (other.module, other.qualname) == (h.module, h.qualname))) for h in self.hunks)

@@ -344,10 +344,8 @@ class _Zygotes:
 
 def _zygote(pipe: Connection, fixes: tuple[str, ...]) -> int:
     """A child of the server with ``fixes`` applied: forks the ranks of that set until the server closes its pipe."""
-    try:
-        from harness.fixes import apply_fixes
-
-        apply_fixes(fixes)
+    try:  # the first step of the worker's own set-up, whose module the server imported by name
+        importlib.import_module(WORKER_MAIN).prepare({"fixes": list(fixes)})
     except Exception as exc:  # the rank's own set-up would fail the same way: let it, with its log saying why
         pipe.send({"error": f"fixes not applied before the fork: {type(exc).__name__}: {exc}"})
         return 1

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.fixes import FIXES, covering, resolve
+from harness.fixes import FIXES, covering, in_order, resolve, upstream_diff
 from harness.fixes.patch import Fix, FixError
 from harness.fixes.script import fix_script
 
@@ -29,7 +29,7 @@ def candidate_fixes(stem: str, companions: tuple[str, ...] = ()) -> list[Fix]:
     """The regression case ``stem``'s fixes, those required first, and ``companions`` (other known bugs' fixes the
     repro's run needs, with what they require); none for a finding no known fix covers."""
     own = covering(stem)
-    return [FIXES[i] for i in resolve(",".join((*own, *companions)))] if own else []
+    return [FIXES[i] for i in in_order(resolve(",".join((*own, *companions))))] if own else []
 
 
 def write_candidate(out: Path, stem: str, title: str, companions: tuple[str, ...] = ()) -> dict | None:
@@ -42,7 +42,7 @@ def write_candidate(out: Path, stem: str, title: str, companions: tuple[str, ...
             (out / name).unlink(missing_ok=True)
         return None
     try:
-        script, diff = fix_script(fixes, title.splitlines()[0]), "".join(f.diff() for f in fixes)
+        script, diff = fix_script(fixes, title.splitlines()[0]), "".join(upstream_diff(f.id) for f in fixes)
     except (FixError, ImportError) as exc:  # stale here, or its framework is not installed where the repro is written
         return {"ids": [f.id for f in fixes], "error": f"{type(exc).__name__}: {exc}"}
     (out / "fix.py").write_text(script, encoding="utf-8")
@@ -71,5 +71,5 @@ def write_needs(out: Path, needed: list[str] | tuple[str, ...], title: str) -> t
              "repro.py calls ``apply()`` in every process before its first step, since on stock code the run stops "
              "at a known bug first. needs.diff is the same change as a patch of the framework's source.")
     (out / "needs.py").write_text(fix_script(fixes, title.splitlines()[0], about), encoding="utf-8")
-    (out / "needs.diff").write_text("".join(f.diff() for f in fixes), encoding="utf-8")
+    (out / "needs.diff").write_text("".join(upstream_diff(f.id) for f in fixes), encoding="utf-8")
     return ids

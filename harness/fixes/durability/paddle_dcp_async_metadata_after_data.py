@@ -1,0 +1,105 @@
+"""An async ``save_state_dict`` writes ``<unique_id>.metadata``, the only mark of a finished checkpoint, before it
+spawns the writers of the data: a writer that fails or is killed, or a power loss before the data reach the disk,
+leaves a checkpoint that looks finished and does not load. paddle-dcp-metadata-after-data orders the synchronous
+save only. Now the coordinator publishes the metadata from a thread that stands in the queue for its writer: once
+its own writer has ended well and every data file the metadata names is in place (each writer renames its file in
+whole, with paddle-save-durable-replace), it fsyncs those files, writes the metadata and fsyncs the directory and
+its parent. A file a peer never delivers within 30 s (a writer killed) fails the save, as its writer would have; a
+data file a crashed attempt left under the same name is removed before the ranks agree on the metadata, so it is
+never taken for this save's."""
+
+from harness.fixes.patch import Fix, Hunk
+
+_FSYNC_NAMES = (
+    "{i}# The names: the metadata's in path, path's own in its parent.\n"
+    "{i}for directory in (path, os.path.dirname(os.path.abspath(path))):\n"
+    "{i}    dir_fd = os.open(directory, os.O_RDONLY)\n"
+    "{i}    try:\n"
+    "{i}        os.fsync(dir_fd)\n"
+    "{i}    finally:\n"
+    "{i}        os.close(dir_fd)\n"
+)
+
+FIX = Fix(
+    id="paddle-dcp-async-metadata-after-data",
+    kind="fix",
+    framework="paddle",
+    version="3.3.1",
+    summary="async save_state_dict: metadata lands before the writers run; the coordinator publishes it after them",
+    hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.save_state_dict", "save_state_dict", "b0dc8b9a4979bca4", (
+        ("        logger.debug(f\"The checkpoint is saved to file_name:{file_name}\")\n",
+         "        logger.debug(f\"The checkpoint is saved to file_name:{file_name}\")\n"
+         "        if async_save and os.path.exists(os.path.join(path, file_name)):\n"
+         "            # A crashed attempt's file would pass for this save's with the\n"
+         "            # coordinator, which waits for every data file to be there.\n"
+         "            os.remove(os.path.join(path, file_name))\n"),
+        ("        if paddle.distributed.get_rank() == coordinator_rank:\n"
+         "            metadata_path = os.path.join(path, f\"{unique_id}.metadata\")\n"
+         "            paddle.save(metadata, f\"{metadata_path}.tmp\")\n"
+         "            os.replace(f\"{metadata_path}.tmp\", metadata_path)\n"
+         "\n"
+         "        if paddle.distributed.get_rank() == coordinator_rank:\n"
+         + _FSYNC_NAMES.format(i="            "),
+         "        def publish_metadata():\n"
+         "            metadata_path = os.path.join(path, f\"{unique_id}.metadata\")\n"
+         "            paddle.save(metadata, f\"{metadata_path}.tmp\")\n"
+         "            os.replace(f\"{metadata_path}.tmp\", metadata_path)\n"
+         + _FSYNC_NAMES.format(i="            ")
+         + "\n"
+         "        # An async save's metadata waits for its writers (below).\n"
+         "        if paddle.distributed.get_rank() == coordinator_rank and not async_save:\n"
+         "            publish_metadata()\n"),
+        ("            p = start_process()\n"
+         "            async_save_queue.append(p)\n",
+         "            p = start_process()\n"
+         "            if paddle.distributed.get_rank() == coordinator_rank:\n"
+         "                import threading\n"
+         "\n"
+         "                data_paths = [\n"
+         "                    os.path.join(path, name)\n"
+         "                    for name in sorted(set(metadata.storage_metadata.values()))\n"
+         "                ]\n"
+         "\n"
+         "                class MetadataAfterData(threading.Thread):\n"
+         "                    # The coordinator's writer as the queue sees it: done\n"
+         "                    # once every rank's data and then the metadata are.\n"
+         "                    def __init__(self, writer):\n"
+         "                        threading.Thread.__init__(self, daemon=True)\n"
+         "                        self.writer, self.pid = writer, writer.pid\n"
+         "                        self.exitcode = None\n"
+         "\n"
+         "                    def run(self):\n"
+         "                        self.writer.join()\n"
+         "                        code = self.writer.exitcode\n"
+         "                        deadline = time.time() + 30\n"
+         "                        while code == 0 and not all(\n"
+         "                            os.path.exists(data_path) for data_path in data_paths\n"
+         "                        ):\n"
+         "                            if time.time() > deadline:\n"
+         "                                logger.error(\n"
+         "                                    \"Error: data files missing after 30 s; \"\n"
+         "                                    \"the metadata is not written\"\n"
+         "                                )\n"
+         "                                code = 1\n"
+         "                            time.sleep(0.05)\n"
+         "                        try:\n"
+         "                            for data_path in data_paths if code == 0 else []:\n"
+         "                                data_fd = os.open(data_path, os.O_RDONLY)\n"
+         "                                try:\n"
+         "                                    os.fsync(data_fd)\n"
+         "                                finally:\n"
+         "                                    os.close(data_fd)\n"
+         "                            if code == 0:\n"
+         "                                publish_metadata()\n"
+         "                        except Exception as e:\n"
+         "                            logger.error(f\"Error: metadata not written: {e}\")\n"
+         "                            code = 1\n"
+         "                        self.exitcode = code\n"
+         "\n"
+         "                p = MetadataAfterData(p)\n"
+         "                p.start()\n"
+         "            async_save_queue.append(p)\n"),
+    )),),
+    covers=("paddle-dcp-async-writer-error-leaves-metadata",),
+    requires=("paddle-dcp-metadata-after-data",),
+)
