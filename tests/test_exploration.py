@@ -37,6 +37,18 @@ def test_the_place_walks_every_op_and_kind_of_every_shape_then_longer_shapes_the
     assert exploration.place == Place(passes=1)
 
 
+def test_a_place_kept_under_another_list_of_shapes_resumes_at_its_shape() -> None:
+    """A corpus place written before the SUT's shapes gained a letter (async saves) counts into the old list: the
+    exploration resumes at the shape it names, and a shape the list no longer has starts its length over."""
+    without_async = shapes(REFERENCE - {"async"}, 3)
+    kept = Place(max_len=3, shape=without_async.index("SST"), op=2, kind=1, index=5, at="SST")
+    exploration = Exploration("reference", REFERENCE, 2, place=kept)
+    assert exploration.shapes()[exploration.place.shape] == "SST" != without_async[exploration.place.shape]
+    assert (exploration.place.op, exploration.place.kind, exploration.place.index) == (2, 1, 5)
+    gone = Exploration("reference", REFERENCE - {"async"}, 2, place=Place(max_len=3, shape=9, op=1, at="SAS"))
+    assert (gone.place.shape, gone.place.op) == (0, 0)
+
+
 def test_a_kept_place_reads_back_and_a_damaged_one_starts_over(tmp_path: Path) -> None:
     path = place_file(tmp_path, "pkg.mod:Sut", 2, ("b", "a"))
     assert path == place_file(tmp_path, "pkg.mod:Sut", 2, ("a", "b")) != place_file(tmp_path, "pkg.mod:Sut", 2, ())

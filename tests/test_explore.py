@@ -33,10 +33,12 @@ BROKEN = "tests.suts.buggy:IndexFirstSut"  # publishes a checkpoint's index befo
 
 
 def test_shapes_start_with_a_save_and_use_only_what_the_sut_claims() -> None:
-    assert shapes(REFERENCE, 2) == ["S", "SS", "SR", "ST"]
-    assert len(shapes(REFERENCE, 3)) == 13
-    assert shapes(set(), 2) == ["S", "SS", "SR"]  # no rotation claimed
+    assert shapes(REFERENCE, 2) == ["S", "SS", "SR", "ST", "SA"]
+    assert len(shapes(REFERENCE, 3)) == 21
+    assert shapes(set(), 2) == ["S", "SS", "SR"]  # no rotation, no async save claimed
     assert len(shapes(set(), 3)) == 7
+    assert shapes({"async"}, 2) == ["S", "SS", "SR", "SA"]
+    assert shape_ops("SA", latest=False)[:2] == (Op("save", "step-0", 0), Op("save", "step-1", 1, use_async=True))
 
 
 def test_a_shape_ends_with_the_recovery_tail() -> None:

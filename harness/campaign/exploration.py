@@ -50,6 +50,7 @@ class Place:
     kind: int = 0
     index: int = 0
     passes: int = 0  # complete passes over every length
+    at: str = ""  # the shape ``shape`` counts to: a list of shapes that changed (a letter added) is found again
     judged: dict[str, dict[str, int]] = field(default_factory=dict)  # shape -> kind -> judged count
     totals: dict[str, dict[str, int]] = field(default_factory=dict)  # shape -> kind -> enumerated count
 
@@ -62,8 +63,8 @@ class Place:
         fields = {f.name: f.type for f in dataclasses.fields(cls)}
         place = cls(**{k: v for k, v in data.items() if k in fields})
         counts = (place.shape, place.op, place.kind, place.index, place.passes)
-        if not all(type(n) is int and n >= 0 for n in (*counts, place.max_len)):
-            raise TypeError("a place's counters are whole numbers")
+        if not all(type(n) is int and n >= 0 for n in (*counts, place.max_len)) or not isinstance(place.at, str):
+            raise TypeError("a place's counters are whole numbers, its shape a string")
         if not START_LEN <= place.max_len <= MAX_LEN or not isinstance(place.judged, dict) \
                 or not isinstance(place.totals, dict):
             raise ValueError(f"not a place of this explorer: {data}")
@@ -88,6 +89,18 @@ class Exploration:
         self._controls: dict[str, tuple[Case, Judgement]] = {}
         self._report: Callable[[Case, CrashResult], bool] | None = None
         self._stop = False  # the report asked the turn to end
+        self._realign()
+
+    def _realign(self) -> None:
+        """A kept place counts into the list of shapes it was written with: where the list changed (the SUT claims
+        an op it did not, or the explorer learnt a letter), it resumes at its shape, or starts that length over."""
+        place, every = self.place, self.shapes()
+        if place.shape < len(every) and every[place.shape] == (place.at or every[place.shape]):
+            return
+        if place.at in every:
+            place.shape = every.index(place.at)
+        else:
+            place.shape = place.op = place.kind = place.index = 0
 
     def shapes(self) -> list[str]:
         k, n = self.part
@@ -118,7 +131,7 @@ class Exploration:
     def _op(self, runners: Runners, confirm: CaseJudge | None, until: float) -> list[tuple[Case, CrashResult]]:
         """The current op's current kind, from the current index until done or ``until``; then the place moves."""
         place = self.place
-        shape = self.shapes()[place.shape]
+        shape = place.at = self.shapes()[place.shape]
         case, control = self._control(shape, runners)
         kind = self.kinds[place.kind]
         key = f"op {place.op} {kind}"

@@ -4,9 +4,10 @@ it in turn the fault op, and for each, every crash point (a SIGKILL at each sysc
 every power-loss state of its IO (faults.crashstates), each judged by the history checker.
 
 A *shape* is a string over ``S`` (save under a new name), ``R`` (re-save into the name saved last: a job resumed
-from an older step saves that step again; every SUT is asked, and one that cannot is a finding) and ``T``
-(``rotate`` keeping 1: SUTs claiming ``rotate``); it starts with ``S`` (a re-save or a rotation before any save
-means nothing). Its ops are followed by the recovery tail of the fault scenario
+from an older step saves that step again; every SUT is asked, and one that cannot is a finding), ``T`` (``rotate``
+keeping 1: SUTs claiming ``rotate``) and ``A`` (an async save under a new name, waited for within its op, so its
+writer's calls are the op's own: SUTs claiming ``async``); it starts with ``S`` (a re-save or a rotation before any
+save means nothing). Its ops are followed by the recovery tail of the fault scenario
 (properties.generate.fault_cases.fault_ops): after the faulted op the job restarts, the ops after it in the shape run,
 then the latest is loaded (where the SUT has one), every saved name by the version it should hold, and a new
 version is saved and loaded.
@@ -37,13 +38,14 @@ from properties.model.case import Case, Op, TensorCase
 from properties.model.verdicts import Judgement
 from reference.layout import Mesh, Replicate, Shard, Sharded
 
-LETTERS = {"S": "save", "R": "re-save", "T": "rotate"}
+LETTERS = {"S": "save", "R": "re-save", "T": "rotate", "A": "async save"}
 
 
 def alphabet(capabilities: Iterable[str]) -> str:
-    """The ops a SUT's shapes use: saves and re-saves always, rotations where it claims them."""
+    """The ops a SUT's shapes use: saves and re-saves always, rotations and async saves where it claims them (each
+    new letter last, so the shapes the others make keep their order)."""
     caps = set(capabilities)
-    return "SR" + ("T" if "rotate" in caps else "")
+    return "SR" + ("T" if "rotate" in caps else "") + ("A" if "async" in caps else "")
 
 
 def shapes(capabilities: Iterable[str], max_len: int) -> list[str]:
@@ -93,7 +95,7 @@ def shape_ops(shape: str, *, latest: bool) -> tuple[Op, ...]:
             ops.append(Op("rotate", keep=1))
             continue
         name = last if letter == "R" else f"step-{version}"
-        ops.append(Op("save", name, version))
+        ops.append(Op("save", name, version, use_async=letter == "A"))
         holds.pop(name, None)  # re-inserted: the dict stays in the order of each name's last save
         holds[name], last = version, name
     newest = len(ops)
