@@ -513,3 +513,27 @@ def test_a_writer_the_framework_spawns_runs_the_ranks_fixes(fork: bool) -> None:
     finally:
         judge.close()
     assert {f"step-0/{r}_0.distcp" for r in range(2)} <= {new for old, new in renames if old == f"{new}.tmp"}, renames
+
+
+NEEDED, OTHER = "paddle-dcp-balanced-split", "paddle-dcp-flatten-0d"  # two fixes that need neither the other
+
+
+def test_a_failure_stock_code_cannot_even_run_needs_the_fixes(monkeypatch) -> None:
+    """A failure met at a power-loss state that only the fixed code's IO has: stock code cannot run the case (the
+    state does not exist there), which shows nothing of the bug, so the finding needs the fixes, never "a bug of
+    stock code"."""
+    judge = Judge(Runners("reference", "in-process", fixes=(NEEDED, OTHER)))
+    failing = SimpleNamespace(ok=False)
+    runs: list[tuple[str, ...]] = []
+
+    def judged_with(case: Case, fixes: tuple[str, ...]):
+        runs.append(fixes)
+        return (failing, None) if NEEDED in fixes else None  # without NEEDED the recorded state is not there
+
+    monkeypatch.setattr(judge, "judged_with", judged_with)
+    monkeypatch.setattr(judge, "bucket", lambda case, judgement, outcome: SimpleNamespace(core="core"))
+    try:
+        assert judge.fixes_needed(None, "core") == (NEEDED,)
+    finally:
+        judge.close()
+    assert runs[:2] == [(), ()]  # stock code asked twice first, as for a racy pass

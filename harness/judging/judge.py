@@ -160,9 +160,9 @@ class Judge:
         theirs; the report says which fixes."""
         applied = tuple(self.runners.fixes)
 
-        def fails_alike(fixes: tuple[str, ...]) -> bool:
-            judged = self.judged_with(case, fixes)
-            return judged is None or (not judged[0].ok and self.bucket(case, *judged).core == core)
+        def fails_alike(fixes: tuple[str, ...]) -> bool:  # a case these fixes cannot run (a state their IO lacks)
+            judged = self.judged_with(case, fixes)     # shows nothing of the bug
+            return judged is not None and not judged[0].ok and self.bucket(case, *judged).core == core
 
         if not applied or fails_alike(()) or fails_alike(()):
             return ()
