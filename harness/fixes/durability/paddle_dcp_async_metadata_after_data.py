@@ -4,9 +4,10 @@ leaves a checkpoint that looks finished and does not load. paddle-dcp-metadata-a
 save only. Now the coordinator publishes the metadata from a thread that stands in the queue for its writer: once
 its own writer has ended well and every data file the metadata names is in place (each writer renames its file in
 whole, with paddle-save-durable-replace), it fsyncs those files, writes the metadata and fsyncs the directory and
-its parent. A file a peer never delivers within 30 s (a writer killed) fails the save, as its writer would have; a
-data file a crashed attempt left under the same name is removed before the ranks agree on the metadata, so it is
-never taken for this save's."""
+its parent. A data file counts as delivered once it is another file than the one under its name when the save
+began (the ranks exchange what those were): a finished version's or a crashed attempt's file is never taken for
+this save's, and is left alone. A file a peer never delivers within 30 s (a writer killed) fails the save, as its
+writer would have."""
 
 from harness.fixes.patch import Fix, Hunk
 
@@ -29,10 +30,25 @@ FIX = Fix(
     hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.save_state_dict", "save_state_dict", "b0dc8b9a4979bca4", (
         ("        logger.debug(f\"The checkpoint is saved to file_name:{file_name}\")\n",
          "        logger.debug(f\"The checkpoint is saved to file_name:{file_name}\")\n"
-         "        if async_save and os.path.exists(os.path.join(path, file_name)):\n"
-         "            # A crashed attempt's file would pass for this save's with the\n"
-         "            # coordinator, which waits for every data file to be there.\n"
-         "            os.remove(os.path.join(path, file_name))\n"),
+         "\n"
+         "        def file_identity(file_path):\n"
+         "            try:\n"
+         "                st = os.stat(file_path)\n"
+         "            except FileNotFoundError:\n"
+         "                return None\n"
+         "            return (st.st_ino, st.st_mtime_ns, st.st_size)\n"
+         "\n"
+         "        # Every rank's data file before this save: an async save's metadata\n"
+         "        # waits until each has been replaced (a finished version's or a\n"
+         "        # crashed attempt's file under the name is not this save's).\n"
+         "        files_before = {file_name: file_identity(os.path.join(path, file_name))}\n"
+         "        if async_save and use_dist:\n"
+         "            gathered_files = []\n"
+         "            paddle.distributed.all_gather_object(\n"
+         "                gathered_files, files_before, process_group\n"
+         "            )\n"
+         "            for entry in gathered_files:\n"
+         "                files_before.update(entry)\n"),
         ("        if paddle.distributed.get_rank() == coordinator_rank:\n"
          "            metadata_path = os.path.join(path, f\"{unique_id}.metadata\")\n"
          "            paddle.save(metadata, f\"{metadata_path}.tmp\")\n"
@@ -55,10 +71,8 @@ FIX = Fix(
          "            if paddle.distributed.get_rank() == coordinator_rank:\n"
          "                import threading\n"
          "\n"
-         "                data_paths = [\n"
-         "                    os.path.join(path, name)\n"
-         "                    for name in sorted(set(metadata.storage_metadata.values()))\n"
-         "                ]\n"
+         "                data_files = sorted(set(metadata.storage_metadata.values()))\n"
+         "                data_paths = [os.path.join(path, name) for name in data_files]\n"
          "\n"
          "                class MetadataAfterData(threading.Thread):\n"
          "                    # The coordinator's writer as the queue sees it: done\n"
@@ -73,7 +87,9 @@ FIX = Fix(
          "                        code = self.writer.exitcode\n"
          "                        deadline = time.time() + 30\n"
          "                        while code == 0 and not all(\n"
-         "                            os.path.exists(data_path) for data_path in data_paths\n"
+         "                            file_identity(os.path.join(path, name))\n"
+         "                            not in (None, files_before.get(name))\n"
+         "                            for name in data_files\n"
          "                        ):\n"
          "                            if time.time() > deadline:\n"
          "                                logger.error(\n"
