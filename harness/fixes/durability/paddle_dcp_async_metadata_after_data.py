@@ -2,8 +2,8 @@
 spawns the writers of the data: a writer that fails or is killed, or a power loss before the data reach the disk,
 leaves a checkpoint that looks finished and does not load. paddle-dcp-metadata-after-data orders the synchronous
 save only. Now the coordinator publishes the metadata from a thread that stands in the queue for its writer: once
-its own writer has ended well and every data file the metadata names is in place (each writer renames its file in
-whole, with paddle-save-durable-replace), it fsyncs those files, writes the metadata and fsyncs the directory and
+its own writer has ended well and every rank's data file is in place (each writer renames its file in whole, with
+paddle-save-durable-replace), it fsyncs those files, writes the metadata and fsyncs the directory and
 its parent. A data file counts as delivered once it is another file than the one under its name when the save
 began (the ranks exchange what those were): a finished version's or a crashed attempt's file is never taken for
 this save's, and is left alone. A file a peer never delivers within 30 s (a writer killed) fails the save, as its
@@ -71,7 +71,9 @@ FIX = Fix(
          "            if paddle.distributed.get_rank() == coordinator_rank:\n"
          "                import threading\n"
          "\n"
-         "                data_files = sorted(set(metadata.storage_metadata.values()))\n"
+         "                # Every rank's file, also one whose tensors all went to\n"
+         "                # other ranks' files: what the save writes is on disk.\n"
+         "                data_files = sorted(files_before)\n"
          "                data_paths = [os.path.join(path, name) for name in data_files]\n"
          "\n"
          "                class MetadataAfterData(threading.Thread):\n"
