@@ -51,7 +51,11 @@ from properties.triage.buckets import Bucket
 LEFT_OUT_HITS = 3
 # The explorer's share of each round of a fault campaign (the rest: the properties' turns). Bounded-exhaustive
 # exploration finds crash bugs drawn fault cases rarely meet, so it gets time from the first round on.
-EXPLORE_SHARE = 0.4
+EXPLORE_SHARE = 0.3
+# In a fault campaign the fault properties, as a group, get this many times the seconds of the fault-free ones: a
+# fault case costs seconds where a fault-free one costs milliseconds, and the fault-free properties have a job of
+# their own (the README's main job); they keep a share, since a fault may set off a bug no fault needs.
+FAULT_WEIGHT = 3.0
 MIN_SLICE, MAX_SLICE = 5.0, 30.0  # seconds of one property's turn (a quarter of its share of the campaign)
 # Seconds of shrinking per new bucket: a tenth of the campaign, within these bounds. A short campaign meeting
 # several unknown bugs must not spend itself shrinking them (each failing Paddle case may cost a relaunch); a long
@@ -328,12 +332,13 @@ def _slice(campaign: Campaign, prop: str | None = None) -> float:
 
 
 def _weight(campaign: Campaign, prop: str) -> float:
-    """In a fault campaign the fault properties, as a group, get the time its fault-free properties get: fault
-    cases are the slow ones, and what the campaign was started for. 1 for every other property."""
+    """In a fault campaign the fault properties, as a group, get ``FAULT_WEIGHT`` times the time its fault-free
+    properties get: fault cases are the slow ones, and what the campaign was started for. 1 for every other
+    property."""
     fault = [p for p in campaign.properties if REGISTRY[p].fault]
     if not campaign.faults or prop not in fault:
         return 1.0
-    return max(1.0, (len(campaign.properties) - len(fault)) / len(fault))
+    return max(1.0, FAULT_WEIGHT * (len(campaign.properties) - len(fault)) / len(fault))
 
 
 def _round_seconds(campaign: Campaign) -> float:
