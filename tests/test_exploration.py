@@ -13,9 +13,12 @@ from faults import strace
 from faults.spec import RecordFault, StateFault
 from harness.campaign.exploration import MAX_LEN, START_LEN, Exploration, Place, keep_place, place_file, read_place
 from harness.campaign.explore import shapes
+from harness.campaign.fuzz import FAULT_WEIGHT, _round_order, _slice
+from harness.campaign.results import Campaign
 from harness.cli import main
 from harness.sut import adapter_class
 from properties.model.case import read_case_file
+from properties.registry import REGISTRY
 
 needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
 REFERENCE = frozenset(adapter_class("reference").capabilities)
@@ -165,3 +168,17 @@ def test_explorer_options_that_cannot_run_are_one_line_exit_2(tmp_path: Path, ca
     code = main(["fuzz", "--sut", "reference", "--time", "5", "--out", str(tmp_path / "out"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
+
+
+def test_a_fault_campaign_gives_its_fault_properties_the_first_and_largest_turns() -> None:
+    """Fault properties as a group get FAULT_WEIGHT times the fault-free properties' seconds per round, and open
+    each round: a round the deadline cuts short cuts the fault-free ones (they have the main job of their own)."""
+    props = ["P-ROUNDTRIP", "P-ATOMIC", "P-EDGE", "P-NOLOSS", "P-FLAT", "P-LIVENESS"]
+    campaign = Campaign("reference", 2, props, 600.0, 1, faults=True)
+    order = _round_order(campaign)
+    fault = [p for p in props if REGISTRY[p].fault]
+    assert order == [*fault, *(p for p in props if p not in fault)]
+    group = {f: sum(_slice(campaign, p) for p in props if (p in fault) == f) for f in (True, False)}
+    assert group[True] == pytest.approx(FAULT_WEIGHT * group[False])
+    plain = Campaign("reference", 2, props, 600.0, 1)
+    assert _round_order(plain) == props and len({_slice(plain, p) for p in props}) == 1

@@ -190,7 +190,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
         run.left_out, run.hits_before = _round_fixes(campaign, judge_case.runners, turn), Counter(judge_case.known_hits)
         with ExitStack() as round_fixes:
             round_fixes.enter_context(_fixes_left_out(judge_case, run.left_out))
-            for n, prop in enumerate(campaign.properties):
+            for n, prop in enumerate(_round_order(campaign)):
                 if time.monotonic() >= deadline or campaign.done():
                     break
                 if campaign.capped(prop):
@@ -325,10 +325,19 @@ def _tally(judge_case: Judge, campaign: Campaign) -> None:
 
 
 def _slice(campaign: Campaign, prop: str | None = None) -> float:
-    """Seconds per property turn: short enough that every property gets several turns in a short campaign; a
-    fault campaign's fault properties get ``_weight`` of them."""
-    base = max(MIN_SLICE, min(MAX_SLICE, campaign.seconds / (4 * max(1, len(campaign.properties)))))
+    """Seconds per property turn: short enough that every property gets several turns (about four rounds) in a
+    short campaign; a fault campaign's fault properties get ``_weight`` of them."""
+    weights = sum(_weight(campaign, p) for p in campaign.properties) or 1.0
+    base = max(MIN_SLICE, min(MAX_SLICE, campaign.seconds / (4 * weights)))
     return base * (_weight(campaign, prop) if prop is not None else 1.0)
+
+
+def _round_order(campaign: Campaign) -> list[str]:
+    """The properties in the order of a round: in a fault campaign the fault properties first (what it was started
+    for; a round the deadline cuts short cuts the fault-free ones, which have a job of their own)."""
+    if not campaign.faults:
+        return list(campaign.properties)
+    return sorted(campaign.properties, key=lambda p: not REGISTRY[p].fault)
 
 
 def _weight(campaign: Campaign, prop: str) -> float:
