@@ -74,7 +74,7 @@ def test_a_fault_campaign_explores_from_the_first_round_and_resumes_from_the_cor
     corpus = tmp_path / "corpus"
     keep_place(place_file(corpus, BROKEN, 2, (), ("state",)), Place(index=120))
     out = tmp_path / "one"
-    # 20 s: the explorer's 40 % first checks the save's IO order, then judges states; on a loaded machine a
+    # 20 s: the explorer's 30 % first checks the save's IO order, then judges states; on a loaded machine a
     # state's replay may not recur, so it needs room for a few
     code = main(["fuzz", "--sut", BROKEN, "--faults", "--time", "20", "--launch", "in-process", "--no-repro",
                  "--property", "P-ROUNDTRIP", "--seed", "1", "--corpus", str(corpus), "--out", str(out)])
@@ -88,7 +88,8 @@ def test_a_fault_campaign_explores_from_the_first_round_and_resumes_from_the_cor
     kept = read_place(place_file(corpus, BROKEN, 2, (), ("state",)))
     assert kept is not None and (kept.shape, kept.kind, kept.index) > (0, 0, 120)
     again = tmp_path / "two"
-    main(["fuzz", "--sut", BROKEN, "--faults", "--time", "6", "--launch", "in-process", "--no-repro",
+    # 10 s: the explorer's 3 s judge a state or two on a loaded machine
+    main(["fuzz", "--sut", BROKEN, "--faults", "--time", "10", "--launch", "in-process", "--no-repro",
           "--property", "P-ROUNDTRIP", "--seed", "2", "--corpus", str(corpus), "--out", str(again)])
     later = read_place(place_file(corpus, BROKEN, 2, (), ("state",)))
     assert later is not None and later.passes == 0
