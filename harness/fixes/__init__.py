@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import sys
 from collections.abc import Callable
 
 from harness.fixes.patch import Fix, FixError
@@ -13,7 +14,7 @@ from harness.fixes.reach import REACH_OPTION, Watched, watch
 from harness.fixes.rebind import batched
 
 __all__ = ["CARRIED_VAR", "FIXED_BY", "FIXES", "Fix", "FixError", "apply_carried", "apply_fixes", "covering",
-           "in_order", "own_fixes", "prepare", "resolve", "upstream_diff"]
+           "imports_nothing", "in_order", "own_fixes", "prepare", "resolve", "upstream_diff"]
 
 CARRIED_VAR = "CKPT_HARNESS_FIXES"  # a rank's fixes, for the processes its framework spawns
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
@@ -82,6 +83,12 @@ def in_order(ids: tuple[str, ...] | list[str]) -> list[str]:
     for fix_id in ids:
         after_requirements(fix_id)
     return order
+
+
+def imports_nothing(ids: tuple[str, ...] | list[str]) -> bool:
+    """Every module these fixes patch is imported in this process already: applying them here runs no module's
+    import-time code (which may read a rank's environment this process does not have)."""
+    return all(h.module in sys.modules for i in ids for h in FIXES[i].hunks)
 
 
 def upstream_diff(fix_id: str) -> str:

@@ -7,7 +7,8 @@ only, no device, no process group) and forks fresh rank processes on request; ea
 scratch (its process group included), exactly as a launched rank does. Ranks whose set-up applies fixes
 (``harness.fixes``) are forked from a child of the server that applied that set of fixes once (a zygote): applying
 thirty fixes rebuilds their functions from source, seconds of CPU that every rank would pay again; applying them
-is idempotent, so the rank's own set-up finds them in force.
+is idempotent, so the rank's own set-up finds them in force. Only fixes of modules the preload imported are applied
+there: importing a module may read the environment, and the server's is not a rank's (PaddleFormers' fixes).
 
 What each rank gets from the framework's launcher is learned from a real launch of the same shape (``Template``):
 its environment, with every loopback port and the pool's directory replaced by those of the new pool. So a forked
@@ -345,6 +346,10 @@ class _Zygotes:
 def _zygote(pipe: Connection, fixes: tuple[str, ...]) -> int:
     """A child of the server with ``fixes`` applied: forks the ranks of that set until the server closes its pipe."""
     try:  # the first step of the worker's own set-up, whose module the server imported by name
+        registry = sys.modules["harness.fixes"]  # imported with it
+        if not registry.imports_nothing(fixes):  # a module's import-time code would read the server's environment
+            pipe.send({"error": "the fixes patch modules the framework's preload does not import"})
+            return 0
         importlib.import_module(WORKER_MAIN).prepare({"fixes": list(fixes)})
     except Exception as exc:  # the rank's own set-up would fail the same way: let it, with its log saying why
         pipe.send({"error": f"fixes not applied before the fork: {type(exc).__name__}: {exc}"})
