@@ -95,7 +95,7 @@ class Exploration:
         """A kept place counts into the list of shapes it was written with: where the list changed (the SUT claims
         an op it did not, or the explorer learnt a letter), it resumes at its shape, or starts that length over."""
         place, every = self.place, self.shapes()
-        if place.shape < len(every) and every[place.shape] == (place.at or every[place.shape]):
+        if place.shape < len(every) and place.at in ("", every[place.shape]):  # "": a place of no shape yet
             return
         if place.at in every:
             place.shape = every.index(place.at)
