@@ -37,7 +37,20 @@ def test_the_place_walks_every_op_and_kind_of_every_shape_then_longer_shapes_the
     every = [(n, s, op, k) for n in range(START_LEN, MAX_LEN + 1) for s in shapes(REFERENCE, n)
              for op in range(len(s)) for k in ("kill", "state")]
     assert seen == every
-    assert exploration.place == Place(passes=1)
+    assert exploration.place == Place(passes=1, at=shapes(REFERENCE, START_LEN)[0])
+
+
+def test_a_place_kept_after_a_shape_is_done_resumes_at_the_next_shape() -> None:
+    """The place a campaign keeps once it moved past a shape names the shape it stands at: the next campaign
+    goes on from there, not back to the shape it finished."""
+    exploration = Exploration("reference", REFERENCE, 2, kinds=("state",))
+    exploration.place.at = exploration.shapes()[0]  # as judging its first op sets it
+    while exploration.place.shape == 0:
+        exploration._advance(len(exploration.shapes()[exploration.place.shape]))
+    kept = Place.from_json(json.loads(json.dumps(exploration.place.to_json())))
+    resumed = Exploration("reference", REFERENCE, 2, kinds=("state",), place=kept)
+    assert (resumed.place.shape, resumed.place.op) == (1, 0)
+    assert resumed.shapes()[resumed.place.shape] == kept.at
 
 
 def test_a_place_kept_under_another_list_of_shapes_resumes_at_its_shape() -> None:

@@ -41,7 +41,8 @@ FAULTS: dict[str, Fault] = {
     "kill": KillFault(op=1, syscall="write", k=1, path=RANK1_DATA, rank=1),
     "error": ErrorFault(op=1, syscall="write", k=1, path=RANK1_DATA, rank=1, errno="ENOSPC"),
     "fsize": FsizeFault(op=1, limit=64),
-    "kill-when": KillWhenFault(op=1, rank=1, file_appears=".staging-step-1-*/rank-00001.safetensors"),
+    # at once: a file trigger polls, and a staging file that lives a few milliseconds can be missed under load
+    "kill-when": KillWhenFault(op=1, rank=1, delay=0.0),
     "stall": StallFault(op=1, rank=1, delay=0.0, duration=600.0),
     "power": PowerFault(op=1, index=0),
     "corrupt": CorruptFault(op=1, seed=1, corruption="truncate", region="any"),

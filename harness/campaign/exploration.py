@@ -213,14 +213,14 @@ class Exploration:
         if place.op < ops:
             return
         place.op, place.shape = 0, place.shape + 1
-        if place.shape < len(self.shapes()):
-            return
-        place.shape = 0
-        if place.max_len < MAX_LEN:
-            place.max_len += 1
-        else:
-            place.max_len, place.passes = START_LEN, place.passes + 1
-            place.judged, place.totals = {}, {}
+        if place.shape >= len(self.shapes()):
+            place.shape = 0
+            if place.max_len < MAX_LEN:
+                place.max_len += 1
+            else:
+                place.max_len, place.passes = START_LEN, place.passes + 1
+                place.judged, place.totals = {}, {}
+        place.at = self.shapes()[place.shape]  # a kept place names the shape it stands at, not the one it left
 
     def summary(self) -> dict:
         """What the summary and report show: this campaign's judged points and states, their rate, where the
