@@ -113,7 +113,7 @@ class Tables:
                 stock, core = self._judged(judge, case, finding, "stock, unwatched")
             known = alone if isinstance(alone, dict) else {}
             outcomes = {}
-            for fix_id in hit if alone else ():
+            for fix_id in hit if alone is not False else ():  # {}: none known yet, every one runs
                 if fix_id in known:
                     outcomes[fix_id] = known[fix_id]
                     continue
