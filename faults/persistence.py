@@ -11,8 +11,9 @@ Two rules, over the op's file-system ops (faults/fsmodel.FsOp, in completion ord
   fsynced and every entry it created (files, directories, renames) its directory fsynced.
 
 ``sync`` makes everything durable. A name shorter than ``MIN_NAME`` characters is not looked for (too many chance
-matches). Files the op writes and later unlinks (temporaries) are not required to be durable, and a record the op
-removes before it returns (a scratch manifest in a private directory) vouches for nothing.
+matches), and a bare name resolves from the record's directory. Files the op writes and later unlinks
+(temporaries) are not required to be durable, and a record the op removes before it returns (a scratch manifest
+in a private directory) vouches for nothing.
 """
 
 from __future__ import annotations
@@ -224,15 +225,28 @@ def _named_before_written(trace: _Trace, events: list[tuple[int, str, bytes, FsO
     out = []
     for path, inode in sorted(trace.names.items()):
         first = trace.first_write.get(id(inode))
-        name = os.path.basename(path)
-        if first is None or inode.is_dir or id(inode) in trace.gone or len(name) < MIN_NAME:
+        if first is None or inode.is_dir or id(inode) in trace.gone:
             continue
         for n, record, content, op, record_id in events:
-            if n < first and record != path and name.encode() in content and (record, path) not in seen:
+            if n < first and record != path and _named(record, content, path) and (record, path) not in seen:
                 seen.add((record, path))
                 out.append(OrderViolation(RECORD_BEFORE_DATA, path, f"{path}: named before it is written", record,
                                           (_call(op), _call(ops[first])), record_id))
     return out
+
+
+def _named(record: str, content: bytes, path: str) -> bool:
+    """Whether ``record``'s bytes name ``path``. A name resolves from the record's own directory: a bare file name
+    names a file there or below (an index beside its shards, ``latest`` beside the steps), not a file of the same
+    name in a sibling directory (each family's metadata names its own ``0_0.distcp``); a file elsewhere is named
+    by its path from the record's directory, or from the root."""
+    name = os.path.basename(path)
+    if len(name) < MIN_NAME or name.encode() not in content:
+        return False
+    home = os.path.dirname(record)
+    if not home or path.startswith(home + "/"):
+        return True
+    return os.path.relpath(path, home).encode() in content or path.encode() in content
 
 
 def _path_of(trace: _Trace, inode: _Inode, fallback: str) -> str:
@@ -250,8 +264,7 @@ def _vouching(trace: _Trace, op: FsOp, record: str, n: int, seen: set) -> list[O
         other = trace.names[path]
         if path == record or other is inode or id(other) in trace.gone or record.startswith(path + "/"):
             continue  # itself, gone, or a directory it lies in
-        name = os.path.basename(path)
-        if len(name) < MIN_NAME or name.encode() not in content:
+        if not _named(record, content, path):
             continue
         if not other.is_dir and trace.first_write.get(id(other), n) >= n:
             continue  # a file the record could not vouch for: not written (by this op) before it

@@ -162,6 +162,27 @@ def test_a_record_naming_data_not_yet_written_is_reported_under_its_final_name()
     assert _rules(saved(["0.metadata.tmp.tmp", "0.metadata.tmp"])) == one
 
 
+def test_a_bare_name_names_a_file_beside_the_record_not_one_in_a_sibling_directory() -> None:
+    """One save of split families: each family directory gets its own data file and metadata, one after the other.
+    The model's metadata names ``0_0.distcp``, its own file, not the EMA family's file of the same name written
+    after it; a metadata that names a sibling's file by its path from its directory still vouches for it."""
+    def saved(model_names: bytes) -> list[FsOp]:
+        t = _Ops()
+        for family in ("model", "ema"):
+            t.add("mkdir", f"step-1/{family}")
+            t.dir_fsync("step-1")
+        for family, names in (("model", model_names), ("ema", b"...0_0.distcp...")):
+            t.file(f"step-1/{family}/0_0.distcp", b"\x06" * 16)
+            t.dir_fsync(f"step-1/{family}")
+            t.file(f"step-1/{family}/0.metadata", names)
+            t.dir_fsync(f"step-1/{family}")
+        return t.ops
+
+    assert _rules(saved(b"...0_0.distcp...")) == set()
+    assert _rules(saved(b"...0_0.distcp ../ema/0_0.distcp...")) == {
+        (RECORD_BEFORE_DATA, "step-1/model/0.metadata", "step-1/ema/0_0.distcp")}
+
+
 def test_an_entry_never_made_durable_is_reported_at_return() -> None:
     t = _Ops()
     t.file("model.pdparams", b"\x04" * 8)  # data fsynced, but the directory never is

@@ -12,13 +12,18 @@ writer would have."""
 from harness.fixes.patch import Fix, Hunk
 
 _FSYNC_NAMES = (
-    "{i}# The names: the metadata's in path, path's own in its parent.\n"
-    "{i}for directory in (path, os.path.dirname(os.path.abspath(path))):\n"
+    "{i}# The names: the metadata\'s in path, and each directory\'s in its\n"
+    "{i}# parent up to the file system\'s root (makedirs may have made several).\n"
+    "{i}directory = os.path.abspath(path)\n"
+    "{i}while True:\n"
     "{i}    dir_fd = os.open(directory, os.O_RDONLY)\n"
     "{i}    try:\n"
     "{i}        os.fsync(dir_fd)\n"
     "{i}    finally:\n"
     "{i}        os.close(dir_fd)\n"
+    "{i}    if os.path.ismount(directory):\n"
+    "{i}        break\n"
+    "{i}    directory = os.path.dirname(directory)\n"
 )
 
 FIX = Fix(

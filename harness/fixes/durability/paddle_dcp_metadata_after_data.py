@@ -24,13 +24,18 @@ FIX = Fix(
          "\n"
          "        if async_save:\n",
          "        if paddle.distributed.get_rank() == coordinator_rank:\n"
-         "            # The names: the metadata's in path, path's own in its parent.\n"
-         "            for directory in (path, os.path.dirname(os.path.abspath(path))):\n"
+         "            # The names: the metadata\'s in path, and each directory\'s in its\n"
+         "            # parent up to the file system\'s root (makedirs may have made several).\n"
+         "            directory = os.path.abspath(path)\n"
+         "            while True:\n"
          "                dir_fd = os.open(directory, os.O_RDONLY)\n"
          "                try:\n"
          "                    os.fsync(dir_fd)\n"
          "                finally:\n"
          "                    os.close(dir_fd)\n"
+         "                if os.path.ismount(directory):\n"
+         "                    break\n"
+         "                directory = os.path.dirname(directory)\n"
          "\n"
          "        if async_save:\n"),
         ("        logger.debug(f\"metadata:{metadata}\")\n",
