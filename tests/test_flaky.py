@@ -98,7 +98,7 @@ def test_a_campaign_reports_its_flaky_failures_and_goes_on(tmp_path) -> None:
     judge = FirstRunDies(Runners("reference", "in-process"), exploring=True)
     try:
         campaign = fuzz(judge, Campaign("reference", 1, ["P-ROUNDTRIP"], 60.0, 0, mode="in-process",
-                                                 cases_per_property=3),
+                                        cases_per_property=3),
                         frozenset(adapter_class("reference").capabilities))
     finally:
         judge.close()

@@ -12,8 +12,8 @@ writer would have."""
 from harness.fixes.patch import Fix, Hunk
 
 _FSYNC_NAMES = (
-    "{i}# The names: the metadata\'s in path, and each directory\'s in its\n"
-    "{i}# parent up to the file system\'s root (makedirs may have made several).\n"
+    "{i}# The names: the metadata's in path, and each directory's in its\n"
+    "{i}# parent up to the mount point (makedirs may have made several).\n"
     "{i}directory = os.path.abspath(path)\n"
     "{i}while True:\n"
     "{i}    dir_fd = os.open(directory, os.O_RDONLY)\n"

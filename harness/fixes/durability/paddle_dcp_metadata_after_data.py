@@ -24,8 +24,8 @@ FIX = Fix(
          "\n"
          "        if async_save:\n",
          "        if paddle.distributed.get_rank() == coordinator_rank:\n"
-         "            # The names: the metadata\'s in path, and each directory\'s in its\n"
-         "            # parent up to the file system\'s root (makedirs may have made several).\n"
+         "            # The names: the metadata's in path, and each directory's in its\n"
+         "            # parent up to the mount point (makedirs may have made several).\n"
          "            directory = os.path.abspath(path)\n"
          "            while True:\n"
          "                dir_fd = os.open(directory, os.O_RDONLY)\n"
