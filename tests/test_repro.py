@@ -198,7 +198,7 @@ def test_a_kill_of_async_writers_becomes_kill_then_wait_and_the_job_restarts() -
     text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
     assert "run('step 1: SIGKILL the writers of the detached saves (the trainer goes on)', kill_writers, 256)" in text
-    assert "def kill_writers(after_bytes=0, timeout=60):" in text and "multiprocessing.active_children()" in text
+    assert "def kill_writers(after_bytes=None, timeout=60):" in text and "multiprocessing.active_children()" in text
     assert "timeout -k 10 180 " in run_sh(scripted)  # its op bound (60 s) twice over plus start-up, not 300 s
     paddle = dataclasses.replace(case, sut="paddle-save", options={})
     with pytest.raises(ReproUnsupported, match="cannot find its writers"):

@@ -55,13 +55,7 @@ class RankExecutor:
             self.kill(pending)
         except NotImplementedError:
             self.release()
-            for handle in pending:
-                try:
-                    self.adapter.wait(handle)
-                except FATAL:
-                    raise
-                except BaseException:  # the job is dying anyway: its writers' errors go nowhere
-                    pass
+            self._settle(pending)
 
     def rank_tensors(self, which: str, version: int, zeros: bool) -> dict[str, RankTensor]:
         assert self.case is not None
@@ -116,7 +110,7 @@ class RankExecutor:
                 self._wait_pending()
             elif op.kind == "kill":
                 pending, self.pending = self.pending, []
-                self.kill(pending)
+                self.kill(pending, settled=True)
             elif op.kind == "resume":
                 self.release()
             elif op.kind == "rotate":
@@ -141,13 +135,28 @@ class RankExecutor:
         attempt = sum(1 for op in self.case.ops[:index] if op.kind == "save" and op.name == name)
         return {**self.case.options, "save_attempt": attempt} if attempt else self.case.options
 
-    def kill(self, pending: list[Any]) -> None:
+    def kill(self, pending: list[Any], settled: bool = False) -> None:
         """SIGKILL the writers of these saves: held processes where they stand, then (held threads let go, which
-        the SUT's own kill must stop) the SUT's kill."""
+        the SUT's own kill must stop) the SUT's kill. ``settled`` (the ``kill`` op, where the trainer goes on):
+        with no writer held, the kill lands once the writers have finished their files (a long-lived writer dies
+        idle, waiting for the next save), so how far a free writer got is decided by the case (its ``stall``), not
+        sampled from the scheduler. A crash of the job kills writers wherever they are."""
         if "kill_writer" not in self.adapter.capabilities:
             raise NotImplementedError(f"{self.adapter.name} cannot kill the writers of its async saves")
+        if settled and not self.holds:
+            self._settle(pending)
         self.release(kill=True)
         self.adapter.kill_pending(pending)
+
+    def _settle(self, pending: list[Any]) -> None:
+        """Let these saves' writers finish; their errors go nowhere, as the kill that follows would lose them."""
+        for handle in pending:
+            try:
+                self.adapter.wait(handle)
+            except FATAL:
+                raise
+            except BaseException:
+                pass
 
     def release(self, kill: bool = False) -> None:
         """Let held writers go on (``kill``: SIGKILL held processes first; threads cannot be killed)."""

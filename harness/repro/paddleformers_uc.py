@@ -203,10 +203,16 @@ LOAD = '''def load(name, pieces):
 KILL_WRITERS = '''import signal  # noqa: E402
 
 
-def kill_writers():
+def kill_writers(after_bytes=None, timeout=60):
     """SIGKILL UC's writer processes, as the OOM killer or a crash would, and reap them; the trainer itself goes on.
+    ``None``: once they have finished their files (a writer dies idle, waiting for the next save); otherwise at once.
     Says which were in the middle of a file (their flag still 1)."""
-    handler = async_handler()
+    handler, deadline = async_handler(), time.monotonic() + timeout
+    for _, flag_name, process_name in WRITERS if handler is not None and after_bytes is None else ():
+        flag, process = getattr(handler, flag_name, None), getattr(handler, process_name, None)
+        watched = flag is not None and process is not None
+        while watched and flag[0] > 0 and process.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
     for kind, flag_name, process_name in WRITERS if handler is not None else ():
         process, flag = getattr(handler, process_name, None), getattr(handler, flag_name, None)
         if process is not None and process.is_alive():

@@ -387,7 +387,7 @@ def _call(step: Step) -> str:
 def _action(step: Step) -> str:
     """The step's action and its arguments, as ``run`` and ``crash_step`` both take them."""
     if step.kind == "kill":
-        return "kill_writers" + (f", {step.after_bytes}" if step.after_bytes else "")
+        return "kill_writers" + (f", {step.after_bytes}" if step.after_bytes is not None else "")
     if step.kind == "check":
         return f"check_recorded, {step.name!r}"
     if step.kind == "resume":

@@ -95,7 +95,9 @@ class Step:
     why: str = ""
     crash: Crash | None = None  # the rank making this call is killed in the step, and the launch ends with it
     also: tuple[tuple[str, int], ...] = ()  # a load: other saves' tables it may rightly give (a re-save was killed)
-    after_bytes: int = 0  # a kill of writers: once they have handed this many bytes to write() (the fault's trigger)
+    # A kill of writers: once they have handed this many bytes to write() (a kill-when fault's trigger); None, the
+    # harness's kill op: once they have finished their files, as the harness kills writers no hold stopped.
+    after_bytes: int | None = None
     hold: bool = False  # a save whose writers are held from the start until a resume step (the harness's stall)
     may_fail: bool = False  # a load of a name whose only save was killed part-way, or whose files were damaged since:
     # an error is right, wrong bits not

@@ -100,9 +100,16 @@ def written(pid):
         return int(next(line for line in f if line.startswith("wchar:")).split()[1])
 
 
-def kill_writers(after_bytes=0, timeout=60):
+def kill_writers(after_bytes=None, timeout=60):
     """SIGKILL this rank's child processes — dcp.async_save's "process" executor writes in one — once they have
-    written ``after_bytes`` bytes (mid-save), as the OOM killer would, and reap them; the rank itself goes on."""
+    written ``after_bytes`` bytes (mid-save), as the OOM killer would, and reap them; the rank itself goes on.
+    ``None``: once the pending saves have finished (their errors lost with the writers)."""
+    if after_bytes is None:
+        for future in PENDING:
+            try:
+                future.result(timeout=timeout)
+            except Exception:
+                pass
     children, deadline = multiprocessing.active_children(), time.monotonic() + timeout
     while after_bytes and sum(written(c.pid) for c in children) < after_bytes and time.monotonic() < deadline:
         time.sleep(0.001)
