@@ -1,6 +1,7 @@
 """A pickled checkpoint file keeps a float8 tensor as int8 (numpy has no float8), and the local load assigns that
-int8 tensor into the caller's float8 one, which becomes int8. The metadata records each tensor's dtype: the file
-tensor is viewed as that dtype before it is assigned."""
+int8 tensor into the caller's float8 one, which becomes int8. The metadata records each tensor's dtype: an int8
+file tensor recorded as float8 is viewed (contiguous first: a saved expanded tensor keeps stride 0) as that dtype
+before it is assigned; any other dtype is left to the assignment, as before."""
 
 from harness.fixes.patch import Fix, Hunk
 
@@ -14,7 +15,7 @@ FIX = Fix(
         ("        source_tensor = source_tensor.to(local_tensor.place)\n",
          "        source_tensor = source_tensor.to(local_tensor.place)\n"
          "        dtype = _metadata_manager.get_metadata_list()[0].state_dict_metadata[key][0].dtype\n"
-         "        if str(source_tensor.dtype).split(\".\")[-1] != dtype:\n"
-         "            source_tensor = source_tensor.view(getattr(paddle, dtype))\n"),)),),
+         "        if source_tensor.dtype == paddle.int8 and dtype.startswith(\"float8\"):\n"
+         "            source_tensor = source_tensor.contiguous().view(getattr(paddle, dtype))\n"),)),),
     covers=("paddle-dcp-fp8-local-load-becomes-int8",),
 )

@@ -6,6 +6,7 @@ patch of the framework's source."""
 
 import __future__
 
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -14,6 +15,9 @@ import sys
 import textwrap
 import types
 from collections.abc import Callable, Iterator
+
+EDITS_ATTR = "__ckpt_fixes__"  # on a patched function: ((fix id, edits), ...) in the order they were applied
+ORIGINAL_ATTR = "__ckpt_original__"  # ... and the framework's own function it replaces
 
 
 def source_digest(text: str) -> str:
@@ -46,11 +50,51 @@ def compiled(original: Callable, source: str, owner: object, filename: str) -> C
     return func
 
 
-def rebind(old: Callable, new: Callable) -> None:
-    """Every module attribute and class attribute that is ``old`` becomes ``new``."""
+_pending: list | None = None  # inside batched(): the (old, new) pairs still to be bound beyond their owners
+
+
+@contextlib.contextmanager
+def batched() -> Iterator[None]:
+    """Rebinds made inside take effect where each function is defined at once, and everywhere else in one scan of
+    the loaded modules when the outermost block ends: with a framework loaded a scan costs tens of milliseconds,
+    and a rank applies dozens of fixes."""
+    global _pending
+    if _pending is not None:
+        yield
+        return
+    _pending = []
+    try:
+        yield
+    finally:
+        pending, _pending = _pending, None
+        _rebind_all(pending)
+
+
+def rebind(old: Callable, new: Callable, owner: object = None, name: str = "") -> None:
+    """Every module attribute and class attribute that is ``old`` becomes ``new``; inside ``batched()``, where
+    ``owner`` (the module or class defining it) holds it as ``name`` at once, and elsewhere when the block ends."""
+    if _pending is None or owner is None:
+        _rebind_all([(old, new)])
+        return
+    namespace = vars(owner) if isinstance(owner, types.ModuleType) else _ClassNamespace(owner)
+    if namespace.get(name) is old:
+        _set(namespace, name, new)
+    _pending.append((old, new))
+
+
+def _rebind_all(pairs: list) -> None:
+    """One scan binding each ``old`` of ``pairs`` to the last function it was replaced by (a function patched
+    twice in a batch goes from the original to the second version)."""
+    final: dict[int, Callable] = {}
+    for old, new in pairs:  # the pairs hold every old function alive, so ids stay unique meanwhile
+        for key, value in final.items():
+            if value is old:
+                final[key] = new
+        final[id(old)] = new
     for namespace in _namespaces():
         for name, value in list(namespace.items()):
-            if value is old:
+            new = final.get(id(value))
+            if new is not None and new is not value:
                 _set(namespace, name, new)
 
 
@@ -120,8 +164,8 @@ PATCHES = [
         source_tensor = source_state_dict[key]
         source_tensor = source_tensor.to(local_tensor.place)
         dtype = _metadata_manager.get_metadata_list()[0].state_dict_metadata[key][0].dtype
-        if str(source_tensor.dtype).split(".")[-1] != dtype:
-            source_tensor = source_tensor.view(getattr(paddle, dtype))
+        if source_tensor.dtype == paddle.int8 and dtype.startswith("float8"):
+            source_tensor = source_tensor.contiguous().view(getattr(paddle, dtype))
         paddle.assign(source_tensor, local_tensor)
 '''),
 ]

@@ -1,12 +1,13 @@
 """paddle-dcp: silent-corruption in P-ATOMIC (paddle-dcp-resave-crash-mixes-versions)
 
-The candidate fix (paddle-dcp-latest-unique-id, paddle-dcp-metadata-after-data, paddle-dcp-metadata-replace, paddle-
-dcp-resave-new-version, paddle-save-durable-replace), written by ckpt-harness: ``bash run.sh --with-fix`` runs the
-repro with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change as a
-patch of the framework's source."""
+The candidate fix (paddle-dcp-latest-unique-id, paddle-dcp-metadata-replace, paddle-save-durable-replace, paddle-
+dcp-metadata-after-data, paddle-dcp-resave-new-version), written by ckpt-harness: ``bash run.sh --with-fix`` runs
+the repro with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change
+as a patch of the framework's source."""
 
 import __future__
 
+import contextlib
 import hashlib
 import importlib
 import inspect
@@ -15,6 +16,9 @@ import sys
 import textwrap
 import types
 from collections.abc import Callable, Iterator
+
+EDITS_ATTR = "__ckpt_fixes__"  # on a patched function: ((fix id, edits), ...) in the order they were applied
+ORIGINAL_ATTR = "__ckpt_original__"  # ... and the framework's own function it replaces
 
 
 def source_digest(text: str) -> str:
@@ -47,11 +51,51 @@ def compiled(original: Callable, source: str, owner: object, filename: str) -> C
     return func
 
 
-def rebind(old: Callable, new: Callable) -> None:
-    """Every module attribute and class attribute that is ``old`` becomes ``new``."""
+_pending: list | None = None  # inside batched(): the (old, new) pairs still to be bound beyond their owners
+
+
+@contextlib.contextmanager
+def batched() -> Iterator[None]:
+    """Rebinds made inside take effect where each function is defined at once, and everywhere else in one scan of
+    the loaded modules when the outermost block ends: with a framework loaded a scan costs tens of milliseconds,
+    and a rank applies dozens of fixes."""
+    global _pending
+    if _pending is not None:
+        yield
+        return
+    _pending = []
+    try:
+        yield
+    finally:
+        pending, _pending = _pending, None
+        _rebind_all(pending)
+
+
+def rebind(old: Callable, new: Callable, owner: object = None, name: str = "") -> None:
+    """Every module attribute and class attribute that is ``old`` becomes ``new``; inside ``batched()``, where
+    ``owner`` (the module or class defining it) holds it as ``name`` at once, and elsewhere when the block ends."""
+    if _pending is None or owner is None:
+        _rebind_all([(old, new)])
+        return
+    namespace = vars(owner) if isinstance(owner, types.ModuleType) else _ClassNamespace(owner)
+    if namespace.get(name) is old:
+        _set(namespace, name, new)
+    _pending.append((old, new))
+
+
+def _rebind_all(pairs: list) -> None:
+    """One scan binding each ``old`` of ``pairs`` to the last function it was replaced by (a function patched
+    twice in a batch goes from the original to the second version)."""
+    final: dict[int, Callable] = {}
+    for old, new in pairs:  # the pairs hold every old function alive, so ids stay unique meanwhile
+        for key, value in final.items():
+            if value is old:
+                final[key] = new
+        final[id(old)] = new
     for namespace in _namespaces():
         for name, value in list(namespace.items()):
-            if value is old:
+            new = final.get(id(value))
+            if new is not None and new is not value:
                 _set(namespace, name, new)
 
 
@@ -418,13 +462,18 @@ PATCHES = [
             os.replace(f"{metadata_path}.tmp", metadata_path)
 
         if paddle.distributed.get_rank() == coordinator_rank:
-            # The names: the metadata's in path, path's own in its parent.
-            for directory in (path, os.path.dirname(os.path.abspath(path))):
+            # The names: the metadata's in path, and each directory's in its
+            # parent up to the mount point (makedirs may have made several).
+            directory = os.path.abspath(path)
+            while True:
                 dir_fd = os.open(directory, os.O_RDONLY)
                 try:
                     os.fsync(dir_fd)
                 finally:
                     os.close(dir_fd)
+                if os.path.ismount(directory):
+                    break
+                directory = os.path.dirname(directory)
 
         if async_save:
             cpu_state_dict = copy_dict_to_cpu(local_state_dict)
@@ -453,19 +502,6 @@ PATCHES = [
 
             p = start_process()
             async_save_queue.append(p)
-'''),
-    ('paddle.distributed.flex_checkpoint.dcp.utils', 'get_max_id', '80193346889c3fc3',
-     r'''def get_max_id(path):
-    numbers = [0]
-    pattern = re.compile(r"^(\d+)_(\d+)\.distcp$")
-    files = os.listdir(path)
-    for file in files:
-        match = pattern.match(file)
-        if match and os.path.exists(
-            os.path.join(path, f"{match.group(2)}.metadata")
-        ):
-            numbers.append(int(match.group(2)))
-    return max(numbers) if numbers else None
 '''),
     ('paddle.framework.io', 'save', '26f7ea7d15b0cc46',
      'def save(\n    obj: _StateDict | NestedStructure[Tensor] | Program,\n    path: str | BytesIO,\n    protocol: Literal[2, 3, 4] = 4,\n    **configs: Unpack[_SaveOptions],\n) -> None:\n    \'\'\'\n    Save an object to the specified path.\n\n    Note:\n        Now supports saving ``state_dict`` of Layer/Optimizer, Tensor and nested structure containing Tensor, Program.\n\n    Note:\n        Different from ``paddle.jit.save``, since the save result of ``paddle.save`` is a single file,\n        there is no need to distinguish multiple saved files by adding a suffix. The argument ``path``\n        of ``paddle.save`` will be directly used as the saved file name instead of a prefix.\n        In order to unify the saved file name format, we recommend using the paddle standard suffix:\n        1. for ``Layer.state_dict`` , recommend to use ``.pdparams`` ;\n        2. for ``Optimizer.state_dict`` , recommend to use ``.pdopt`` .\n        For specific examples, please refer to API code examples.\n\n    Args:\n        obj(Object) : The object to be saved.\n        path(str|BytesIO) : The path/buffer of the object to be saved.\n          If saved in the current directory, the input path string will be used as the file name.\n        protocol(int, optional): The protocol version of pickle module must be greater than 1 and less than 5.\n                                 Default: 4\n        **configs(dict, optional): optional keyword arguments. The following options are currently supported:\n          use_binary_format(bool): When the saved object is static graph variable, you can specify ``use_binary_for_var``.\n          If True, save the file in the c++ binary format when saving a single static graph variable; otherwise, save it in pickle format.\n          Default: False\n\n    Returns:\n        None\n\n    Examples:\n        .. code-block:: python\n            :name: code-example-1\n\n            >>> # example 1: dynamic graph\n            >>> import paddle\n            >>> emb = paddle.nn.Embedding(10, 10)\n            >>> layer_state_dict = emb.state_dict()\n\n            >>> # save state_dict of emb\n            >>> paddle.save(layer_state_dict, "emb.pdparams")\n\n            >>> scheduler = paddle.optimizer.lr.NoamDecay(\n            ...     d_model=100, warmup_steps=100, verbose=True)\n            >>> adam = paddle.optimizer.Adam(\n            ...     learning_rate=scheduler,\n            ...     parameters=emb.parameters())\n            >>> opt_state_dict = adam.state_dict()\n\n            >>> # save state_dict of optimizer\n            >>> paddle.save(opt_state_dict, "adam.pdopt")\n            >>> # save weight of emb\n            >>> paddle.save(emb.weight, "emb.weight.pdtensor")\n\n        .. code-block:: python\n            :name: code-example-2\n\n            >>> # example 2: Save multiple state_dict at the same time\n            >>> import paddle\n            >>> from paddle import nn\n            >>> from paddle.optimizer import Adam\n\n            >>> layer = paddle.nn.Linear(3, 4)\n            >>> adam = Adam(learning_rate=0.001, parameters=layer.parameters())\n            >>> obj = {\'model\': layer.state_dict(), \'opt\': adam.state_dict(), \'epoch\': 100}\n            >>> path = \'example/model.pdparams\'\n            >>> paddle.save(obj, path)\n\n        .. code-block:: python\n            :name: code-example-3\n\n            >>> # example 3: static graph\n            >>> import paddle\n            >>> import paddle.static as static\n\n            >>> paddle.enable_static()\n\n            >>> # create network\n            >>> x = paddle.static.data(name="x", shape=[None, 224], dtype=\'float32\')\n            >>> z = paddle.static.nn.fc(x, 10)\n\n            >>> place = paddle.CPUPlace()\n            >>> exe = paddle.static.Executor(place)\n            >>> exe.run(paddle.static.default_startup_program())\n            >>> prog = paddle.static.default_main_program()\n            >>> for var in prog.list_vars():\n            ...     if list(var.shape) == [224, 10]:\n            ...         tensor = var.get_value()\n            ...         break\n\n            >>> # save/load tensor\n            >>> path_tensor = \'temp/tensor.pdtensor\'\n            >>> paddle.save(tensor, path_tensor)\n\n            >>> # save/load state_dict\n            >>> path_state_dict = \'temp/model.pdparams\'\n            >>> paddle.save(prog.state_dict("param"), path_tensor)\n\n        .. code-block:: python\n            :name: code-example-4\n\n            >>> # example 4: save program\n            >>> import paddle\n\n            >>> paddle.enable_static()\n\n            >>> data = paddle.static.data(\n            ...     name=\'x_static_save\', shape=(None, 224), dtype=\'float32\')\n            >>> y_static = z = paddle.static.nn.fc(data, 10)\n            >>> main_program = paddle.static.default_main_program()\n            >>> path = "example/main_program.pdmodel"\n            >>> paddle.save(main_program, path)\n\n        .. code-block:: python\n            :name: code-example-5\n\n            >>> # example 5: save object to memory\n            >>> from io import BytesIO\n            >>> import paddle\n            >>> from paddle.nn import Linear\n            >>> paddle.disable_static()\n\n            >>> linear = Linear(5, 10)\n            >>> state_dict = linear.state_dict()\n            >>> byio = BytesIO()\n            >>> paddle.save(state_dict, byio)\n            >>> paddle.seed(2023)\n            >>> tensor = paddle.randn([2, 3], dtype=\'float32\')\n            >>> paddle.save(tensor, byio)\n\n    \'\'\'\n    if _is_file_path(path):\n        # 1. input check\n        filename = os.path.basename(path)\n        if filename == "":\n            raise ValueError(\n                "The input path MUST be format of dirname/filename "\n                "[dirname\\\\filename in Windows system], but received "\n                "filename is empty string."\n            )\n\n        # 2. save object\n        dirname = os.path.dirname(path)\n        if dirname and not os.path.exists(dirname):\n            os.makedirs(dirname, exist_ok=True)\n    elif not _is_memory_buffer(path):\n        raise ValueError(\n            f"only supports saving objects to file and `BytesIO`, but got {type(path)}"\n        )\n\n    config = _parse_save_config(configs)\n\n    if not isinstance(config.use_binary_format, bool):\n        raise TypeError(\n            f"Type of `use_binary_format` should be bool, but received {type(config.use_binary_format)}."\n        )\n\n    if config.use_binary_format:\n        _save_binary_var(obj, path)\n    else:\n        # `protocol` needs to be used, `pickle_protocol` is a deprecated arg.\n        if config.pickle_protocol is not None:\n            protocol = config.pickle_protocol\n            warnings.warn(\n                "\'pickle_protocol\' is a deprecated argument. Please use \'protocol\' instead."\n            )\n\n        if isinstance(obj, paddle.static.Program):\n            if in_pir_mode():\n                paddle.core.serialize_pir_program(obj, path)\n            else:\n                obj.desc.flush()\n                with _open_file_buffer(path, "wb") as f:\n                    f.write(obj.desc.serialize_to_string())\n\n        elif _is_state_dict(obj):\n            if in_dygraph_mode():\n                if config.safetensors:\n                    _safe_save(obj, path)\n                else:\n                    _legacy_save(obj, path, protocol)\n            else:\n                _legacy_static_save(obj, path, protocol)\n        elif _is_file_path(path):\n            tmp_path = f"{path}.tmp"\n            with open(tmp_path, \'wb\') as f:\n                _pickle_save(obj, f, protocol)\n                f.flush()\n                os.fsync(f.fileno())\n            os.replace(tmp_path, path)\n            # The names: the file\'s in its directory, the directory\'s (made above\n            # when it was missing) in its parent.\n            dir_path = os.path.dirname(os.path.abspath(path))\n            for directory in (dir_path, os.path.dirname(dir_path)):\n                dir_fd = os.open(directory, os.O_RDONLY)\n                try:\n                    os.fsync(dir_fd)\n                finally:\n                    os.close(dir_fd)\n        else:\n            with _open_file_buffer(path, \'wb\') as f:\n                _pickle_save(obj, f, protocol)\n'),
@@ -541,6 +577,19 @@ PATCHES = [
     else:
         with _open_file_buffer(path, 'wb') as f:
             pickle.dump(saved_obj, f, protocol=protocol)
+'''),
+    ('paddle.distributed.flex_checkpoint.dcp.utils', 'get_max_id', '80193346889c3fc3',
+     r'''def get_max_id(path):
+    numbers = [0]
+    pattern = re.compile(r"^(\d+)_(\d+)\.distcp$")
+    files = os.listdir(path)
+    for file in files:
+        match = pattern.match(file)
+        if match and os.path.exists(
+            os.path.join(path, f"{match.group(2)}.metadata")
+        ):
+            numbers.append(int(match.group(2)))
+    return max(numbers) if numbers else None
 '''),
 ]
 
