@@ -79,6 +79,20 @@ _FD = re.compile(r"^(AT_FDCWD|-?\d+)(?:<(.*)>)?(\(deleted\))?$", re.S)
 _RES = re.compile(r"^(-?\d+)(?:<(.*)>)?(\(deleted\))?")
 _CWD = re.compile(r"AT_FDCWD<(.*?)>")
 _AT_FDCWD = -100
+#: Calls that touch the root without naming it: syncs of every file system, and the cwd relative paths resolve in.
+_ROOTLESS = frozenset(("sync", "syncfs", "chdir", "fchdir"))
+
+
+def _unrooted(args: str) -> bool:
+    """Whether an argument is a quoted string that is no absolute path (a relative path, or a write's data): such a
+    call is always parsed. ``str.find`` rather than a regular expression: a traced run has tens of thousands."""
+    i = 0 if args.startswith('"') else args.find(', "')
+    while i >= 0:
+        start = i + 1 if i == 0 and args.startswith('"') else i + 3
+        if not (args.startswith("/", start) or args.startswith("\\x2f", start)):
+            return True
+        i = args.find(', "', start)
+    return False
 
 
 def _unescape(s: str) -> bytes:
@@ -134,6 +148,9 @@ class _Parser:
     def __init__(self, root: str) -> None:
         r = os.path.normpath(os.path.abspath(root))
         self.roots = tuple(dict.fromkeys((r, os.path.realpath(r))))
+        # The root as strace prints it in a path or an fd's annotation: plain, or every byte in hex (``-xx``).
+        self.marks = tuple(dict.fromkeys(m for r in self.roots for m in (r, "".join(f"\\x{b:02x}" for b in
+                                                                                  os.fsencode(r)))))
         self.cwd: dict[int, str] = {}
         self.last_cwd: str | None = None
         self.descs: dict[tuple[int, str], _Desc] = {}
@@ -212,10 +229,20 @@ class _Parser:
         m = _CWD.match(c.args)
         if m:
             self.cwd[c.pid] = self.last_cwd = os.fsdecode(_unescape(m.group(1)))
+        if not self.concerns(c):
+            return
         res = c.result.strip()
         if c.killed or not _RES.match(res) or res.startswith("-"):
             return  # killed (took no effect) or failed
         handler(self, _split_args(c.args))
+
+    def concerns(self, c: Syscall) -> bool:
+        """Whether the call may touch the root: it names a path or an fd under it, a path relative to a cwd, or
+        none at all (``_ROOTLESS``). Most calls of a traced run are the framework's imports and logs (a spawned
+        writer imports its framework again): they are passed over before their arguments are split."""
+        if any(m in c.args or m in c.result for m in self.marks) or c.name in _ROOTLESS:
+            return True
+        return _unrooted(c.args)
 
     def on_open(self, a: list[str]) -> None:
         name = self.c.name
@@ -439,11 +466,17 @@ def fs_ops(recording: Recording | Sequence[Syscall], root: str | os.PathLike[str
     effect; everything outside ``root`` is ignored. Raises :class:`FaultSpecError` naming the call when a written
     buffer was cut off by the capture limit or the call cannot be expressed (see the module docstring).
     """
+    key = os.fspath(root)
+    if isinstance(recording, Recording) and key in recording.fs_ops_by_root:
+        return list(recording.fs_ops_by_root[key])
     calls = recording.all_calls if isinstance(recording, Recording) else list(recording)
-    parser = _Parser(os.fspath(root))
+    parser = _Parser(key)
     for seq, c in enumerate(calls):
         parser.feed(seq, c)
-    return parser.finish()
+    ops = parser.finish()
+    if isinstance(recording, Recording):
+        recording.fs_ops_by_root[key] = tuple(ops)
+    return ops
 
 
 # A random temporary name (Python's tempfile, the Rust tempfile crate safetensors writes through): another name in

@@ -98,6 +98,9 @@ class Recording:
     stderr_tail: str
     timed_out: bool
     duration_s: float
+    #: The file-system ops under a root parsed from ``all_calls`` (faults.crashstates.fs_ops), by root: the crash
+    #: states and the persistence-order check of one recording read the same ones.
+    fs_ops_by_root: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
 @dataclass

@@ -231,9 +231,11 @@ class Traced:
         from faults.crashstates import materialize
 
         with runners.warm():
-            yield from self._run_states(states, runners, batch, materialize)
+            yield from self.run_states_on(states, runners, materialize, batch)
 
-    def _run_states(self, states: list, runners: RunnerSet, batch: int, materialize: Callable) -> Iterator[CrashResult]:
+    def run_states_on(self, states: list, runners: RunnerSet, materialize: Callable,
+                      batch: int = 64) -> Iterator[CrashResult]:
+        """``run_states`` on the runners as they are (a warm pass around it, or none)."""
         for start in range(0, len(states), batch):
             ready: list[tuple[object, Path, str | None]] = []
             for state in states[start:start + batch]:
@@ -365,6 +367,26 @@ def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runn
             results.append(_confirm(result, dataclasses.replace(t.case, fault=fault), confirm))
         if on_result is not None:
             on_result(n, results[-1])
+
+
+def judge_alone(t: Traced, drawn: Fault, index: int, runners: RunnerSet) -> CrashResult:
+    """The ``index``-th concrete fault a drawn fault may name here (Traced.concrete's order), judged on the traced
+    run: a crash point's op runs from the copy of the root before it, a power-loss state is materialised from the
+    recorded IO, and the ops after it run. Neither the ops before the fault op nor a traced run of the op itself
+    are repeated. Not a warm pass: the runners' own rules hold (no spares stocked for it, no failed ranks kept), so
+    a drawn fault case costs what one case costs; a failure here is replayed as its own case before it counts."""
+    if isinstance(drawn, PowerFault):
+        from faults.crashstates import materialize
+
+        state = list(t.states())[index]
+        return next(t.run_states_on([state], runners, materialize))
+    fault = t.concrete(drawn)[index]
+    description = f"{fault.syscall} #{fault.k} on {fault.path}"
+    try:
+        judgement, outcome = t.run_point(fault, runners)
+    except Exception as exc:  # e.g. strace could not attach: the caller replays it as its own case
+        return CrashResult(fault, description, None, error=f"{type(exc).__name__}: {exc}")
+    return CrashResult(fault, description, judgement, outcome.fault or {})
 
 
 def judge_crash_states(t: Traced, states: list, runners: RunnerSet, confirm: CaseJudge | None = None,

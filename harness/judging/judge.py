@@ -15,7 +15,7 @@ from collections import Counter
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault, RecordFault
 from harness.fixes import FIXED_BY, FIXES, own_fixes
-from harness.judging.fault_runs import Traced, judge_crash_states, judge_points, traced
+from harness.judging.fault_runs import Traced, judge_alone, judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.persistence_order import order_judgement
 from harness.judging.run import run_case
@@ -251,10 +251,12 @@ class Judge:
         return check_diff(case, outcome, ref), outcome
 
     def _drawn(self, case: Case) -> tuple[Judgement, Outcome]:
-        """A drawn fault, judged as the concrete fault it picks from a recording of this very case; where the case
-        has at most ``exhaustive`` crash points (or states) of that kind, every one of them is judged on warm ranks
-        (from the drawn one on) and the first whose replay as its own case fails is the finding. The recording
-        is also judged against the durability contract (``Outcome.order``), apart from the verdict."""
+        """A drawn fault, judged as the concrete fault it picks from a recording of this very case, on that
+        recording (fault_runs.judge_alone: the ops before it and the traced op are not run again); only a failure
+        there is replayed as its own case, which decides. Where the case has at most ``exhaustive`` crash points
+        (or states) of that kind, every one of them is judged on warm ranks (from the drawn one on) and the first
+        whose replay as its own case fails is the finding. The recording is also judged against the durability
+        contract (``Outcome.order``), apart from the verdict."""
         with traced(case, self.runners) as t:
             record = dataclasses.replace(case, fault=RecordFault(op=t.op, capture=True))
             broken = order_judgement(record, t.outcome)
@@ -269,7 +271,10 @@ class Judge:
                              excuse=Excuse.SKIPPED), Outcome(case.sut)
         first = case.fault.index % len(faults)
         if len(faults) > self.exhaustive:
-            return self._concrete(dataclasses.replace(case, fault=faults[first]))
+            alone = judge_alone(t, case.fault, first, self.runners)
+            if alone.judged and alone.judgement.ok:
+                return alone.judgement, Outcome(case.sut, resolved_fault=faults[first])
+            return self._concrete(dataclasses.replace(case, fault=faults[first]))  # a failure decides as its own case
         if isinstance(case.fault, PowerFault):
             states = list(t.states())
             results = judge_crash_states(t, states[first:] + states[:first], self.runners)

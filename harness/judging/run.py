@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from faults.errors import FaultSpecError
-from faults.spec import StallFault
+from faults.spec import RecordFault, StallFault
 from harness.judging.inject import ArmedFault
 from harness.ranks.rankops import unpack
 from harness.ranks.runner import PoolFailure, Runner, RunnerSet
@@ -47,7 +47,9 @@ def run_ops(case: Case, runners: RunnerSet, root: Path, indices: Iterable[int], 
 
     ``live``: for a caller that grows a case op by op (a state machine) — the runners begun so far, kept begun
     across calls so in-flight async saves survive, and ended by that caller (``runner.end()``) when it is done."""
-    job = _Job(case, runners, root, outcome, [] if live is None else live)
+    indices = list(indices)
+    job = _Job(case, runners, root, outcome, [] if live is None else live,
+               last=indices[-1] if indices and live is None else None)
     for runner in job.active:  # the case has grown since they began: hand them the new ops (nothing else changes)
         runner.begin(case.to_json(), str(root))
     first = len(outcome.records)
@@ -73,6 +75,7 @@ class _Job:
     root: Path
     outcome: Outcome
     active: list[Runner]
+    last: int | None = None  # the last op this run has (None: a caller grows the case op by op)
     ran: list[tuple[Runner, OpRecord]] = field(default_factory=list)  # each op's record, with the runner that ran it
 
     def step(self, i: int) -> tuple[OpRecord, bool]:
@@ -125,14 +128,7 @@ class _Job:
     def ranks_op(self, runner: Runner, op: Op, rec: OpRecord) -> bool:
         """Run the op on the ranks; True when the case stops there (ranks stuck behind one that raised, in a
         fault-free case on runners that do not wait those out)."""
-        # The warm pass over crash points and states does not wait out a collective that a raising rank left
-        # (gloo: 30 s per failing state): the ranks still in it are dropped below, and a failure it finds is
-        # replayed as its own case, with every wait, before it counts. A fuzzing judge does not either
-        # (RunnerSet.fast_failures): it stops a fault-free case there and settles it (harness.judging.judge).
-        fast = self.runners.fast_failures and self.case.property not in WAITS_OUT_FAILURES
-        stuck = STUCK_AFTER_S if self.case.fault is not None and self.runners.keep_failed else (
-            FAST_STUCK_CAP_S if fast else None)
-        replies = runner.op(rec.index, op_timeout(self.case, self.runners), stuck_after=stuck,
+        replies = runner.op(rec.index, op_timeout(self.case, self.runners), stuck_after=self.stuck_after(),
                             idle_limit=idle_limit(self.case, self.runners))
         _merge(rec, replies)
         stuck_ranks = tuple(r["rank"] for r in replies if r.get("stuck"))
@@ -153,27 +149,46 @@ class _Job:
             rec.restarted = True
         return False
 
+    def stuck_after(self) -> float | None:
+        """How long ranks still busy after a peer raised are waited on (None: until the op's bounds). The warm pass
+        over crash points and states does not wait out a collective that a raising rank left (gloo: 30 s per
+        failing state): the ranks still in it are dropped, and a failure it finds is replayed as its own case, with
+        every wait, before it counts. A fuzzing judge does not either (RunnerSet.fast_failures): it stops a
+        fault-free case there and settles it (harness.judging.judge), and in a fault case it takes the raiser's
+        error as the op's (what the fault left on disk is judged next, after the restart). A property about what
+        ranks do after a peer failed waits everything out."""
+        fast = self.runners.fast_failures and self.case.property not in WAITS_OUT_FAILURES
+        if self.case.fault is not None and self.runners.keep_failed:
+            return STUCK_AFTER_S
+        return FAST_STUCK_CAP_S if fast else None
+
     def faulted_op(self, runner: Runner, rec: OpRecord) -> None:
         """Run the fault's op with the fault armed, then restart the job: the next ops see only what is on disk
         (the root the fault left). A rank killed by the fault is recorded, not raised; P-LIVENESS cases wait for
-        the survivors (up to the op timeout) to see whether they turn the death into an error or hang."""
+        the survivors (up to the op timeout) to see whether they turn the death into an error or hang. A recording
+        that ends the run (a traced run up to its fault op: no later op for a restart to stand before) leaves its
+        ranks, which saw no fault, warm for the next case."""
         assert self.case.fault is not None
         armed = ArmedFault(self.case.fault, runner.pids, self.root)
+        kept = False
         try:
             with armed:
                 try:
                     _merge(rec, runner.op(rec.index, op_timeout(self.case, self.runners),
                                           fail_fast=self.case.property != "P-LIVENESS",
+                                          stuck_after=self.stuck_after(),
                                           idle_limit=idle_limit(self.case, self.runners)))
                 except PoolFailure as failure:
                     _failed(rec, failure)
             self.root = armed.after()
+            kept = rec.ok and rec.index == self.last and isinstance(self.case.fault, RecordFault)
         finally:
             self.outcome.fault = armed.report
             self.outcome.trace = (str(self.root), armed.recording, armed.tid_stream)
             if armed.resolved is not None:
                 self.outcome.resolved_fault = armed.resolved
-            self.drop(runner)
+            if not kept:
+                self.drop(runner)
         for other in self.active:  # ranks of another world size: begin again on the (new) root
             other.end()
         self.active.clear()

@@ -195,14 +195,17 @@ class Runners:
 
     def _stock(self, key: tuple[int, str, str], like: Runner) -> None:
         """Keep pools like ``like`` launching or launched in the background for ``key``: in a warm pass SPARES real
-        pools; else, in a campaign (``spare_lost``) while exploring, one pool or virtual host, for the
+        pools; else, in a campaign (``spare_lost``) while exploring, SPARES real pools or one virtual host, for the
         EXPLORING_SPARE_KEYS world sizes that lost one last (a known bug that exits a rank recurs case after case,
         a third of the cases at 16 virtual ranks, and ranks started meanwhile on another core take the relaunch out
-        of the next case)."""
+        of the next case). A fault case loses real ranks twice or more (its fault's restart, a load that fails on
+        one rank after it), and a forked pool's launch is mostly rendezvous waits, not CPU: one spare was still
+        starting when the second loss came."""
         if self.mode == "fresh" or not isinstance(like, RankPool):
             return
         virtual = isinstance(like, VirtualPool)
-        wanted = SPARES if self.keep_spare and not virtual else 1 if self.exploring and self.spare_lost else 0
+        campaign = self.exploring and self.spare_lost
+        wanted = SPARES if (self.keep_spare or campaign) and not virtual else 1 if campaign else 0
         if not wanted:
             return
         spares = self._spares.pop(key, [])
