@@ -212,6 +212,49 @@ def test_a_failure_that_passes_patched_is_known_by_its_smallest_fix_set(monkeypa
         unfixed.close()
 
 
+def _state_case() -> Case:
+    """A two-rank case failing at a power-loss state, as a campaign finds one (the state names one trace's IO)."""
+    state = {"id": "lost-data@3:step-1/x", "kind": "lost-data", "prefix": 3, "n_ops": 3, "shape": "0" * 16,
+             "detail": {"path": "step-1/x"}}
+    return dataclasses.replace(_case("reference"), property="P-ATOMIC",
+                               fault={"kind": "state", "op": 0, "state": state})
+
+
+@pytest.mark.parametrize("fixed_states_fail", [False, True])
+def test_a_power_loss_failure_is_proven_known_on_every_state_of_the_fixed_save(monkeypatch,
+                                                                                fixed_states_fail: bool) -> None:
+    """A fix that makes a save durable changes its IO, so the failing state does not exist in the fixed save's
+    trace and a replay of it proves nothing: the fix explains the failure where every power-loss state of the fixed
+    save passes, and does not where one of them fails."""
+    import harness.judging.judge as judging
+
+    case = _state_case()
+    fix = _test_fix("test-durable", buggy.FlipsLastElementSut, "flat[-1] ^=", "flat[-1] |=")
+    monkeypatch.setitem(FIXES, fix.id, fix)
+    failing = SimpleNamespace(ok=False, verdict=SimpleNamespace(value="data-loss"), details=("lost",), anomalies=(),
+                              excuse=None)
+    judge_case = Judge(Runners(case.sut, "in-process"), prove=(fix.id,))
+    seen: list[tuple[str, ...]] = []
+
+    def every_state(traced_case: Case, runners: Runners):
+        seen.append(runners.fixes)
+        assert traced_case.fault.op == case.fault.op  # the fault op's IO is traced afresh, with the fixes
+        passing = SimpleNamespace(judged=True, judgement=SimpleNamespace(ok=True))
+        failing_state = SimpleNamespace(judged=True, judgement=SimpleNamespace(ok=False))
+        stock = not runners.fixes  # the save without the fix: a state loses the data
+        return [passing, failing_state if fixed_states_fail or stock else passing], 3
+
+    monkeypatch.setattr(judging, "crashstates", every_state)
+    monkeypatch.setattr(Judge, "_judge", lambda self, c: (failing, judging.Outcome(c.sut)))
+    monkeypatch.setattr(Judge, "_bucket", lambda self, c, j, o: judging.Bucket("data-loss|lost"))
+    try:
+        fixes = judge_case._smallest_fix_set(case)
+    finally:
+        judge_case.close()
+    assert seen and fix.id in seen[0]  # the fixed save's every state, never the stale state's replay
+    assert fixes == (None if fixed_states_fail else (fix.id,))
+
+
 def test_a_signature_matching_while_its_rows_fix_is_applied_is_counted_apart(monkeypatch) -> None:
     """A row's signature explaining a failure although that row's fix is applied: the fix misses a variant, or the
     signature covers another bug. The case is still excused as known (signatures stay a pre-filter), but counted

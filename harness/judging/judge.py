@@ -13,9 +13,9 @@ import time
 from collections import Counter
 
 from faults.errors import TraceMismatch
-from faults.spec import PowerFault, RecordFault
+from faults.spec import PowerFault, RecordFault, StateFault
 from harness.fixes import FIXED_BY, FIXES, own_fixes
-from harness.judging.fault_runs import Traced, judge_alone, judge_crash_states, judge_points, traced
+from harness.judging.fault_runs import Traced, crashstates, judge_alone, judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
 from harness.judging.persistence_order import order_judgement
 from harness.judging.run import run_case
@@ -126,6 +126,8 @@ class Judge:
 
     def _smallest_fix_set(self, case: Case) -> tuple[str, ...] | None:
         def passes(fixes: tuple[str, ...]) -> bool:
+            if isinstance(case.fault, StateFault):
+                return self.states_pass_with(case, (*self.runners.fixes, *fixes))
             judged = self.judged_with(case, (*self.runners.fixes, *fixes))
             return judged is not None and judged[0].ok and (
                 case.fault is None or isinstance(case.fault, RecordFault) or bool((judged[1].fault or {}).get("fired")))
@@ -152,6 +154,19 @@ class Judge:
                 return self._judge(case)
             except Exception:
                 return None
+
+    def states_pass_with(self, case: Case, fixes: tuple[str, ...]) -> bool:
+        """Whether every power-loss state of the case's fault op passes with exactly these fixes applied. A state
+        names the IO of one trace, and a fix that changes the save's IO (an fsync, data before metadata) leaves a
+        trace in which that state does not exist: a power-loss failure is explained by fixes where the fixed
+        save has no failing state at all (what tests/test_fixes.py proves of each durability fix). A state that
+        could not be run proves nothing."""
+        with self.runners.patched(tuple(sorted(set(fixes)))):
+            try:
+                results, _ = crashstates(case, self.runners)
+            except Exception:
+                return False
+        return bool(results) and all(r.judged and r.judgement.ok for r in results)
 
     def fixes_needed(self, case: Case, core: str) -> tuple[str, ...]:
         """A failure (bucket ``core``) met with fixes applied counts as a bug of stock code only where stock code
