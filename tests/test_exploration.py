@@ -199,3 +199,6 @@ def test_a_fault_campaign_gives_its_fault_properties_the_first_and_largest_turns
     assert group[True] == pytest.approx(FAULT_WEIGHT * group[False])
     plain = Campaign("reference", 2, props, 600.0, 1)
     assert _round_order(plain) == props and len({_slice(plain, p) for p in props}) == 1
+    # the fault property with the fewest cases so far opens the next round (a cut-short round spares it)
+    campaign.cases_run.update({"P-ATOMIC": 30, "P-NOLOSS": 12, "P-LIVENESS": 12, "P-ROUNDTRIP": 0})
+    assert _round_order(campaign)[:3] == ["P-NOLOSS", "P-LIVENESS", "P-ATOMIC"]

@@ -334,10 +334,13 @@ def _slice(campaign: Campaign, prop: str | None = None) -> float:
 
 def _round_order(campaign: Campaign) -> list[str]:
     """The properties in the order of a round: in a fault campaign the fault properties first (what it was started
-    for; a round the deadline cuts short cuts the fault-free ones, which have a job of their own)."""
+    for; a round the deadline cuts short cuts the fault-free ones, which have a job of their own), those with the
+    fewest judged cases so far first among them: a short campaign has two or three rounds, and the one the deadline
+    cuts short then cuts a property that already had its cases, not the same last one every time."""
     if not campaign.faults:
         return list(campaign.properties)
-    return sorted(campaign.properties, key=lambda p: not REGISTRY[p].fault)
+    return sorted(campaign.properties,
+                  key=lambda p: (not REGISTRY[p].fault, campaign.cases_run[p] if REGISTRY[p].fault else 0))
 
 
 def _weight(campaign: Campaign, prop: str) -> float:
