@@ -207,12 +207,12 @@ def kill_writers(after_bytes=None, timeout=60):
     """SIGKILL UC's writer processes, as the OOM killer or a crash would, and reap them; the trainer itself goes on.
     ``None``: once they have finished their files (a writer dies idle, waiting for the next save); otherwise at once.
     Says which were in the middle of a file (their flag still 1)."""
-    handler, deadline = async_handler(), time.monotonic() + timeout
-    for _, flag_name, process_name in WRITERS if handler is not None and after_bytes is None else ():
-        flag, process = getattr(handler, flag_name, None), getattr(handler, process_name, None)
-        watched = flag is not None and process is not None
-        while watched and flag[0] > 0 and process.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
+    handler = async_handler()
+    if handler is not None and after_bytes is None:
+        try:
+            wait(timeout)
+        except Failed:  # a writer already dead or late: it is killed where it is, as the harness does
+            pass
     for kind, flag_name, process_name in WRITERS if handler is not None else ():
         process, flag = getattr(handler, process_name, None), getattr(handler, flag_name, None)
         if process is not None and process.is_alive():
