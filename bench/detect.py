@@ -22,12 +22,11 @@ state or crash point of the defect's own calls: the row says which). Target (doc
 defect found within 600 s on 2 ranks.
 
 Measured on a 2-core VM (seed 1, budget 600 s, ``--faults``): every fault-path defect found (``detected_ratio``
-1.00). Data fsynced after the commit: 1.0 s, and data never fsynced: 1.1 s (the explorer's first check, the order
-of the first save's IO: the index vouches for data not yet durable); a swallowed write error: 14.0 s (the
-explorer's ENOSPC on the data file: the committed file is shorter than its index says); a rank's vote before its
-data: 134.3 s (the explorer's ENOSPC on rank 1's data write after its vote: rank 0 commits a short file); retention
-counting a crashed save's directory: 240.5 s (a drawn P-NOLOSS kill whose restart rotates: no complete checkpoint
-left).
+1.00, 321.7 s summed). Data fsynced after the commit: 1.2 s, and data never fsynced: 1.3 s (the explorer's first
+check, the order of the first save's IO: the index vouches for data not yet durable); a swallowed write error:
+80.5 s (the explorer's ENOSPC on the data file: the committed file is shorter than its index says); a rank's vote
+before its data: 94.9 s (a drawn P-ATOMIC kill: rank 0 commits a short file); retention counting a crashed save's
+directory: 143.8 s (a drawn P-NOLOSS file-size limit whose restart rotates: no complete checkpoint left).
 
 ``--main-job SECONDS`` also runs the README's main job (``fuzz --sut paddle-dcp --ranks 2``) for that long per
 setting and prints ``distinct_buckets`` (new and known) and ``new_buckets``.
