@@ -190,7 +190,14 @@ class Traced:
     def states(self, limit: int | None = None):
         from faults.crashstates import enumerate_states
 
-        return enumerate_states(self.fs_ops, limit=limit)
+        return self.all_states if limit is None else enumerate_states(self.fs_ops, limit=limit)
+
+    @cached_property
+    def all_states(self) -> list:
+        """Every power-loss state of the op, enumerated once: a drawn state is resolved, then judged, from them."""
+        from faults.crashstates import enumerate_states
+
+        return list(enumerate_states(self.fs_ops))
 
     def concrete(self, drawn: Fault | None) -> list[Fault]:
         """Every concrete fault a drawn ``point`` or ``power`` fault may name here, in index order."""
@@ -369,18 +376,17 @@ def _judge_points(t: Traced, faults: list[KillFault | ErrorFault], runners: Runn
             on_result(n, results[-1])
 
 
-def judge_alone(t: Traced, drawn: Fault, index: int, runners: RunnerSet) -> CrashResult:
-    """The ``index``-th concrete fault a drawn fault may name here (Traced.concrete's order), judged on the traced
+def judge_alone(t: Traced, fault: Fault, index: int, runners: RunnerSet) -> CrashResult:
+    """A concrete fault a drawn one resolved to here (``index`` in Traced.concrete's order), judged on the traced
     run: a crash point's op runs from the copy of the root before it, a power-loss state is materialised from the
     recorded IO, and the ops after it run. Neither the ops before the fault op nor a traced run of the op itself
     are repeated. Not a warm pass: the runners' own rules hold (no spares stocked for it, no failed ranks kept), so
     a drawn fault case costs what one case costs; a failure here is replayed as its own case before it counts."""
-    if isinstance(drawn, PowerFault):
+    if isinstance(fault, StateFault):
         from faults.crashstates import materialize
 
-        state = list(t.states())[index]
-        return next(t.run_states_on([state], runners, materialize))
-    fault = t.concrete(drawn)[index]
+        return next(t.run_states_on([t.all_states[index]], runners, materialize))
+    assert isinstance(fault, KillFault | ErrorFault)
     description = f"{fault.syscall} #{fault.k} on {fault.path}"
     try:
         judgement, outcome = t.run_point(fault, runners)

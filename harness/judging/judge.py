@@ -286,12 +286,12 @@ class Judge:
                              excuse=Excuse.SKIPPED), Outcome(case.sut)
         first = case.fault.index % len(faults)
         if len(faults) > self.exhaustive:
-            alone = judge_alone(t, case.fault, first, self.runners)
+            alone = judge_alone(t, faults[first], first, self.runners)
             if alone.judged and alone.judgement.ok:
                 return alone.judgement, Outcome(case.sut, resolved_fault=faults[first])
             return self._concrete(dataclasses.replace(case, fault=faults[first]))  # a failure decides as its own case
         if isinstance(case.fault, PowerFault):
-            states = list(t.states())
+            states = t.all_states
             results = judge_crash_states(t, states[first:] + states[:first], self.runners)
         else:
             results = judge_points(t, faults[first:] + faults[:first], self.runners)
