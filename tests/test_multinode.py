@@ -55,3 +55,18 @@ def test_each_node_gets_its_share_and_one_rendezvous(launcher: str, tmp_path) ->
     assert len(endpoints) == 1 and next(iter(endpoints)).startswith("127.0.0.1:")
     with pytest.raises(ValueError, match="cannot be split evenly"):
         launch_commands(launcher, 3, "/x/ctl", "s", "{}", tmp_path, nnodes=2)
+
+
+def test_a_rendezvous_port_can_never_be_a_connecting_rank_s_source_port() -> None:
+    """A rank retrying connect before the store listens is given ephemeral source ports; the store's port lies
+    below that range, so the socket can never connect to itself (Paddle then reads its own request as the reply)."""
+    import socket
+
+    from harness.ranks.launch import PORT_RANGE_FILE, free_port
+
+    low = int(PORT_RANGE_FILE.read_text().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(1024 <= p < low for p in ports) and len(ports) > 1
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("127.0.0.1", port))

@@ -7,6 +7,7 @@ can be found and killed with psutil, whatever state it is in.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -61,11 +62,42 @@ def short_tempdir(prefix: str, room: int) -> str:
     return tempfile.mkdtemp(prefix=prefix, dir=base if fits else "/tmp")
 
 
+PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+RENDEZVOUS_PORTS = 12_000  # how many ports below the kernel's ephemeral range a rendezvous port is drawn from
+
+
 def free_port() -> int:
-    """A port the kernel just handed out on loopback (a rendezvous needs one; never a fixed number)."""
+    """A free loopback port for a rendezvous (never a fixed number), drawn below the kernel's ephemeral range.
+    A rank that retries ``connect`` to a store nobody listens on yet is given ephemeral source ports; where one
+    equals the store's port, TCP's simultaneous open connects the socket to itself, and the rank reads its own
+    request as the store's reply (Paddle: "Stop_waiting response is expected"). A port outside that range can
+    never be a source port. Where the range cannot be read, the kernel's pick."""
+    low = _ephemeral_low()
+    if low is not None and low - RENDEZVOUS_PORTS >= 1024:
+        draw = random.SystemRandom()
+        for _ in range(64):
+            port = draw.randrange(low - RENDEZVOUS_PORTS, low)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _ephemeral_low() -> int | None:
+    try:
+        return int(PORT_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def worker_argv(control: str, sut: str, options_json: str) -> list[str]:
