@@ -24,6 +24,7 @@ from properties.generate.training_cases import trainable, training_cases
 from properties.model.case import Case, CaseError
 
 NO_TRAINING_STATE = "SUT cannot hold a training state (needs F32, I64 and a parameter dtype)"
+TRAINS_ITSELF = "SUT is a training job running its own loop: it is given training cases only"
 
 
 class Checker(str, Enum):
@@ -84,6 +85,8 @@ class PropertySpec:
             return f"SUT does not claim {self.requires!r}"
         if self.training and not trainable(caps):
             return NO_TRAINING_STATE
+        if "trains" in caps and not self.training:
+            return TRAINS_ITSELF
         return None
 
     def drawable(self, capabilities: Iterable[str]) -> bool:

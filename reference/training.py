@@ -8,8 +8,12 @@ an element's global position. So the loop needs no collectives, runs at any worl
 loses, misplaces or mixes up any family (parameters, master weights, moments, EMA, RNG, step) makes a resumed run
 diverge from the uninterrupted one.
 
-The EMA follows Zero-Cost Checkpointing: an FP32 buffer that starts at zero and, every ``ema_every`` steps, becomes
-``decay·ema + (1−decay)·master`` unless the step's loss is not below ``loss_threshold``.
+The EMA follows PaddleFormers: an FP32 buffer that, every ``ema_every`` steps, becomes ``decay·ema + (1−decay)·master``
+unless the step's loss is not below ``loss_threshold``; both coefficients are FP32 roundings of the double-precision
+``decay`` and ``1 − decay``, as a Python float times a Paddle tensor computes them. Zero-Cost Checkpointing's buffer
+starts at zero (``ema_start`` "zero"); the Trainer's EMA without ZCC takes the first master weights it averages
+(``ema_start`` "first"). A fresh job's master weights are the parameter's seeds (``master_init`` "exact"), or, as AMP O2
+creates them, the parameter cast back to FP32 (``master_init`` "param").
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ RNG_KEY = "rng/state"
 PARAM_DTYPES = ("F32", "BF16", "F16")  # what a parameter may be; moments, master weights and EMA are FP32
 _MASK64 = (1 << 64) - 1
 _GRAD_BITS = 20  # gradients are k·2^-20 for |k| < 2^20: exact in float32
+EMA_STARTS = ("zero", "first")
+MASTER_INITS = ("exact", "param")
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class TrainingSpec:
     ema_decay: float = 0.9
     loss_threshold: float | None = None  # EMA updates only while loss < threshold (None: always)
     seed: int = 0  # the RNG stream (data order, gradients, loss)
+    ema_start: str = "zero"  # the EMA before its first update: "zero", or "first" (the first update copies master)
+    master_init: str = "exact"  # a fresh job's master weights: "exact" (the seeds), or "param" (the cast parameter)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -78,6 +86,9 @@ class TrainingSpec:
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "ema_every" else 0):
                 raise ValueError(f"training: {name} must be a {'positive' if name == 'ema_every' else 'non-negative'} "
                                  f"integer, got {value!r}")
+        for name, allowed in (("ema_start", EMA_STARTS), ("master_init", MASTER_INITS)):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"training: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         t = self.loss_threshold
         if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t)):
             raise ValueError(f"training: loss_threshold must be a finite number or null, got {t!r}")
@@ -130,6 +141,8 @@ def initial_state(spec: TrainingSpec, params: Iterable[Param]) -> dict[str, Tens
         rng = np.random.default_rng([spec.seed, p.seed, zlib.crc32(p.name.encode())])
         master = (rng.integers(-(1 << 12), 1 << 12, math.prod(p.shape)) * 2.0**-12).astype(np.float32)
         master = master.reshape(p.shape)
+        if spec.master_init == "param":
+            master = decode_bits(cast_bits(master, p.dtype), p.dtype)
         state[keys["master"]] = Tensor.from_array(master, "F32")
         state[keys["model"]] = Tensor(DTYPES[p.dtype], cast_bits(master, p.dtype))
         for family in ("m1", "m2", "ema"):
@@ -166,13 +179,37 @@ def train(spec: TrainingSpec, params: Iterable[Param], pieces: Mapping[str, Loca
     start = current_step(pieces)
     if not 0 <= start <= to_step:
         raise ValueError(f"cannot train from step {start} to step {to_step}")
+    first = first_ema_step(spec, to_step) if spec.ema_start == "first" else None
     for t in range(start + 1, to_step + 1):
         out = _advance_rng(rng_piece.tensor.bits)
-        loss = (out >> 11) * 2.0**-52  # in [0, 2): the same on every rank
-        update_ema = t % spec.ema_every == 0 and (spec.loss_threshold is None or loss < spec.loss_threshold)
+        update_ema: bool | str = "copy" if t == first else _updates_ema(spec, t, out)
         for name in sorted(families):
             _step_param(spec, families[name], t, out, update_ema)
         _step_piece(pieces).tensor.bits.reshape(-1)[0] = t
+
+
+def _loss(out: int) -> float:
+    """A step's loss from its RNG output: in [0, 2), the same on every rank, an FP32 value as a loss tensor holds."""
+    return float(np.float32((out >> 11) * 2.0**-52))
+
+
+def _updates_ema(spec: TrainingSpec, t: int, out: int) -> bool:
+    return t % spec.ema_every == 0 and (spec.loss_threshold is None or _loss(out) < spec.loss_threshold)
+
+
+def first_ema_step(spec: TrainingSpec, upto: int) -> int | None:
+    """The first step (at most ``upto``) whose EMA update happens, from the seed's RNG stream: where the EMA starts
+    from the first master weights it averages, that update copies them."""
+    bits = np.array(_seed_rng(spec.seed), np.uint64)
+    for t in range(1, upto + 1):
+        if _updates_ema(spec, t, _advance_rng(bits)):
+            return t
+    return None
+
+
+def step_loss(spec: TrainingSpec, t: int) -> float:
+    """The loss of step ``t`` (from the seed's RNG stream), as the loop computes it."""
+    return _loss(rng_output(spec, t))
 
 
 def _family_pieces(p: Param, pieces: Mapping[str, LocalTensor]) -> dict[str, Param | LocalTensor] | None:
@@ -203,20 +240,45 @@ def _step_piece(pieces: Mapping[str, LocalTensor]) -> LocalTensor:
     return piece
 
 
-def _step_param(spec: TrainingSpec, fam: dict, t: int, out: int, update_ema: bool) -> None:
-    f32, p = np.float32, fam["param"]
+def _step_param(spec: TrainingSpec, fam: dict, t: int, out: int, update_ema: bool | str) -> None:
+    p = fam["param"]
     grad = _local(gradient(p, out), fam["master"])
     master, m1, m2, ema = (fam[f].tensor.bits.view(np.float32) for f in ("master", "m1", "m2", "ema"))
+    adam_update(spec, t, grad, master, m1, m2)
+    fam["model"].tensor.bits[...] = cast_bits(master, p.dtype)
+    if update_ema == "copy":
+        ema[...] = master
+    elif update_ema:
+        ema[...] = np.float32(spec.ema_decay) * ema + np.float32(1.0 - spec.ema_decay) * master
+
+
+def adam_update(spec: TrainingSpec, t: int, grad: np.ndarray, master: np.ndarray, m1: np.ndarray,
+                m2: np.ndarray) -> None:
+    """Step ``t`` of Adam on FP32 arrays, in place (a SUT whose optimizer the harness stands in for runs this)."""
+    f32 = np.float32
     b1, b2 = f32(spec.beta1), f32(spec.beta2)
     m1[...] = b1 * m1 + (f32(1) - b1) * grad
     m2[...] = b2 * m2 + (f32(1) - b2) * (grad * grad)
     bc1, bc2 = f32(1.0 - spec.beta1**t), f32(1.0 - spec.beta2**t)
     step = (m1 / bc1) / (np.sqrt(m2 / bc2) + f32(spec.eps))
     master[...] = master - f32(spec.lr) * (step + f32(spec.weight_decay) * master)
-    fam["model"].tensor.bits[...] = cast_bits(master, p.dtype)
-    if update_ema:
-        decay = f32(spec.ema_decay)
-        ema[...] = decay * ema + (f32(1) - decay) * master
+
+
+def rng_output(spec: TrainingSpec, t: int) -> int:
+    """The RNG output of step ``t`` from the seed's stream (what drives that step's loss and gradients)."""
+    bits = np.array(_seed_rng(spec.seed), np.uint64)
+    out = 0
+    for _ in range(t):
+        out = _advance_rng(bits)
+    return out
+
+
+def rng_state(spec: TrainingSpec, t: int) -> Tensor:
+    """``rng/state`` after ``t`` steps of the seed's stream."""
+    bits = np.array(_seed_rng(spec.seed), np.uint64)
+    for _ in range(t):
+        _advance_rng(bits)
+    return Tensor.from_array(bits.view(np.int64), "I64")
 
 
 def gradient(p: Param, rng_out: int) -> np.ndarray:
@@ -231,6 +293,17 @@ def _local(whole: np.ndarray, piece: LocalTensor) -> np.ndarray:
     if isinstance(region, Box):
         return whole[tuple(slice(o, o + s) for o, s in zip(region.offsets, region.shape))]
     return whole.reshape(-1)[region.start:region.stop]
+
+
+def decode_bits(bits: np.ndarray, dtype_name: str) -> np.ndarray:
+    """The FP32 values of ``dtype_name`` bits (exact: every F16 and BF16 value is an FP32 value)."""
+    if dtype_name == "F32":
+        return np.asarray(bits, np.uint32).view(np.float32).copy()
+    if dtype_name == "F16":
+        return np.asarray(bits, np.uint16).view(np.float16).astype(np.float32)
+    if dtype_name == "BF16":
+        return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+    raise ValueError(f"no decoding of {dtype_name}")
 
 
 def cast_bits(values: np.ndarray, dtype_name: str) -> np.ndarray:

@@ -71,22 +71,40 @@ def test_adam_step_matches_the_textbook_in_float64() -> None:
     assert int(s1[STEP_KEY].bits) == 1
 
 
+@pytest.mark.parametrize("start", ["zero", "first"])
 @pytest.mark.parametrize("every", [1, 2, 3])
-def test_ema_follows_zero_cost_checkpointing(every: int) -> None:
-    """The EMA starts at zero and becomes c·ema + (1−c)·master every ``every`` steps while loss < threshold."""
+def test_ema_follows_paddleformers(every: int, start: str) -> None:
+    """Every ``every`` steps while the step's FP32 loss < threshold, the EMA becomes c·ema + (1−c)·master with both
+    coefficients the FP32 roundings of the doubles c and 1−c (0.9: f32(1 − 0.9) differs from 1 − f32(0.9)). It starts
+    at zero (Zero-Cost Checkpointing), or the first update copies master (the Trainer's EMA without ZCC)."""
     p = Param("w", "F32", (4,), 1)
-    free = TrainingSpec(ema_every=every, ema_decay=0.5)
+    free = TrainingSpec(ema_every=every, ema_decay=0.9, ema_start=start)
     gated = dataclasses.replace(free, loss_threshold=1.0)
-    losses = [(o >> 11) * 2.0**-52 for o in _rng_outputs(free, 8)]
+    losses = [float(np.float32((o >> 11) * 2.0**-52)) for o in _rng_outputs(free, 8)]
     ema = {True: np.zeros(4, np.float32), False: np.zeros(4, np.float32)}
+    updated = {True: False, False: False}
+    c, one_minus_c = np.float32(0.9), np.float32(1.0 - 0.9)
+    assert one_minus_c != np.float32(1) - c
     for t in range(1, 9):
         master = trained_state(free, [p], t)["master/w"].values()
         for gate in (False, True):
             if t % every == 0 and (not gate or losses[t - 1] < 1.0):
-                ema[gate] = np.float32(0.5) * ema[gate] + np.float32(0.5) * master
+                first = start == "first" and not updated[gate]
+                ema[gate] = master.copy() if first else c * ema[gate] + one_minus_c * master
+                updated[gate] = True
         assert np.array_equal(trained_state(free, [p], t)["ema/w"].values(), ema[False])
         assert np.array_equal(trained_state(gated, [p], t)["ema/w"].values(), ema[True])
     assert 0 < sum(loss < 1.0 for loss in losses) < 8  # the gate both skipped and passed updates
+
+
+def test_a_fresh_job_may_start_its_master_weights_from_the_cast_parameter() -> None:
+    """AMP O2 creates master weights from the low-precision parameter: ``master_init`` "param" starts them there."""
+    p = Param("w", "BF16", (16,), 3)
+    exact, cast = (initial_state(TrainingSpec(master_init=m), [p]) for m in ("exact", "param"))
+    assert np.array_equal(exact["model/w"].bits, cast["model/w"].bits)
+    assert not np.array_equal(exact["master/w"].bits, cast["master/w"].bits)  # 13-bit seeds do not fit BF16
+    back = (cast["model/w"].bits.astype(np.uint32) << 16).view(np.float32)
+    assert np.array_equal(cast["master/w"].values(), back)
 
 
 def _rng_outputs(spec: TrainingSpec, steps: int) -> list[int]:

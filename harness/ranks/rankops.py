@@ -36,10 +36,17 @@ class RankExecutor:
         self.live: dict[str, LocalTensor] | None = None  # a training case's state on this rank (trained in place)
         self.holds: list[WriterHold] = []  # writers of stalled saves, held until a resume (or wait, kill, save, end)
 
+    @property
+    def trains(self) -> bool:
+        """The SUT runs its own training loop (capability "trains"): ``train`` ops are its, not the reference's."""
+        return "trains" in self.adapter.capabilities
+
     def begin(self, case_json: dict | Case, root: str) -> None:
         """Take a case (as sent, or already parsed: ranks in one process share one immutable Case)."""
         self.case = case_json if isinstance(case_json, Case) else Case.from_json(case_json)
         self.root = Path(root)
+        if self.case.training and self.trains:
+            self.adapter.begin_training(self.case.spec(), tuple(self.case.params()))
 
     def end(self) -> None:
         self.live = None
@@ -103,7 +110,10 @@ class RankExecutor:
                                  for name, rt in targets.items() if name in got}
             elif op.kind == "train":
                 live = self._live(index)
-                train(self.case.spec(), self.case.params(), live, op.version)
+                if self.trains:
+                    self.adapter.train(self.root, live, op.version, options=self.case.options)
+                else:
+                    train(self.case.spec(), self.case.params(), live, op.version)
                 record["loaded"] = {name: _pack(lt.tensor) for name, lt in live.items()}
             elif op.kind == "wait":
                 self.release()

@@ -28,6 +28,8 @@ REGISTRY: dict[str, SutInfo] = {
     "paddle-save": SutInfo("paddle-save", "harness.sut.paddle_save:PaddleSaveSut", "paddle"),
     "torch-dcp": SutInfo("torch-dcp", "harness.sut.torch_dcp:TorchDcpSut", "torch"),
     "paddleformers-uc": SutInfo("paddleformers-uc", "harness.sut.paddleformers_uc:PaddleFormersUcSut", "paddleformers"),
+    "paddleformers-trainer": SutInfo("paddleformers-trainer",
+                                     "harness.sut.paddleformers_trainer:PaddleFormersTrainerSut", "paddleformers"),
 }
 
 

@@ -116,6 +116,16 @@ class SutAdapter:
         """Scribble over the caller-side tensors that were passed to an async ``save`` (which has returned)."""
         raise NotImplementedError
 
+    def begin_training(self, spec: Any, params: tuple[Any, ...]) -> None:
+        """Capability "trains" (the SUT runs its own training loop): a training case's hyper-parameters
+        (reference.training.TrainingSpec) and parameters, before its first op."""
+        raise NotImplementedError(f"{self.name} does not train")
+
+    def train(self, root: Path, live: dict[str, LocalTensor], to_step: int, *, options: dict) -> None:
+        """Capability "trains": advance the job to step ``to_step`` and write the state it reached into ``live``
+        (this rank's pieces of every training key), as the reference loop would have."""
+        raise NotImplementedError(f"{self.name} does not train")
+
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
         """Load checkpoint ``name`` (None: the latest) into this rank's target pieces; return their bits."""
         raise NotImplementedError

@@ -43,6 +43,15 @@ class Caps:
         self.replicated_only = "replicated" in self.caps
         self.keep_last = "keep_last" in self.caps
         self.flags = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("flag:"))  # boolean options
+        # options with a few values: "choice:logging_steps=2" -> {"logging_steps": [.., 2, ..]} (ints stay ints)
+        self.choices: dict[str, list] = {}
+        for c in sorted(self.caps):
+            if c.startswith("choice:"):
+                key, _, value = c.split(":", 1)[1].partition("=")
+                self.choices.setdefault(key, []).append(int(value) if value.lstrip("-").isdigit() else value)
+        # how the SUT's own training loop behaves where loops differ (reference.training.TrainingSpec fields)
+        self.training = {c.split(":", 1)[0]: c.split(":", 1)[1] for c in self.caps
+                         if c.split(":", 1)[0] in ("ema_start", "master_init")}
 
 
 @st.composite
@@ -63,6 +72,8 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
     for flag in caps.flags:
         if draw(st.booleans()):
             out[flag] = True
+    for key, values in caps.choices.items():
+        out[key] = draw(st.sampled_from(values))
     return out
 
 

@@ -20,7 +20,7 @@ from properties.model.case import Case, Op, TensorCase
 from reference.layout import Mesh, TensorLayout, flat_group, replicated
 from reference.moe import expert_layouts
 from reference.namespaces import NAMESPACES, STEP_KEY
-from reference.training import PARAM_DTYPES, RNG_KEY, family_keys
+from reference.training import PARAM_DTYPES, RNG_KEY, TrainingSpec, family_keys
 
 DENSE = ("w", "b", "emb", "layers.0.qkv")
 SCENARIOS = ("in-place", "restart", "async-restart", "fault")
@@ -95,8 +95,12 @@ def _layouts(draw, caps: Caps, ranks: int, moe: bool):
     if not moe:
         save_mesh = draw(mesh_of(save_world))
         load_mesh = draw(mesh_of(load_world)) if caps.reshard else save_mesh
-        save = draw(_dense_layouts(dense, save_mesh, flat_ok))
-        load = draw(_dense_layouts(dense, load_mesh, flat_ok)) if caps.reshard else save
+        if caps.replicated_only:  # whole on every rank (data parallel)
+            save = {p.name: replicated(save_mesh) for p in dense}
+            load = {p.name: replicated(load_mesh) for p in dense}
+        else:
+            save = draw(_dense_layouts(dense, save_mesh, flat_ok))
+            load = draw(_dense_layouts(dense, load_mesh, flat_ok)) if caps.reshard else save
         return dense, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh)
 
     save_mesh = draw(ep_meshes(save_world))
@@ -130,7 +134,7 @@ def training_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
         opts["split_families"] = True
         if caps.tensor_kinds:
             opts["tensor_kinds"] = {ns: draw(st.sampled_from(caps.tensor_kinds)) for ns in FAMILIES}
-    spec = draw(specs())
+    spec = TrainingSpec.from_json(draw(specs()) | caps.training).to_json()  # every field, as a case file reads
     use_async = "async" in caps.caps and draw(st.booleans())
     s = draw(st.integers(1, 6))
     name = f"step-{s}"

@@ -1,0 +1,419 @@
+"""PaddleFormers' Trainer as a system under test for a training job: its own loop, its EMA and its checkpoints.
+
+A training case (docs/training.md) runs here through ``Trainer.train`` itself: the loop that sums the loss the EMA
+threshold reads, the ``NonZCCEMACallback`` that accumulates the EMA every ``zcc_ema_interval`` steps and saves it
+beside each checkpoint, and the Trainer's flex-checkpoint (or sharding-IO) save and resume. That is the code a job
+runs with ``zcc_save_ema_coef`` set and Zero-Cost Checkpointing off. The Trainer builds this EMA only for a
+hybrid-parallel job, so the ranks run sharding stage 1 over the whole world; the case's state is replicated and
+every rank reports all of it (the owner of an optimizer slot or master weight shares it with the others).
+
+A ``train`` op is a ``Trainer.train`` run to the op's step: resumed from the checkpoint the case last loaded, else
+from the seeds. A job that trained on without a checkpoint in between is run again from that start: the loop is
+deterministic, so that equals training on in place. A ``save`` makes the two calls the loop makes at a save step
+(the EMA callback's save, then ``_save_checkpoint``); a ``load`` is a resume, stopped before its first step.
+
+Where the harness stands in, and why (docs/paddleformers-notes.md, "The Trainer's EMA on CPU"):
+* the model's forward returns the reference loop's loss of the step, so what the Trainer sums, all-reduces and
+  hands to the EMA threshold is the oracle's loss;
+* AdamW's update: CPU Paddle has no BF16 ``adamw`` kernel. The shim runs the reference loop's Adam step
+  (``reference.training.adam_update``) with the reference's gradient on the optimizer's own moments and master
+  weights, so parameters follow the oracle bit for bit and the checkpoints hold the Trainer's own optimizer state;
+* CUDA calls of the EMA on a CPU-only build: ``Tensor.cuda``, ``Tensor.cpu`` and ``Tensor.pin_memory`` copy (on a
+  GPU each makes a new tensor); a BF16 ``+`` runs in FP32 and rounds to nearest even, as a GPU's BF16 add does (CPU
+  Paddle has no BF16 add kernel); ``FLAGS_selected_gpus`` is the local rank, as Paddle's launcher sets it on GPUs;
+* ``max_grad_norm`` is 0: with clipping on, the Trainer's hybrid-parallel optimizer wrapper raises before training
+  (``_wrap_distributed_optimizer`` reads ``_inner_opt`` of the unwrapped AdamW); not a checkpoint path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from harness.sut._paddle_common import (
+    PaddleAdapter,
+    apply_cpu_shims,
+    from_paddle,
+    paddle_dtype_name,
+    to_paddle,
+    trailing_int,
+)
+from harness.sut.base import RankTensor
+from reference.dtypes import dtype
+from reference.namespaces import STEP_KEY
+from reference.tensor import Tensor
+from reference.training import (
+    RNG_KEY,
+    Param,
+    TrainingSpec,
+    adam_update,
+    cast_bits,
+    current_step,
+    family_keys,
+    gradient,
+    initial_state,
+    rng_output,
+    rng_state,
+    step_loss,
+)
+
+PARAM_DTYPES = ("F32", "BF16")  # CPU Paddle has no F16 add kernel either; the shims cover BF16 only
+FORMATS = ("flex_checkpoint", "sharding_io")
+LOGGING_STEPS = (1, 2, 3)
+
+
+class TrainerCaseError(ValueError):
+    """The case asks for what a Trainer job cannot be; the message says what."""
+
+
+@dataclass
+class _Start:
+    """Where the next ``train`` op starts: the checkpoint the case last loaded (None: the seeds) and its step."""
+
+    path: str | None = None
+    step: int = 0
+
+
+class _Resumed(Exception):
+    """Raised at the resumed job's first step: a load ends where the Trainer would start training."""
+
+
+_run: Any = None  # the Trainer the shims serve (one run at a time in a rank process)
+
+
+class PaddleFormersTrainerSut(PaddleAdapter):
+    name = "paddleformers-trainer"
+    framework = "paddleformers"
+    capabilities: ClassVar[frozenset[str]] = frozenset(
+        {"trains", "replicated", "ema_start:first", "master_init:param", "dtype:I64"}
+        | {f"dtype:{d}" for d in PARAM_DTYPES} | {f"format:{f}" for f in FORMATS}
+        | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}
+    )
+
+    def __init__(self) -> None:
+        self._trainer: Any = None
+        self._start = _Start()
+        self._spec: TrainingSpec | None = None
+        self._params: tuple[Param, ...] = ()
+
+    def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
+        import paddle
+
+        paddle.set_device("cpu")  # TrainingArguments inits fleet and its groups itself
+        shims = apply_cpu_shims(options)
+        if paddle.is_compiled_with_cuda():
+            return shims
+        os.environ.setdefault("FLAGS_selected_gpus", os.environ.get("PADDLE_LOCAL_RANK", str(rank)))
+        return [*shims, *_install_trainer_shims()]
+
+    # --- the job ------------------------------------------------------------------------------------------------
+
+    def begin_training(self, spec: TrainingSpec, params: tuple[Param, ...]) -> None:
+        self._spec, self._params = spec, tuple(params)
+
+    def train(self, root: Path, live: dict, to_step: int, *, options: dict) -> None:
+        """Train the job to ``to_step`` with ``Trainer.train`` and write the state it reached into ``live``."""
+        spec, params = self._training()
+        start = current_step(live)
+        if start < self._start.step:
+            raise TrainerCaseError(f"the job is at step {start}, before the checkpoint it resumed from "
+                                   f"(step {self._start.step})")
+        trainer = self._trainer_for(root, spec, params, options, max_steps=to_step)
+        trainer.train(resume_from_checkpoint=self._start.path)
+        self._trainer = trainer
+        state = _observe(trainer, spec, params)
+        for key, lt in live.items():
+            lt.tensor.bits[...] = state[key].bits.reshape(lt.tensor.bits.shape)
+
+    def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
+        trainer = self._trainer
+        step = trailing_int(name)
+        if trainer is None or trainer.state.global_step != step:
+            at = "has not trained" if trainer is None else f"is at step {trainer.state.global_step}"
+            raise TrainerCaseError(f"save {name}: the job {at}; the Trainer saves the step it is at")
+        ema = _ema_callback(trainer)
+        if ema is not None:  # what on_step_end does at a save step, before the loop's own save
+            ema.buffer.save(step)
+        trainer._save_checkpoint(trainer.model_wrapped, metrics=None)
+        return trainer
+
+    def wait(self, handle: Any) -> None:
+        return None
+
+    def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
+        from paddleformers.trainer.trainer_utils import get_last_checkpoint
+
+        spec, params = self._training()
+        if name is None:
+            found = get_last_checkpoint(str(root))
+            if found is None:
+                raise FileNotFoundError(f"get_last_checkpoint found no checkpoint-N under {root}")
+            path = str(found)
+        else:
+            path = str(Path(root) / f"checkpoint-{trailing_int(name)}")
+        trainer = self._trainer_for(root, spec, params, options, max_steps=trailing_int(Path(path).name) + 1)
+        trainer.add_callback(_stop_at_first_step())
+        try:
+            trainer.train(resume_from_checkpoint=path)
+        except _Resumed:
+            pass
+        else:
+            raise RuntimeError(f"the Trainer resumed from {path} without starting a step")
+        self._trainer = trainer
+        self._start = _Start(path, trainer.state.global_step)
+        state = _observe(trainer, spec, params)
+        return {key: state[key] for key in targets if key in state}
+
+    def end_case(self) -> None:
+        global _run
+        self._trainer, self._start, _run = None, _Start(), None
+        self._spec, self._params = None, ()
+
+    def _training(self) -> tuple[TrainingSpec, tuple[Param, ...]]:
+        if self._spec is None:
+            raise TrainerCaseError("a Trainer job runs training cases only (the case has no training spec)")
+        return self._spec, self._params
+
+    # --- building a run -------------------------------------------------------------------------------------------
+
+    def _trainer_for(self, root: Path, spec: TrainingSpec, params: tuple[Param, ...], options: dict,
+                     max_steps: int) -> Any:
+        global _run
+        import paddle.distributed as dist
+        from paddleformers.trainer import Trainer, TrainingArguments
+
+        world = int(os.environ.get("PADDLE_TRAINERS_NUM", dist.get_world_size() if dist.is_initialized() else 1))
+        fmt = options.get("format", FORMATS[0])
+        if fmt not in FORMATS:
+            raise TrainerCaseError(f"format {fmt!r}: the Trainer saves an EMA in {', '.join(FORMATS)}")
+        low = any(p.dtype != "F32" for p in params)
+        args = TrainingArguments(
+            output_dir=str(root), max_steps=max_steps, save_strategy="no", report_to="none", disable_tqdm=True,
+            logging_steps=int(options.get("logging_steps", 1)), per_device_train_batch_size=1, seed=spec.seed,
+            learning_rate=spec.lr, max_grad_norm=0.0, save_checkpoint_format=fmt, load_checkpoint_format=fmt,
+            zcc_save_ema_coef=spec.ema_decay, zcc_ema_interval=spec.ema_every,
+            zcc_ema_loss_threshold=spec.loss_threshold, amp_master_grad=low, split_param=False,
+            sharding="stage1" if world > 1 else "", sharding_parallel_size=world if world > 1 else -1,
+            **({"bf16": True, "fp16_opt_level": "O2"} if low else {}),
+        )
+        model = _build_model(spec, params)
+        trainer = Trainer(model=model, args=args, train_dataset=_Steps(max_steps * max(world, 1) + 8))
+        trainer._ckpt_harness = {"spec": spec, "params": {p.name: p for p in params},
+                                 "by_static": {prm.name: name for name, prm in model.named_parameters()}}
+        _run = trainer
+        return trainer
+
+
+# --- the model and its data -----------------------------------------------------------------------------------
+
+
+def _build_model(spec: TrainingSpec, params: tuple[Param, ...]) -> Any:
+    """A PretrainedModel holding the case's parameters at their step-0 values; its forward returns the reference
+    loop's loss of the step the Trainer is about to take, and gives every parameter a gradient (zero: the AdamW shim
+    applies the reference's)."""
+    import paddle
+    from paddleformers.transformers import PretrainedConfig, PretrainedModel
+
+    class HarnessConfig(PretrainedConfig):
+        model_type = "ckpt_harness_trainer"
+
+    class HarnessModel(PretrainedModel):
+        config_class = HarnessConfig
+        base_model_prefix = "harness"
+
+        def forward(self, x: Any = None, labels: Any = None) -> Any:
+            step = _run.state.global_step + 1
+            loss = paddle.to_tensor(np.float32(step_loss(spec, step)))
+            for p in self.parameters():
+                loss = loss + 0.0 * p.astype("float32").sum()
+            return (loss,)
+
+    model = HarnessModel(HarnessConfig())
+    start = initial_state(spec, params)
+    for p in params:
+        layer = model
+        *path, leaf = p.name.split(".")
+        for part in path:
+            child = layer._sub_layers.get(part)
+            if child is None:
+                child = paddle.nn.Layer()
+                layer.add_sublayer(part, child)
+            layer = child
+        param = model.create_parameter(list(p.shape), dtype=paddle_dtype_name(dtype(p.dtype)))
+        param.set_value(to_paddle(start[family_keys(p.name)["model"]]))
+        layer.add_parameter(leaf, param)
+    return model
+
+
+class _Steps:
+    """The data: one dummy sample per step and rank (the loss does not read it)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict:
+        return {"x": np.zeros(1, np.float32), "labels": np.zeros(1, np.float32)}
+
+
+def _stop_at_first_step() -> Any:
+    """A callback that ends the resumed job as its first step begins (after every load the resume makes)."""
+    from paddleformers.trainer import TrainerCallback
+
+    class StopAtFirstStep(TrainerCallback):
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            raise _Resumed()
+
+    return StopAtFirstStep()
+
+
+# --- reading the state the job reached -----------------------------------------------------------------------
+
+
+def _ema_callback(trainer: Any) -> Any:
+    return next((cb for cb in trainer.callback_handler.callbacks if hasattr(cb, "buffer")), None)
+
+
+def _inner_optimizer(trainer: Any) -> Any:
+    opt = trainer.optimizer
+    while not hasattr(opt, "_master_weights") and hasattr(opt, "_inner_opt"):
+        opt = opt._inner_opt
+    return opt
+
+
+def _observe(trainer: Any, spec: TrainingSpec, params: tuple[Param, ...]) -> dict[str, Tensor]:
+    """Every key of the case's state as the job holds it, gathered from the rank that owns each slot."""
+    import paddle.distributed as dist
+
+    mine = _local_state(trainer, params)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list = []
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    step = trainer.state.global_step
+    state: dict[str, Tensor] = {}
+    for part in gathered:  # rank order: the first rank holding a slot gives it
+        for key, packed in part.items():
+            state.setdefault(key, _unpack(packed))
+    start = initial_state(spec, params)
+    for key, tensor in start.items():  # a slot no rank holds yet (moments before a step, an EMA before its first
+        state.setdefault(key, tensor)  # update) is what a fresh job has
+    state[RNG_KEY] = rng_state(spec, step)
+    state[STEP_KEY] = Tensor.from_array(np.array(step, np.int64), "I64")
+    return state
+
+
+def _local_state(trainer: Any, params: tuple[Param, ...]) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """What this rank holds of each parameter's families: the parameter everywhere; master weights, moments and
+    the EMA where this rank's optimizer owns the parameter (sharding stage 1)."""
+    opt = _inner_optimizer(trainer)
+    ema = _ema_callback(trainer)
+    named = dict(trainer.model.named_parameters())
+    out: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+    for p in params:
+        keys, param = family_keys(p.name), named[p.name]
+        out[keys["model"]] = _pack(from_paddle(param))
+        master = opt._master_weights.get(param.name)
+        if p.dtype == "F32":
+            master = param
+        owned = master is not None and (p.dtype != "F32" or _owns(opt, param))
+        if owned:
+            out[keys["master"]] = _pack(from_paddle(master))
+        for slot, family in (("moment1", "m1"), ("moment2", "m2")):
+            acc = opt._accumulators.get(slot, {}).get(master.name if master is not None else param.name)
+            if acc is not None:
+                out[keys[family]] = _pack(from_paddle(acc))
+        if ema is not None:
+            held = ema.buffer.model_params.get(p.name) if p.dtype == "F32" else \
+                ema.buffer.master_weights.get(param.name)
+            if held is not None and held._is_initialized():
+                out[keys["ema"]] = _pack(from_paddle(held))
+    return out
+
+
+def _owns(opt: Any, param: Any) -> bool:
+    """Whether this rank's optimizer updates ``param`` (it holds moments for it)."""
+    return param.name in opt._accumulators.get("moment1", {})
+
+
+def _pack(t: Tensor) -> tuple[str, tuple[int, ...], bytes]:
+    return (t.dtype.name, tuple(t.shape), np.ascontiguousarray(t.bits).tobytes())
+
+
+def _unpack(packed: tuple[str, tuple[int, ...], bytes]) -> Tensor:
+    name, shape, raw = packed
+    dt = dtype(name)
+    return Tensor(dt, np.frombuffer(raw, dt.bits_dtype).reshape(shape).copy())
+
+
+# --- CPU shims -----------------------------------------------------------------------------------------------
+
+
+_shimmed: list[str] | None = None
+
+
+def _install_trainer_shims() -> list[str]:
+    """Process-wide, once, only on a CPU-only Paddle: see the module docstring for each and why."""
+    global _shimmed
+    if _shimmed is not None:
+        return list(_shimmed)
+    import paddle
+
+    def copy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return self.clone()
+
+    paddle.Tensor.cpu = copy
+    paddle.Tensor.pin_memory = copy
+    add = paddle.Tensor.__add__
+
+    def bf16_add(a: Any, b: Any) -> Any:
+        if isinstance(b, paddle.Tensor) and a.dtype == paddle.bfloat16 and b.dtype == paddle.bfloat16:
+            return add(a.astype("float32"), b.astype("float32")).astype("bfloat16")
+        return add(a, b)
+
+    paddle.Tensor.__add__ = bf16_add
+    stock = paddle.optimizer.AdamW._append_optimize_op
+
+    def adamw_update(self: Any, block: Any, param_and_grad: Any) -> Any:
+        job = getattr(_run, "_ckpt_harness", None)
+        if job is None:
+            return stock(self, block, param_and_grad)
+        if isinstance(param_and_grad, dict):
+            param_and_grad = self._update_param_group(param_and_grad)
+        _reference_adam(self, job, param_and_grad[0])
+        return None
+
+    paddle.optimizer.AdamW._append_optimize_op = adamw_update
+    _shimmed = ["Tensor.cpu->copy", "Tensor.pin_memory->copy", "bf16 add->fp32 add, RNE",
+                "AdamW update->reference Adam step", "FLAGS_selected_gpus=local rank"]
+    return list(_shimmed)
+
+
+def _reference_adam(opt: Any, job: dict, param: Any) -> None:
+    """The reference loop's Adam step on the optimizer's own moments, master weight and beta powers."""
+    import paddle
+
+    spec: TrainingSpec = job["spec"]
+    p: Param = job["params"][job["by_static"][param.name]]
+    t = _run.state.global_step + 1
+    low = opt._multi_precision and opt._is_dtype_fp16_or_bf16(param.dtype)
+    master = opt._master_weights[param.name] if low else param
+    m1 = opt._get_accumulator_master(opt._moment1_acc_str, param)
+    m2 = opt._get_accumulator_master(opt._moment2_acc_str, param)
+    arrays = [x.numpy().astype(np.float32) for x in (master, m1, m2)]
+    adam_update(spec, t, gradient(p, rng_output(spec, t)), *arrays)
+    for target, values in zip((master, m1, m2), arrays):
+        target.set_value(paddle.to_tensor(values))
+    for acc, beta in ((opt._beta1_pow_acc_str, spec.beta1), (opt._beta2_pow_acc_str, spec.beta2)):
+        pow_acc = opt._get_accumulator_master(acc, param)
+        pow_acc.set_value(pow_acc * beta)
+    if low:
+        bits = cast_bits(arrays[0], p.dtype)
+        param.set_value(to_paddle(Tensor(dtype(p.dtype), bits)))
