@@ -236,6 +236,25 @@ class PaddleAdapter(SutAdapter):
         self.end_case()
 
 
+def add_nested_parameter(model: Any, name: str, shape: tuple[int, ...], dtype_code: str) -> Any:
+    """A zero parameter of ``model`` under a dotted structured name ("layers.0.qkv": sub-layers ``layers`` and ``0``,
+    parameter ``qkv``), as a real model nests them; returns it."""
+    import paddle
+
+    layer = model
+    *path, leaf = name.split(".")
+    for part in path:
+        child = layer._sub_layers.get(part)
+        if child is None:
+            child = paddle.nn.Layer()
+            layer.add_sublayer(part, child)
+        layer = child
+    param = model.create_parameter(list(shape), dtype=paddle_dtype_name(dtype(dtype_code)),
+                                   default_initializer=paddle.nn.initializer.Constant(0.0))
+    layer.add_parameter(leaf, param)
+    return param
+
+
 def trailing_int(name: str) -> int:
     """The version number a checkpoint name ends with ("step-12" -> 12); Paddle versions are integers."""
     match = re.search(r"(\d+)$", name)

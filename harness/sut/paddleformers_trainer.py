@@ -36,9 +36,9 @@ import numpy as np
 
 from harness.sut._paddle_common import (
     PaddleAdapter,
+    add_nested_parameter,
     apply_cpu_shims,
     from_paddle,
-    paddle_dtype_name,
     to_paddle,
     trailing_int,
 )
@@ -122,8 +122,9 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         if start < self._start.step:
             raise TrainerCaseError(f"the job is at step {start}, before the checkpoint it resumed from "
                                    f"(step {self._start.step})")
-        trainer = self._trainer_for(root, spec, params, options, max_steps=to_step)
-        trainer.train(resume_from_checkpoint=self._start.path)
+        with _fresh_names():
+            trainer = self._trainer_for(root, spec, params, options, max_steps=to_step)
+            trainer.train(resume_from_checkpoint=self._start.path)
         self._trainer = trainer
         state = _observe(trainer, spec, params)
         for key, lt in live.items():
@@ -155,14 +156,15 @@ class PaddleFormersTrainerSut(PaddleAdapter):
             path = str(found)
         else:
             path = str(Path(root) / f"checkpoint-{trailing_int(name)}")
-        trainer = self._trainer_for(root, spec, params, options, max_steps=trailing_int(Path(path).name) + 1)
-        trainer.add_callback(_stop_at_first_step())
-        try:
-            trainer.train(resume_from_checkpoint=path)
-        except _Resumed:
-            pass
-        else:
-            raise RuntimeError(f"the Trainer resumed from {path} without starting a step")
+        with _fresh_names():
+            trainer = self._trainer_for(root, spec, params, options, max_steps=trailing_int(Path(path).name) + 1)
+            trainer.add_callback(_stop_at_first_step())
+            try:
+                trainer.train(resume_from_checkpoint=path)
+            except _Resumed:
+                pass
+            else:
+                raise RuntimeError(f"the Trainer resumed from {path} without starting a step")
         self._trainer = trainer
         self._start = _Start(path, trainer.state.global_step)
         state = _observe(trainer, spec, params)
@@ -199,6 +201,8 @@ class PaddleFormersTrainerSut(PaddleAdapter):
             zcc_ema_loss_threshold=spec.loss_threshold, amp_master_grad=low, split_param=False,
             sharding="stage1" if world > 1 else "", sharding_parallel_size=world if world > 1 else -1,
             **({"bf16": True, "fp16_opt_level": "O2"} if low else {}),
+            # sharding IO resumes only under its switch (load_checkpoint_format alone is not read there)
+            **({"save_sharded_model": True, "load_sharded_model": True} if fmt == "sharding_io" else {}),
         )
         model = _build_model(spec, params)
         trainer = Trainer(model=model, args=args, train_dataset=_Steps(max_steps * max(world, 1) + 8))
@@ -209,6 +213,15 @@ class PaddleFormersTrainerSut(PaddleAdapter):
 
 
 # --- the model and its data -----------------------------------------------------------------------------------
+
+
+def _fresh_names() -> Any:
+    """Paddle names parameters and master weights from a process-wide counter: a job started in a fresh process
+    counts from zero, and a resume in this warm process must meet the names its checkpoint was saved under (sharding
+    IO and the EMA key optimizer slots by them)."""
+    import paddle
+
+    return paddle.utils.unique_name.guard()
 
 
 def _build_model(spec: TrainingSpec, params: tuple[Param, ...]) -> Any:
@@ -235,17 +248,8 @@ def _build_model(spec: TrainingSpec, params: tuple[Param, ...]) -> Any:
     model = HarnessModel(HarnessConfig())
     start = initial_state(spec, params)
     for p in params:
-        layer = model
-        *path, leaf = p.name.split(".")
-        for part in path:
-            child = layer._sub_layers.get(part)
-            if child is None:
-                child = paddle.nn.Layer()
-                layer.add_sublayer(part, child)
-            layer = child
-        param = model.create_parameter(list(p.shape), dtype=paddle_dtype_name(dtype(p.dtype)))
+        param = add_nested_parameter(model, p.name, p.shape, p.dtype)
         param.set_value(to_paddle(start[family_keys(p.name)["model"]]))
-        layer.add_parameter(leaf, param)
     return model
 
 

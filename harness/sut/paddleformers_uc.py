@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from harness.sut._paddle_common import PaddleAdapter, from_paddle, paddle_dtype_name, to_paddle, trailing_int
+from harness.sut._paddle_common import PaddleAdapter, add_nested_parameter, from_paddle, to_paddle, trailing_int
 from harness.sut.base import RankTensor
-from reference.dtypes import dtype
 from reference.layout import Box, Region
 from reference.tensor import Tensor
 
@@ -358,7 +357,6 @@ def _whole(tensors: dict[str, RankTensor]) -> None:
 
 def _build_model(specs: list[ParamSpec]) -> Any:
     """A PretrainedModel whose parameters are exactly ``specs`` (dotted names become nested sub-layers)."""
-    import paddle
     from paddleformers.transformers import PretrainedConfig, PretrainedModel
 
     class HarnessConfig(PretrainedConfig):
@@ -373,17 +371,7 @@ def _build_model(specs: list[ParamSpec]) -> Any:
 
     model = HarnessModel(HarnessConfig())
     for spec in specs:
-        layer = model
-        *path, leaf = spec.name.split(".")
-        for part in path:
-            child = layer._sub_layers.get(part)
-            if child is None:
-                child = paddle.nn.Layer()
-                layer.add_sublayer(part, child)
-            layer = child
-        param = model.create_parameter(list(spec.shape), dtype=paddle_dtype_name(dtype(spec.dtype)),
-                                       default_initializer=paddle.nn.initializer.Constant(0.0))
-        layer.add_parameter(leaf, param)
+        add_nested_parameter(model, spec.name, spec.shape, spec.dtype)
     return model
 
 
