@@ -165,6 +165,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
                 pass
             else:
                 raise RuntimeError(f"the Trainer resumed from {path} without starting a step")
+        _first_step_slots(trainer)
         self._trainer = trainer
         self._start = _Start(path, trainer.state.global_step)
         state = _observe(trainer, spec, params)
@@ -284,11 +285,36 @@ def _ema_callback(trainer: Any) -> Any:
     return next((cb for cb in trainer.callback_handler.callbacks if hasattr(cb, "buffer")), None)
 
 
+def _first_step_slots(trainer: Any) -> None:
+    """What the resumed job's first step does before it updates: create the moments and master weights of the
+    parameters this rank updates, from what the resume loaded (Paddle keeps a loaded slot aside until then)."""
+    import paddle
+
+    owns = _owned(trainer)
+    params = [p for p in trainer.model.parameters() if owns(p) and not p.stop_gradient]
+    _inner_optimizer(trainer)._create_accumulators(paddle.static.default_main_program().global_block(), params)
+
+
+def _optimizers(trainer: Any) -> list[Any]:
+    """The optimizer and the ones it wraps, outermost first (hybrid-parallel, sharding, AdamW)."""
+    chain = [trainer.optimizer]
+    while hasattr(chain[-1], "_inner_opt"):
+        chain.append(chain[-1]._inner_opt)
+    return chain
+
+
 def _inner_optimizer(trainer: Any) -> Any:
-    opt = trainer.optimizer
-    while not hasattr(opt, "_master_weights") and hasattr(opt, "_inner_opt"):
-        opt = opt._inner_opt
-    return opt
+    return next(o for o in _optimizers(trainer) if hasattr(o, "_master_weights"))
+
+
+def _owned(trainer: Any) -> Any:
+    """Which parameters this rank's optimizer updates: under sharding stage 1 those it owns (another rank may hold
+    stale or zero slots for the rest), else all."""
+    sharding = next((o for o in _optimizers(trainer) if hasattr(o, "_param2rank")), None)
+    if sharding is None:
+        return lambda param: True
+    rank = sharding._sharding_rank
+    return lambda param: sharding._param2rank.get(param.name) == rank
 
 
 def _observe(trainer: Any, spec: TrainingSpec, params: tuple[Param, ...]) -> dict[str, Tensor]:
@@ -316,19 +342,19 @@ def _observe(trainer: Any, spec: TrainingSpec, params: tuple[Param, ...]) -> dic
 
 def _local_state(trainer: Any, params: tuple[Param, ...]) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     """What this rank holds of each parameter's families: the parameter everywhere; master weights, moments and
-    the EMA where this rank's optimizer owns the parameter (sharding stage 1)."""
-    opt = _inner_optimizer(trainer)
+    the EMA where this rank's optimizer owns the parameter (sharding stage 1: the owner updates it and broadcasts
+    the parameter)."""
+    opt, owns = _inner_optimizer(trainer), _owned(trainer)
     ema = _ema_callback(trainer)
     named = dict(trainer.model.named_parameters())
     out: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
     for p in params:
         keys, param = family_keys(p.name), named[p.name]
         out[keys["model"]] = _pack(from_paddle(param))
-        master = opt._master_weights.get(param.name)
-        if p.dtype == "F32":
-            master = param
-        owned = master is not None and (p.dtype != "F32" or _owns(opt, param))
-        if owned:
+        if not owns(param):
+            continue
+        master = param if p.dtype == "F32" else opt._master_weights.get(param.name)
+        if master is not None:
             out[keys["master"]] = _pack(from_paddle(master))
         for slot, family in (("moment1", "m1"), ("moment2", "m2")):
             acc = opt._accumulators.get(slot, {}).get(master.name if master is not None else param.name)
@@ -340,11 +366,6 @@ def _local_state(trainer: Any, params: tuple[Param, ...]) -> dict[str, tuple[str
             if held is not None and held._is_initialized():
                 out[keys["ema"]] = _pack(from_paddle(held))
     return out
-
-
-def _owns(opt: Any, param: Any) -> bool:
-    """Whether this rank's optimizer updates ``param`` (it holds moments for it)."""
-    return param.name in opt._accumulators.get("moment1", {})
 
 
 def _pack(t: Tensor) -> tuple[str, tuple[int, ...], bytes]:
