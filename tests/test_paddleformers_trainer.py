@@ -48,6 +48,19 @@ def test_cases_carry_the_trainer_s_loop_semantics_and_its_options(case: Case) ->
         assert layout is not None and all(type(p).__name__ == "Replicate" for p in layout.placements)  # whole
 
 
+def test_a_job_that_died_in_training_is_judged_there_not_for_the_rest_of_its_script() -> None:
+    """A SUT that trains itself can fail a train op; its later saves and trains (until a load or a restart starts
+    a job again) are the script of a dead job: only the failed train is judged."""
+    from properties.check.oracle import follows_failed_train
+    from properties.model.outcome import OpRecord
+
+    kinds = [("train", False), ("save", False), ("train", False), ("load", True), ("train", True), ("save", True)]
+    records = [OpRecord(i, k, None, ok) for i, (k, ok) in enumerate(kinds)]
+    assert [follows_failed_train(records, i) for i in range(len(records))] == [False, True, True, False, False, False]
+    records[0].restarted = True  # the harness replaced the ranks after the failed train: a fresh job
+    assert not follows_failed_train(records, 1)
+
+
 _SHIM_CHECK = r"""
 import json, sys
 import numpy as np

@@ -99,6 +99,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         self._start = _Start()
         self._spec: TrainingSpec | None = None
         self._params: tuple[Param, ...] = ()
+        self._died: BaseException | None = None  # the error a run ended with: the job is dead until a resume
 
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         import paddle
@@ -118,19 +119,25 @@ class PaddleFormersTrainerSut(PaddleAdapter):
     def train(self, root: Path, live: dict, to_step: int, *, options: dict) -> None:
         """Train the job to ``to_step`` with ``Trainer.train`` and write the state it reached into ``live``."""
         spec, params = self._training()
+        self._alive()
         start = current_step(live)
         if start < self._start.step:
             raise TrainerCaseError(f"the job is at step {start}, before the checkpoint it resumed from "
                                    f"(step {self._start.step})")
-        with _fresh_names():
-            trainer = self._trainer_for(root, spec, params, options, max_steps=to_step)
-            trainer.train(resume_from_checkpoint=self._start.path)
+        try:
+            with _fresh_names():
+                trainer = self._trainer_for(root, spec, params, options, max_steps=to_step)
+                trainer.train(resume_from_checkpoint=self._start.path)
+        except Exception as exc:
+            self._died, self._trainer = exc, None
+            raise
         self._trainer = trainer
         state = _observe(trainer, spec, params)
         for key, lt in live.items():
             lt.tensor.bits[...] = state[key].bits.reshape(lt.tensor.bits.shape)
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict) -> Any:
+        self._alive()
         trainer = self._trainer
         step = trailing_int(name)
         if trainer is None or trainer.state.global_step != step:
@@ -166,7 +173,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
             else:
                 raise RuntimeError(f"the Trainer resumed from {path} without starting a step")
         _first_step_slots(trainer)
-        self._trainer = trainer
+        self._trainer, self._died = trainer, None
         self._start = _Start(path, trainer.state.global_step)
         state = _observe(trainer, spec, params)
         return {key: state[key] for key in targets if key in state}
@@ -174,7 +181,13 @@ class PaddleFormersTrainerSut(PaddleAdapter):
     def end_case(self) -> None:
         global _run
         self._trainer, self._start, _run = None, _Start(), None
-        self._spec, self._params = None, ()
+        self._spec, self._params, self._died = None, (), None
+
+    def _alive(self) -> None:
+        """A job whose training died can neither save nor train on: each such op fails as the job did (the same
+        error, so it reads as that bug's consequence), until a load resumes a new job."""
+        if self._died is not None:
+            raise type(self._died)(*self._died.args)
 
     def _training(self) -> tuple[TrainingSpec, tuple[Param, ...]]:
         if self._spec is None:
@@ -195,7 +208,10 @@ class PaddleFormersTrainerSut(PaddleAdapter):
             raise TrainerCaseError(f"format {fmt!r}: the Trainer saves an EMA in {', '.join(FORMATS)}")
         low = any(p.dtype != "F32" for p in params)
         args = TrainingArguments(
-            output_dir=str(root), max_steps=max_steps, save_strategy="no", report_to="none", disable_tqdm=True,
+            # The case's save ops save (the loop's own schedule is off); save_steps must still be a multiple of
+            # the EMA interval, which TrainingArguments asserts.
+            output_dir=str(root), max_steps=max_steps, save_strategy="no", save_steps=spec.ema_every,
+            report_to="none", disable_tqdm=True,
             logging_steps=int(options.get("logging_steps", 1)), per_device_train_batch_size=1, seed=spec.seed,
             learning_rate=spec.lr, max_grad_norm=0.0, save_checkpoint_format=fmt, load_checkpoint_format=fmt,
             zcc_save_ema_coef=spec.ema_decay, zcc_ema_interval=spec.ema_every,

@@ -43,6 +43,20 @@ def follows_failed_save(records: list[OpRecord], index: int) -> bool:
     return bool(saves) and not saves[-1].ok
 
 
+def follows_failed_train(records: list[OpRecord], index: int) -> bool:
+    """Op ``index`` is a save or a train of a job whose training failed before it, with no load or restart between:
+    the job died in that train (a SUT that trains itself), so what its script asks of it later is not judged;
+    the failed train is."""
+    if records[index].kind not in ("save", "train"):
+        return False
+    dead = False
+    for rec in records[:index]:
+        if rec.kind in ("load", "restart"):
+            dead = False
+        dead = (dead or (rec.kind == "train" and not rec.ok)) and not rec.restarted  # fresh ranks start over
+    return dead
+
+
 def failed_load_before(records: list[OpRecord], index: int) -> bool:
     """An earlier load of the same processes failed: no restart between it and op ``index`` (a restart op, or an op
     after which the harness replaced the ranks), so what it left in them may still be there."""
@@ -56,7 +70,7 @@ def check_oracle(case: Case, outcome: Outcome) -> Judgement:
     prop = case.property
     results: list[Judgement] = []
     for op_case, rec in zip(case.ops, outcome.records):
-        if follows_failed_save(outcome.records, rec.index):
+        if follows_failed_save(outcome.records, rec.index) or follows_failed_train(outcome.records, rec.index):
             continue
         if not rec.ok:
             results.append(judged([op_failure(prop, at(case, rec), sut_error(rec),
