@@ -147,7 +147,7 @@ def initial_state(spec: TrainingSpec, params: Iterable[Param]) -> dict[str, Tens
         state[keys["model"]] = Tensor(DTYPES[p.dtype], cast_bits(master, p.dtype))
         for family in ("m1", "m2", "ema"):
             state[keys[family]] = Tensor.from_array(np.zeros(p.shape, np.float32), "F32")
-    state[RNG_KEY] = Tensor.from_array(np.array(_seed_rng(spec.seed), np.uint64).view(np.int64), "I64")
+    state[RNG_KEY] = Tensor.from_array(_seed_words(spec).view(np.int64), "I64")
     state[STEP_KEY] = Tensor.from_array(np.array(0, np.int64), "I64")
     return state
 
@@ -200,11 +200,8 @@ def _updates_ema(spec: TrainingSpec, t: int, out: int) -> bool:
 def first_ema_step(spec: TrainingSpec, upto: int) -> int | None:
     """The first step (at most ``upto``) whose EMA update happens, from the seed's RNG stream: where the EMA starts
     from the first master weights it averages, that update copies them."""
-    bits = np.array(_seed_rng(spec.seed), np.uint64)
-    for t in range(1, upto + 1):
-        if _updates_ema(spec, t, _advance_rng(bits)):
-            return t
-    return None
+    words = _seed_words(spec)
+    return next((t for t in range(1, upto + 1) if _updates_ema(spec, t, _advance_rng(words))), None)
 
 
 def step_loss(spec: TrainingSpec, t: int) -> float:
@@ -264,21 +261,22 @@ def adam_update(spec: TrainingSpec, t: int, grad: np.ndarray, master: np.ndarray
     master[...] = master - f32(spec.lr) * (step + f32(spec.weight_decay) * master)
 
 
+def _stream_at(spec: TrainingSpec, t: int) -> tuple[int, np.ndarray]:
+    """Step ``t`` of the seed's RNG stream: its output (0 at step 0) and the state words after it."""
+    words, out = _seed_words(spec), 0
+    for _ in range(t):
+        out = _advance_rng(words)
+    return out, words
+
+
 def rng_output(spec: TrainingSpec, t: int) -> int:
     """The RNG output of step ``t`` from the seed's stream (what drives that step's loss and gradients)."""
-    bits = np.array(_seed_rng(spec.seed), np.uint64)
-    out = 0
-    for _ in range(t):
-        out = _advance_rng(bits)
-    return out
+    return _stream_at(spec, t)[0]
 
 
 def rng_state(spec: TrainingSpec, t: int) -> Tensor:
     """``rng/state`` after ``t`` steps of the seed's stream."""
-    bits = np.array(_seed_rng(spec.seed), np.uint64)
-    for _ in range(t):
-        _advance_rng(bits)
-    return Tensor.from_array(bits.view(np.int64), "I64")
+    return Tensor.from_array(_stream_at(spec, t)[1].view(np.int64), "I64")
 
 
 def gradient(p: Param, rng_out: int) -> np.ndarray:
@@ -323,6 +321,10 @@ def cast_bits(values: np.ndarray, dtype_name: str) -> np.ndarray:
 
 
 # --- the RNG: xorshift128+, state held as two I64 words ---------------------------------------------------------
+
+
+def _seed_words(spec: TrainingSpec) -> np.ndarray:
+    return np.array(_seed_rng(spec.seed), np.uint64)
 
 
 def _seed_rng(seed: int) -> list[int]:

@@ -43,6 +43,7 @@ from harness.sut._paddle_common import (
     trailing_int,
 )
 from harness.sut.base import RankTensor
+from harness.sut.paddleformers_uc import checkpoint_to_resume
 from reference.dtypes import dtype
 from reference.namespaces import STEP_KEY
 from reference.tensor import Tensor
@@ -149,20 +150,9 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         trainer._save_checkpoint(trainer.model_wrapped, metrics=None)
         return trainer
 
-    def wait(self, handle: Any) -> None:
-        return None
-
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
-        from paddleformers.trainer.trainer_utils import get_last_checkpoint
-
         spec, params = self._training()
-        if name is None:
-            found = get_last_checkpoint(str(root))
-            if found is None:
-                raise FileNotFoundError(f"get_last_checkpoint found no checkpoint-N under {root}")
-            path = str(found)
-        else:
-            path = str(Path(root) / f"checkpoint-{trailing_int(name)}")
+        path = str(checkpoint_to_resume(root, name))
         with _fresh_names():
             trainer = self._trainer_for(root, spec, params, options, max_steps=trailing_int(Path(path).name) + 1)
             trainer.add_callback(_stop_at_first_step())

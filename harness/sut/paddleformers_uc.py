@@ -235,17 +235,9 @@ class PaddleFormersUcSut(PaddleAdapter):
 
     def _load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *,
               options: dict) -> dict[str, Tensor]:
-        from paddleformers.trainer.trainer_utils import get_last_checkpoint
-
         _whole(targets)
         zeros = {key: rt.local.tensor for key, rt in targets.items()}
-        if name is None:
-            found = get_last_checkpoint(str(root))
-            if found is None:
-                raise FileNotFoundError(f"get_last_checkpoint found no checkpoint-N under {root}")
-            path = Path(found)
-        else:
-            path = Path(root) / _dir_name(name)
+        path = checkpoint_to_resume(root, name)
         trainer, params = self._trainer(root, param_specs(zeros), options, accumulators=False)
         _resume(trainer, str(path))
         # The first step creates moments (and masters) from what set_state_dict kept; a value UC did not restore
@@ -331,6 +323,19 @@ def _pdc(options: dict) -> Any:
             os.environ.pop("FLAG_LLM_PDC", None)
         else:
             os.environ["FLAG_LLM_PDC"] = previous
+
+
+def checkpoint_to_resume(root: Path, name: str | None) -> Path:
+    """The ``checkpoint-N`` directory a resume reads: ``name``'s, or (None) the one the Trainer's own selector,
+    ``trainer_utils.get_last_checkpoint``, picks."""
+    from paddleformers.trainer.trainer_utils import get_last_checkpoint
+
+    if name is not None:
+        return Path(root) / _dir_name(name)
+    found = get_last_checkpoint(str(root))
+    if found is None:
+        raise FileNotFoundError(f"get_last_checkpoint found no checkpoint-N under {root}")
+    return Path(found)
 
 
 def _dir_name(name: str) -> str:
