@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from faults.spec import KillFault
 from harness.cli import main
 from harness.repro import reported_op
 from harness.repro.render import repro_py, run_sh
@@ -223,6 +224,36 @@ def test_a_unified_checkpoint_script_builds_the_trainer_state_it_saves() -> None
         assert "python -m paddle.distributed.launch" in run_sh(scripted)
     pdc = repro_py(script_case(_case("paddleformers-uc-missing-checkpoint-wedges-group")), "t", "s")
     assert 'os.environ["FLAG_LLM_PDC"] = "True"' in pdc and "KEEP_LAST = 1" in pdc
+
+
+def test_a_trainer_script_trains_with_the_reference_loop_as_data() -> None:
+    """A Trainer job's script runs ``Trainer.train`` itself; the reference loop is data in it (each step's loss and
+    each parameter's gradient, the reference's Adam arithmetic), and after each train and load the whole state must
+    equal the uninterrupted reference run's."""
+    from reference.training import gradient, rng_output, step_loss
+
+    case = _case("paddleformers-trainer-ema-threshold-reads-summed-loss")
+    scripted = script_case(case)
+    assert [s.kind for phase in scripted.phases for s in phase.steps] == ["train", "save", "load"]
+    assert ("save", 0) in scripted.tables  # the job's step-0 state: the model's initial values
+    text = repro_py(scripted, "t", "s")
+    compile(text, "repro.py", "exec")
+    spec = case.spec()
+    assert f"LOSSES = {({t: step_loss(spec, t) for t in (1, 2)})!r}" in text
+    w = next(p for p in case.params() if p.name == "w")
+    assert gradient(w, rng_output(spec, 2)).tobytes().hex() in text
+    assert "trainer.train(resume_from_checkpoint=JOB[1])" in text and "def adam_update(" in text
+    assert "run('step 0: train to step 2', train, 2, DATA['save', 2][RANK])" in text
+    assert "LOGGING_STEPS = 2" in text and "loss_threshold=1.5" in text
+    assert "python -m paddle.distributed.launch" in run_sh(scripted)
+
+
+def test_what_a_trainer_script_cannot_show_is_said() -> None:
+    case = _case("paddleformers-trainer-ema-threshold-reads-summed-loss")
+    with pytest.raises(ReproUnsupported, match="a fault in a training case"):
+        script_case(dataclasses.replace(case, fault=KillFault(op=1, syscall="rename", k=1)))
+    with pytest.raises(ReproUnsupported, match="training case on paddle-dcp"):
+        repro_py(script_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
 
 
 def test_a_lost_directory_entry_is_undone_where_that_is_exact() -> None:

@@ -58,7 +58,8 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
             fix["with_fix_not_run"] = SCRIPTED_LOSS
         fix = None if "error" in fix or "with_fix_not_run" in fix else fix
     try:
-        emitter(case.sut)  # a SUT without scripts, or a case no script can show, is said before any launch
+        emitter(case.sut, case.training is not None)  # a SUT without scripts, or a case no script can show, is
+        # said before any launch
         check_supported(case)
         if simplify_first and verdict:
             case, kept, tried = simplify(case, finding, launch, fixes=needs)

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.fixes import FIXES, covering, resolve
+from harness.fixes import FIXES, covering, resolve, stack
 
-# The frameworks whose fixes a repro of a SUT on ``framework`` may need: PaddleFormers runs on Paddle.
-STACKS = {"paddleformers": ("paddleformers", "paddle")}
 RUNS = 24  # fresh runs a search may take beyond the first (each is a launch of the whole repro)
 
 
 def others(stem: str) -> list[str]:
     """The fixes a companion may come from: every fix of the stem's frameworks that is not its own."""
     own = covering(stem)
-    frameworks = {name for i in own for name in STACKS.get(FIXES[i].framework, (FIXES[i].framework,))}
+    frameworks = {name for i in own for name in stack(FIXES[i].framework)}
     return [i for i, f in FIXES.items() if f.framework in frameworks and i not in own]
 
 

@@ -9,14 +9,15 @@ from types import ModuleType
 from harness.repro.scripted_case import Piece, ReproUnsupported, ScriptedCase, Step
 
 EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp": "torch_dcp",
-            "paddleformers-uc": "paddleformers_uc"}
+            "paddleformers-uc": "paddleformers_uc", "paddleformers-trainer": "paddleformers_trainer"}
 STEP_TIMEOUT_S = 300  # per launch in run.sh: a hang shows as exit 124
 START_S = 60  # a launch's start-up (imports, the collective) on top of a case's own op bound
 MARK = "BUG"  # the first word of the lines a script prints when it shows the bug
 
-CHECK = f'''def check(step, got, pieces, also=()):
+CHECK = f'''def check(step, got, pieces, also=(), should="what was saved"):
     """Every loaded piece must have the dtype and the exact bits that were saved: by one save as a whole (``also``:
-    the other saves it may rightly give, after a kill in the middle of a re-save of the name)."""
+    the other saves it may rightly give, after a kill in the middle of a re-save of the name). ``should`` says what
+    the pieces are."""
     def held(key, p):
         dtype, shape, bits = bits_of(got[key])
         return (dtype, shape, bits) == (DTYPE_NAMES[p.dtype], list(p.shape), p.bits), (dtype, shape, bits)
@@ -41,7 +42,7 @@ CHECK = f'''def check(step, got, pieces, also=()):
         p = pieces[key]
         same, (dtype, shape, bits) = held(key, p)
         if not same:
-            print(f"{MARK}: {{step}} on rank {{RANK}}: {{key}} does not hold what was saved"
+            print(f"{MARK}: {{step}} on rank {{RANK}}: {{key}} does not hold {{should}}"
                   + (f" (by any of the {{1 + len(also)}} saves it may give)" if also else ""))
             print(f"EXPECTED: {{DTYPE_NAMES[p.dtype]}} {{list(p.shape)}} bits {{p.bits}}")
             print(f"ACTUAL:   {{dtype}} {{shape}} bits {{bits}}")
@@ -85,8 +86,8 @@ def run(step, action, *args, expect_error=False, tolerate=False, may_fail=False,
         print("EXPECTED: an error (the checkpoint it reads is not there or not whole)")
         print("ACTUAL:   no error")
         sys.exit(1)
-    if action is load and not tolerate:
-        check(step, result, args[-1], also)
+    if action.__name__ in ("load", "train") and not tolerate:  # a job that trains: its state after the step
+        check(step, result, args[-1], also, "what was saved" if action is load else "the uninterrupted run's state")
 '''
 
 
@@ -243,10 +244,16 @@ def crash_held():
 
 '''
 
-def emitter(sut: str) -> ModuleType:
+def emitter(sut: str, training: bool = False) -> ModuleType:
+    """The module that writes ``sut``'s scripts; ``training``: for a job that trains itself, which only an emitter
+    that renders train steps (``TRAINS``) can script."""
     if sut not in EMITTERS:
         raise ReproUnsupported(f"no standalone script for {sut} yet (it needs its framework's set-up spelled out)")
-    return importlib.import_module(f"{__package__}.{EMITTERS[sut]}")
+    module = importlib.import_module(f"{__package__}.emitters.{EMITTERS[sut]}")
+    if training and not getattr(module, "TRAINS", False):
+        raise ReproUnsupported(f"a training case on {sut} (its state is computed by the harness's training loop, "
+                               "which the script does not spell out)")
+    return module
 
 
 # repro.py's hook for ``run.sh --with-fix``: at import, so writer processes the framework spawns (which import this
@@ -284,7 +291,7 @@ FAULT_CALL_GONE = ('  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX:
 def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = False, needs: bool = False) -> str:
     """The script; ``with_fix``: the folder has a candidate fix (fix.py) that ``run.sh --with-fix`` applies;
     ``needs``: the bug shows only with known bugs' fixes applied first (needs.py), which it always applies."""
-    module = emitter(scripted.sut)
+    module = emitter(scripted.sut, scripted.training is not None)
     text = module.TEXT
     dtypes = {p.dtype for table in scripted.tables.values() for pieces in table.values() for p in pieces.values()}
     parts = [
@@ -397,6 +404,8 @@ def _action(step: Step) -> str:
     if step.kind == "damage":
         return f"damage, {list(step.edits)!r}"
     data = f"DATA[{step.table[0]!r}, {step.table[1]}][RANK]" if step.table else "{}"
+    if step.kind == "train" and step.table:
+        return f"train, {step.table[1]}, {data}"
     if step.kind != "save":
         return f"load, {step.name!r}, {data}"
     keywords = (("use_async", "async_save"), ("mutate_after", "mutate_after"), ("detach", "detach"))

@@ -17,6 +17,7 @@ from properties.model.case import Case
 from reference.engine import local_tensors
 from reference.layout import Box, Flat, FlatRange, Sharded
 from reference.layout import Shard as ShardPlacement
+from reference.training import Param, TrainingSpec
 
 
 class ReproUnsupported(Exception):
@@ -83,7 +84,8 @@ class Step:
 
     index: int
     kind: str  # save | load | wait | kill (the writers of detached saves) | resume (held writers) | check (what a
-    # save recorded) | damage (files changed between ops: a corruption, what a power loss leaves)
+    # save recorded) | damage (files changed between ops: a corruption, what a power loss leaves) | train (a job that
+    # trains itself, to the step its table holds)
     name: str | None
     table: tuple[str, int] | None = None
     use_async: bool = False
@@ -108,7 +110,8 @@ class Step:
         what = {"wait": "wait for detached saves", "damage": self.why,
                 "kill": "SIGKILL the writers of the detached saves (the trainer goes on)",
                 "check": f"the pieces save {self.name} recorded cover each tensor once",
-                "resume": "let the held writers go"}.get(self.kind, named)
+                "resume": "let the held writers go",
+                "train": f"train to step {self.table[1] if self.table else '?'}"}.get(self.kind, named)
         crash = f" ({self.crash.describe()})" if self.crash else ""
         held = " (its writers held)" if self.hold else ""
         return f"step {self.index}: {what}" + (" (async)" if self.use_async else "") + held + crash
@@ -129,6 +132,8 @@ class ScriptedCase:
     phases: list[Phase]
     tables: dict[tuple[str, int], dict[int, dict[str, Piece]]]  # (layout, version) -> rank -> tensor -> piece
     case_property: str = ""  # P-COVER: the script checks what each save recorded, not only what loads give
+    training: TrainingSpec | None = None  # a job that trains itself: its loop, and the parameters it trains
+    params: tuple[Param, ...] = ()
 
     def uses(self, flag: str) -> bool:
         """Whether any step sets ``flag`` (use_async, mutate_after, detach): the script leaves out what none needs."""
@@ -153,6 +158,8 @@ class ScriptedCase:
 
 
 RANK_OPS = ("save", "load", "wait", "kill", "resume")
+TRAINING_OPS = ("train", "save", "load", "restart")
+INITIAL = 0  # a training case's table of this version holds the job's state before its first step
 
 
 def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: int | None = None,
@@ -188,7 +195,7 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
             phases.append(Phase(world))
             fresh = False
         table = None
-        if op.kind in ("save", "load"):
+        if op.kind in ("save", "load", "train"):
             table = (which, op.version)
             if table not in tables:
                 tables[table] = _table(case, which, op.version, world)
@@ -233,18 +240,33 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
             if isinstance(case.fault, CorruptFault):
                 damaged |= _damaged_names(case.fault.plan, saved)
             fresh = True
-    return ScriptedCase(case.sut, dict(case.options), phases, tables, case.property)
+    if case.training is None:
+        return ScriptedCase(case.sut, dict(case.options), phases, tables, case.property)
+    start = ("save", INITIAL)  # the job starts under the save layouts (Case.op_layouts)
+    tables.setdefault(start, _table(case, *start, phases[0].world if phases else 1))
+    return ScriptedCase(case.sut, dict(case.options), phases, tables, case.property, case.spec(), case.params())
 
 
 def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
     """Raise ``ReproUnsupported`` for what no script can show yet (before any launch is spent on the case); else
     the case's fault as file edits (None without one)."""
     if case.training is not None:
-        raise ReproUnsupported("a training case (its state is computed by the harness's training loop)")
+        return _check_training(case)
     for index, op in enumerate(case.ops):
         if op.kind not in (*RANK_OPS, "restart", "corrupt"):
             raise ReproUnsupported(f"op {index} is a {op.kind!r} (the script cannot do it yet)")
     return None if _kills_writers(case) or _crash(case) is not None else _fault_edits(case)
+
+
+def _check_training(case: Case) -> None:
+    """A training case's steps, where its SUT's emitter trains (harness.repro.render.emitter says whether it does);
+    faults in one are not scripted yet."""
+    if case.fault is not None:
+        raise ReproUnsupported("a fault in a training case (the script cannot inject it into a training job yet)")
+    for index, op in enumerate(case.ops):
+        if op.kind not in TRAINING_OPS:
+            raise ReproUnsupported(f"op {index} is a {op.kind!r} in a training case (the script cannot do it yet)")
+    return None
 
 
 def _kills_writers(case: Case) -> bool:

@@ -3,7 +3,7 @@ to one file per checkpoint name and reads the same file back, as harness/sut/pad
 
 from __future__ import annotations
 
-from harness.repro import paddle_text
+from harness.repro.emitters import paddle_text
 from harness.repro.render import HOLD_THREADS
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 

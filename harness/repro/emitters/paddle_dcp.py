@@ -7,7 +7,7 @@ given; the script spells out which, from the case's options.
 
 from __future__ import annotations
 
-from harness.repro import paddle_text
+from harness.repro.emitters import paddle_text
 from harness.repro.render import HOLD_PROCESSES
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 

@@ -6,7 +6,7 @@ mesh with the global shape and stride given, or the plain tensor for one that li
 
 from __future__ import annotations
 
-from harness.repro import torch_text
+from harness.repro.emitters import torch_text
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 
 FRAMEWORK = "torch"

@@ -3,7 +3,7 @@ Paddle scripts), and a set-up without CPU shims (the Trainer's path calls no CUD
 
 from __future__ import annotations
 
-from harness.repro.paddle_text import CARRIERS, DTYPE_NAMES, LAUNCH, SCRIBBLE, SHOW, TENSORS, carriers
+from harness.repro.emitters.paddle_text import CARRIERS, DTYPE_NAMES, LAUNCH, SCRIBBLE, SHOW, TENSORS, carriers
 
 __all__ = ["CARRIERS", "DTYPE_NAMES", "IMPORTS", "LAUNCH", "SCRIBBLE", "SETUP", "SHOW", "TEARDOWN", "TENSORS", "WHY",
            "carriers"]

@@ -5,7 +5,7 @@ weights as ``optimizer/<p>.m1|.m2`` and ``master/<p>``; a save is the Trainer's 
 
 from __future__ import annotations
 
-from harness.repro import uc_text
+from harness.repro.emitters import uc_text
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 
 FRAMEWORK = "paddleformers"
