@@ -156,12 +156,13 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--nnodes", type=int, default=1,
                        help="launch the ranks as this many nodes (launchers) meeting over loopback (default 1)")
         campaign = p is f  # a campaign runs past the known bugs; a replay or a crash point shows stock code
-        p.add_argument("--fixes", default="all" if campaign else "none", metavar="all|none|ID,...",
-                       help="patch known bugs of the SUT's framework on every rank first (harness/fixes/; `list` "
-                       f"names them): all{' (default)' if campaign else ''}, none{'' if campaign else ' (default)'}, "
+        p.add_argument("--fixes", default="all" if campaign else None, metavar="all|none|ID,...",
+                       help="patch known bugs of the SUT's framework (and the frameworks beneath it) on every rank "
+                       f"first (harness/fixes/; `list` names them): all{' (default)' if campaign else ''}, none, "
                        "or fix ids (with the fixes each requires)" + (
                            "; a failure met with fixes applied is replayed on stock code, and the report names "
-                           "the fixes it needs where stock code passes" if campaign else ""))
+                           "the fixes it needs where stock code passes" if campaign else
+                           "; default: a finding's needs_fixes (the fixes it shows only behind), else none"))
     fl = sub.add_parser("fleet", help="run a plan of campaigns (shards) as Ray tasks and merge their results "
                         "(docs/fleet.md; needs the fleet extra)")
     fl.add_argument("--plan", type=Path, required=True, help="the plan: TOML, [fleet] and [[shard]] "
@@ -397,7 +398,9 @@ def _replay(args: argparse.Namespace) -> int:
     if args.with_fix:
         raise HarnessError(f"{args.case}: --with-fix runs a repro folder (one written by `ckpt-harness repro`); for a "
                            "case file use --fixes")
-    case, _ = _read_case(args.case)
+    case, finding = _read_case(args.case)
+    if args.fixes is None:  # a finding shown only behind known bugs' fixes replays behind them
+        args.fixes = ",".join(finding.get("needs_fixes") or ()) or "none"
     judge_case = Judge(_runners(args, case.sut))
     try:
         judgement, outcome = judge_case(case)

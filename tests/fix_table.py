@@ -18,12 +18,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from harness.fixes import FIXES, own_fixes, resolve
+from harness.fixes import FIXES, own_fixes, resolve, stack
 from harness.fixes.reach import reached
 from harness.judging.judge import Judge, Unreplayable
 from harness.ranks.forkserver import ForkServer
 from harness.ranks.runners import Runners
-from harness.repro.companions import STACKS
 from harness.sut import REGISTRY, adapter_class, framework_available
 from properties.model.case import Case, read_case_file
 
@@ -46,9 +45,7 @@ def runnable(stem: str) -> bool:
 
 def watched(sut: str) -> list[str]:
     """The fixes a run of ``sut`` can reach: every fix of its framework and of the frameworks beneath it."""
-    framework = adapter_class(sut).framework
-    stack = STACKS.get(framework, (framework,))
-    return [i for i, f in FIXES.items() if f.framework in stack]
+    return [i for i, f in FIXES.items() if f.framework in stack(adapter_class(sut).framework)]
 
 
 def mine(fix_id: str, stem: str) -> bool:
@@ -100,9 +97,12 @@ class Tables:
         (gloo's 30 s), except in the first run of each failure, which tells what the shortcut's failure is."""
         case, finding = read_case_file(REGRESSIONS / f"{stem}.json")
         mode = "virtual" if finding.get("launch", "fresh") == "virtual" else "pool"
-        runners = Runners(case.sut, mode, forks=self._forks.setdefault(case.sut, ForkServer(case.sut)))
+        # A bug shown only behind known bugs' fixes (its needs_fixes): "stock" is stock code behind them, and each
+        # fix alone joins them; they are applied throughout, so they are no row of their own.
+        needs = resolve(",".join(finding.get("needs_fixes") or ())) if finding.get("needs_fixes") else ()
+        runners = Runners(case.sut, mode, fixes=needs, forks=self._forks.setdefault(case.sut, ForkServer(case.sut)))
         judge = Judge(runners, exploring=True)
-        watch = watched(case.sut)
+        watch = [f for f in watched(case.sut) if f not in needs]
         try:
             with tempfile.TemporaryDirectory(prefix="ckh-reach-") as where:
                 runners.reach = {"dir": where, "fixes": watch}
@@ -117,7 +117,7 @@ class Tables:
                 if fix_id in known:
                     outcomes[fix_id] = known[fix_id]
                     continue
-                with runners.patched(resolve(fix_id)):
+                with runners.patched(resolve(",".join((*needs, fix_id)))):
                     outcomes[fix_id] = self._judged(judge, case, finding, fix_id, core)[0]
         finally:
             judge.close()

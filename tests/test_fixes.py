@@ -94,6 +94,9 @@ def test_resolve_spells_out_requirements() -> None:
     assert resolve("all", "paddle") == tuple(i for i, f in FIXES.items() if f.framework == "paddle")
     assert resolve("all") == ()  # a SUT of no framework (the reference) has none
     assert resolve("all", "torch") == tuple(i for i, f in FIXES.items() if f.framework == "torch")
+    # a PaddleFormers campaign runs past Paddle's known bugs too: its checkpoints go through Paddle's code
+    assert resolve("all", "paddleformers") == tuple(i for i, f in FIXES.items() if f.framework in ("paddle",
+                                                                                                 "paddleformers"))
     with_requirements = ("paddle-dcp-flatten-0d", "paddle-dcp-unflatten-world-of-one")
     assert resolve("paddle-dcp-unflatten-world-of-one") == with_requirements
     with pytest.raises(FixError, match="unknown fixes"):
@@ -183,6 +186,28 @@ def _test_fix(fix_id: str, cls: type, old: str, new: str) -> Fix:
     source = inspect.getsource(cls.load)
     return Fix(fix_id, "fix", "tests", "0", f"{cls.__name__}.load, fixed", (Hunk(
         cls.__module__, f"{cls.__name__}.load", source_digest(source), ((old, new),)),), ())
+
+
+def test_replay_applies_the_fixes_a_finding_shows_behind(tmp_path: Path, monkeypatch) -> None:
+    """A finding shown only behind known bugs' fixes (``needs_fixes``) replays behind them unless ``--fixes`` says
+    otherwise; a finding without them, or a plain case, replays on stock code."""
+    import harness.cli as cli
+
+    seen: list[str] = []
+
+    def runners(args, sut):
+        seen.append(args.fixes)
+        raise cli.HarnessError("stop here: only the fixes are under test")
+
+    monkeypatch.setattr(cli, "_runners", runners)
+    behind = REGRESSIONS / "paddleformers-trainer-sharding-io-resume-rank-without-master-weights.json"
+    needs = json.loads(behind.read_text())["needs_fixes"]
+    stock = REGRESSIONS / "paddle-dcp-version-cache.json"
+    case_only = tmp_path / "case.json"
+    case_only.write_text(json.dumps(json.loads(stock.read_text())["case"]))
+    for argv in ([str(behind)], [str(behind), "--fixes", "none"], [str(stock)], [str(case_only)]):
+        assert main(["replay", *argv]) == 2
+    assert seen == [",".join(needs), "none", "none", "none"]
 
 
 def test_a_failure_that_passes_patched_is_known_by_its_smallest_fix_set(monkeypatch) -> None:
@@ -392,7 +417,8 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
     info = REGISTRY.get(case.sut)
     if info is not None and not framework_available(info):  # a Paddle fix of a bug met through PaddleFormers
         pytest.skip(f"{case.sut} needs {info.framework}")
-    judge_case = Judge(warm_runners.get(case.sut, finding.get("launch", "fresh"), resolve(fix_id)))
+    fixes = resolve(",".join((*(finding.get("needs_fixes") or ()), fix_id)))  # behind what the bug shows behind
+    judge_case = Judge(warm_runners.get(case.sut, finding.get("launch", "fresh"), fixes))
     try:
         if case.fault is not None and case.fault.kind == "state":
             # A recorded power-loss state is a prefix of the stock save's IO; a durability fix changes that IO, so
@@ -425,7 +451,7 @@ def test_a_fix_is_needed_by_the_cases_it_covers(fix_id: str, stem: str, warm_run
     # A row two fixes each resolve on their own (a save that drops a tensor, a load that needs none of it) leaves
     # out both: "every fix but its own".
     alternatives = set(own_fixes(stem)) - set(resolve(fix_id))
-    others = tuple(i for i in resolve("all", FIXES[fix_id].framework)
+    others = tuple(i for i in resolve("all", REGISTRY[case.sut].framework)  # every fix a run of its SUT meets
                    if fix_id not in resolve(i) and not alternatives & set(resolve(i)))
     judge_case = Judge(warm_runners.get(case.sut, finding.get("launch", "fresh"), others))
     try:

@@ -48,7 +48,8 @@ def test_finding_still_reproduces(path: Path, warm_runners) -> None:
         how = ("its own environment (README: PaddleFormers)" if info.framework == "paddleformers"
                else f"pip install -e '.[{info.framework}]'")
         pytest.skip(f"{case.sut} needs {info.framework}: {how}")
-    runners = warm_runners.get(case.sut, finding.get("launch", "fresh"))
+    needs = tuple(finding.get("needs_fixes") or ())  # a bug that shows only behind known bugs' fixes
+    runners = warm_runners.get(case.sut, finding.get("launch", "fresh"), needs)
     judgement = _judged(case, runners)
     # A racy bug may show one of several ways; each way is listed with what its failure says ("or").
     ways = [finding, *finding.get("or", [])]
@@ -66,18 +67,19 @@ def test_finding_still_reproduces(path: Path, warm_runners) -> None:
         if found is None or owner not in found:
             # A racy bug may fail in a way its signature does not name (a kill landing a write later); a campaign
             # then knows it by the patch that fixes it (Judge.prove), and so does this test.
-            assert _passes_with_own_fix(case, owner, runners), \
+            assert _passes_with_own_fix(case, owner, runners, needs), \
                 [a.to_json() for a in judgement.anomalies] or judgement.details
 
 
-def _passes_with_own_fix(case: Case, owner: str, runners: Runners) -> bool:
-    """Whether the case passes, its fault fired, with the fix that covers finding ``owner`` applied."""
+def _passes_with_own_fix(case: Case, owner: str, runners: Runners, needs: tuple[str, ...] = ()) -> bool:
+    """Whether the case passes, its fault fired, with the fix that covers finding ``owner`` applied (behind the
+    fixes the finding ``needs``)."""
     fixes = covering(owner)
     if not fixes:
         return False
     judge_case = Judge(runners)
     try:
-        judged = judge_case.judged_with(case, fixes)
+        judged = judge_case.judged_with(case, (*needs, *fixes))
     finally:
         judge_case.close(runners=False)
     return judged is not None and judged[0].ok and (

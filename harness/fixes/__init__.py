@@ -13,11 +13,14 @@ from harness.fixes.patch import Fix, FixError
 from harness.fixes.reach import REACH_OPTION, Watched, watch
 from harness.fixes.rebind import batched
 
-__all__ = ["CARRIED_VAR", "FIXED_BY", "FIXES", "Fix", "FixError", "apply_carried", "apply_fixes", "covering",
-           "imports_nothing", "in_order", "own_fixes", "prepare", "resolve", "upstream_diff"]
+__all__ = ["CARRIED_VAR", "FIXED_BY", "FIXES", "STACKS", "Fix", "FixError", "apply_carried", "apply_fixes", "covering",
+           "imports_nothing", "in_order", "own_fixes", "prepare", "resolve", "stack", "upstream_diff"]
 
 CARRIED_VAR = "CKPT_HARNESS_FIXES"  # a rank's fixes, for the processes its framework spawns
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
+# The frameworks a SUT of a framework runs: PaddleFormers' checkpoints go through Paddle's own checkpoint code, so a
+# known bug of either may meet a PaddleFormers case, and either's fix identifies it.
+STACKS = {"paddleformers": ("paddleformers", "paddle")}
 
 
 def _load() -> dict[str, Fix]:
@@ -32,13 +35,18 @@ def _load() -> dict[str, Fix]:
 FIXES: dict[str, Fix] = _load()
 
 
+def stack(framework: str | None) -> tuple[str, ...]:
+    """``framework`` and the frameworks beneath it (none for a SUT of no framework)."""
+    return () if framework is None else STACKS.get(framework, (framework,))
+
+
 def resolve(spec: str | None, framework: str | None = None) -> tuple[str, ...]:
-    """``--fixes`` as fix ids: "all" (the fixes of ``framework``), "none", or ids separated by commas, each with
-    the fixes it requires."""
+    """``--fixes`` as fix ids: "all" (the fixes of ``framework`` and of the frameworks beneath it), "none", or ids
+    separated by commas, each with the fixes it requires."""
     if spec is None or spec == "none":
         return ()
-    if spec == "all":  # with what they require, which may patch the framework beneath (Paddle under PaddleFormers)
-        own = [i for i, f in FIXES.items() if f.framework == framework]
+    if spec == "all":
+        own = [i for i, f in FIXES.items() if f.framework in stack(framework)]
         return resolve(",".join(own)) if own else ()
     wanted = [s.strip() for s in spec.split(",") if s.strip()]
     unknown = [w for w in wanted if w not in FIXES]
