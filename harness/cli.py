@@ -382,13 +382,16 @@ def _repro_of(path: Path, launch: str, until: float | None = None) -> dict:
 
 def _read_case(path: Path):
     """A case file, its fault checked too (a bad fault is bad input, named in one line: reading the case parses
-    it, and a fault must hit an op that runs on the ranks)."""
+    it, and a fault must hit an op that runs on the ranks), and a case its SUT cannot run at all refused."""
     case, finding = read_case_file(path)
     if case.fault is not None:
         op = case.fault.op
         if case.ops[op].kind not in ("save", "load", "rotate"):
             raise HarnessError(f"{path}: bad fault: op {op} is a {case.ops[op].kind!r}; a fault hits a save, "
                                "a load or a rotation, which run on the ranks")
+    refused = adapter_class(case.sut).refuses(case)
+    if refused:
+        raise HarnessError(f"{path}: {case.sut} cannot run this case: {refused}")
     return case, finding
 
 

@@ -289,6 +289,12 @@ def replicated(mesh: Mesh) -> Sharded:
     return Sharded(mesh, tuple(Replicate() for _ in mesh.shape))
 
 
+def whole_on_every_rank(layout: TensorLayout) -> bool:
+    """Every rank holds the whole tensor (a data-parallel replica)."""
+    return isinstance(layout, Sharded) and not layout.owner and all(isinstance(p, Replicate)
+                                                                    for p in layout.placements)
+
+
 def flat_group(
     mesh: Mesh, mesh_dim: int | str, params: list[tuple[str, tuple[int, ...]]], align: int = 1
 ) -> dict[str, Flat]:

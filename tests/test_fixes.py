@@ -200,6 +200,9 @@ def test_replay_applies_the_fixes_a_finding_shows_behind(tmp_path: Path, monkeyp
         raise cli.HarnessError("stop here: only the fixes are under test")
 
     monkeypatch.setattr(cli, "_runners", runners)
+    from harness.sut.paddle_dcp import PaddleDcpSut
+    from harness.sut.paddleformers_trainer import PaddleFormersTrainerSut
+    monkeypatch.setattr(cli, "adapter_class", lambda sut: PaddleFormersTrainerSut if "trainer" in sut else PaddleDcpSut)
     behind = REGRESSIONS / "paddleformers-trainer-sharding-io-resume-rank-without-master-weights.json"
     needs = json.loads(behind.read_text())["needs_fixes"]
     stock = REGRESSIONS / "paddle-dcp-version-cache.json"

@@ -8,6 +8,7 @@ pass cases those explain and fail on anything else."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -46,6 +47,53 @@ def test_cases_carry_the_trainer_s_loop_semantics_and_its_options(case: Case) ->
     assert case.options["logging_steps"] in LOGGING_STEPS and case.options["format"] in FORMATS
     for layout in case.layouts("save").values():
         assert layout is not None and all(type(p).__name__ == "Replicate" for p in layout.placements)  # whole
+    assert PaddleFormersTrainerSut.refuses(case) is None  # what strategies draw, the adapter runs
+
+
+def _finding(stem: str) -> Case:
+    return Case.from_json(json.loads((REGRESSIONS / f"{stem}.json").read_text())["case"])
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (lambda c: dataclasses.replace(c, training=None), "training cases only"),
+    (lambda c: dataclasses.replace(c, options={**c.options, "format": "unified_checkpoint"}), "format"),
+    (lambda c: dataclasses.replace(c, options={**c.options, "logging_steps": 0}), "logging_steps 0"),
+    (lambda c: dataclasses.replace(c, tensors=tuple(dataclasses.replace(t, dtype="F16") for t in c.tensors)),
+     "is F16"),
+    (lambda c: dataclasses.replace(c, ops=(Op("train", version=2), Op("save", "step-1"))), "is at step 2"),
+    (lambda c: dataclasses.replace(c, ops=(Op("train", version=1), Op("restart"), Op("save", "step-1"))),
+     "has not trained since it started"),
+    (lambda c: dataclasses.replace(c, ops=(Op("train", version=2), Op("train", version=1))), "behind the step 2"),
+    (lambda c: dataclasses.replace(c, ops=(Op("train", version=1), Op("save", "last"))), "does not end with"),
+])
+def test_a_case_no_trainer_job_is_refused_before_any_launch(change, said: str) -> None:
+    """Bad input to the harness (a hand-written case outside what the adapter models) is said before any rank
+    starts, not judged as the Trainer's failure."""
+    case = _finding("paddleformers-trainer-ema-threshold-reads-summed-loss")
+    assert PaddleFormersTrainerSut.refuses(case) is None
+    assert said in (PaddleFormersTrainerSut.refuses(change(case)) or "")
+
+
+def test_every_recorded_trainer_case_is_one_the_adapter_runs() -> None:
+    ops = (Op("train", version=1), Op("save", "step-1"), Op("train", version=2), Op("save", "step-2"), Op("load"),
+           Op("train", version=3), Op("save", "step-3"))  # "latest" resumes the newest save
+    case = _finding("paddleformers-trainer-ema-threshold-reads-summed-loss")
+    assert PaddleFormersTrainerSut.refuses(dataclasses.replace(case, ops=ops)) is None
+    for path in sorted(REGRESSIONS.glob("paddleformers-trainer-*.json")):
+        assert PaddleFormersTrainerSut.refuses(_finding(path.stem)) is None, path.name
+
+
+def test_a_refused_case_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
+    import harness.cli as cli
+
+    monkeypatch.setattr(cli, "adapter_class", lambda sut: PaddleFormersTrainerSut)  # no framework needed to refuse
+    data = json.loads((REGRESSIONS / "paddleformers-trainer-ema-threshold-reads-summed-loss.json").read_text())
+    data["case"]["options"]["format"] = "safetensors"
+    path = tmp_path / "case.json"
+    path.write_text(json.dumps(data))
+    assert cli.main(["replay", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "paddleformers-trainer cannot run this case: format 'safetensors'" in err and err.count("\n") == 1
 
 
 def test_a_job_that_died_in_training_is_judged_there_not_for_the_rest_of_its_script() -> None:

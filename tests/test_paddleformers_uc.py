@@ -7,6 +7,7 @@ cases those explain, and fail on anything else, so they keep looking for new bug
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 
 from harness.sut import REGISTRY, framework_available
 from harness.sut.paddleformers_uc import PARAM_DTYPES, PaddleFormersUcSut, UcStateError, param_specs
-from properties.model.case import Case, Op, TensorCase
+from properties.model.case import Case, Op, TensorCase, read_case_file
 from properties.registry import drawable_properties, property_cases
 from properties.triage.known import read_known
 from reference.dtypes import dtype
@@ -75,6 +76,17 @@ def test_strategies_draw_whole_trainer_states(data: st.DataObject) -> None:
     for layouts in (case.save_layout, case.load_layout):
         assert all(lay["placements"] == ["R"] * len(lay["mesh"]["shape"]) for lay in layouts.values())
     assert case.options.get("keep_last") in (None, 1, 2) and case.options.get("pdc") in (None, True)
+    assert PaddleFormersUcSut.refuses(case) is None  # what strategies draw, the adapter runs
+
+
+def test_a_state_uc_cannot_hold_is_refused_before_any_launch() -> None:
+    for path in sorted(REGRESSIONS.glob("paddleformers-uc-*.json")):
+        assert PaddleFormersUcSut.refuses(read_case_file(path)[0]) is None, path.name
+    case = read_case_file(REGRESSIONS / "paddleformers-uc-bf16-nan-payload-sync-save.json")[0]
+    extra = dataclasses.replace(case.tensors[0], name="ema/w")
+    assert "no place for 'ema/w'" in PaddleFormersUcSut.refuses(dataclasses.replace(
+        case, tensors=(*case.tensors, extra), save_layout={**case.save_layout, "ema/w": case.save_layout[
+            case.tensors[0].name]}, load_layout={**case.load_layout, "ema/w": case.load_layout[case.tensors[0].name]}))
 
 
 # --- real UC saves and resumes -----------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from reference.engine import LocalTensor
-from reference.layout import Region, TensorLayout
+from reference.layout import Region, TensorLayout, whole_on_every_rank
 from reference.tensor import Tensor
 
 
@@ -57,6 +57,19 @@ class SutAdapter:
     #: has no typed errors, so after a fault any exception a load raises counts as clear (the finding still
     #: quotes it).
     clear_errors: ClassVar[frozenset[str] | None] = None
+
+    @classmethod
+    def refuses(cls, case: Any) -> str | None:
+        """Why this SUT cannot run ``case`` at all (None: it can), read from the case alone before any launch: a
+        hand-written case outside what the adapter models is bad input to the harness, not a finding. Here: a
+        layout other than whole tensors on every rank, for a SUT that claims only those ("replicated")."""
+        if "replicated" in cls.capabilities:
+            for which in ("save", "load"):
+                for key, layout in sorted(case.layouts(which).items()):
+                    if not whole_on_every_rank(layout):
+                        return (f"the {which} layout of {key!r} is not replicated: {cls.name} holds whole tensors "
+                                "on every rank (capability 'replicated')")
+        return None
 
     @classmethod
     def preload(cls) -> None:

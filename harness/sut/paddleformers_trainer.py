@@ -102,6 +102,23 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         self._params: tuple[Param, ...] = ()
         self._died: BaseException | None = None  # the error a run ended with: the job is dead until a resume
 
+    @classmethod
+    def refuses(cls, case: Any) -> str | None:
+        """What no Trainer job is: a case without a training loop, another format, a parameter dtype the CPU
+        shims do not cover, a layout other ranks do not hold whole, a save of a step the job is not at."""
+        if case.training is None:
+            return "a Trainer job runs training cases only (the case has no training spec)"
+        fmt = case.options.get("format", FORMATS[0])
+        if fmt not in FORMATS:
+            return f"format {fmt!r}: the Trainer saves an EMA in {', '.join(FORMATS)}"
+        logging = case.options.get("logging_steps", 1)
+        if not isinstance(logging, int) or isinstance(logging, bool) or logging < 1:
+            return f"logging_steps {logging!r}: TrainingArguments takes a positive integer"
+        odd = next((p for p in case.params() if p.dtype not in PARAM_DTYPES), None)
+        if odd is not None:
+            return f"parameter {odd.name!r} is {odd.dtype}: the Trainer job trains {', '.join(PARAM_DTYPES)}"
+        return super().refuses(case) or _misplaced_save(case)
+
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         import paddle
 
@@ -217,6 +234,34 @@ class PaddleFormersTrainerSut(PaddleAdapter):
                                  "by_static": {prm.name: name for name, prm in model.named_parameters()}}
         _run = trainer
         return trainer
+
+
+def _misplaced_save(case: Any) -> str | None:
+    """A save of a step the job is not at: the Trainer saves the step it has trained to (or resumed at)."""
+    step: int | None = 0  # None: no job since a restart, until a train or a load
+    saved: set[int] = set()
+    for index, op in enumerate(case.ops):
+        if op.kind == "restart":
+            step = None
+        elif op.kind == "train":
+            if step is not None and op.version < step:
+                return f"op {index} trains to step {op.version}, behind the step {step} the job is at"
+            step = op.version
+        elif op.kind in ("save", "load") and op.name is not None:
+            try:
+                named = trailing_int(op.name)
+            except ValueError as exc:
+                return f"op {index}: {exc}"
+            if op.kind == "load":
+                step = named
+            elif step != named:
+                at = "has not trained since it started" if step is None else f"is at step {step}"
+                return f"op {index} saves {op.name!r}, but the job {at}: the Trainer saves the step it is at"
+            else:
+                saved.add(named)
+        elif op.kind == "load":  # "latest": get_last_checkpoint picks the highest-numbered checkpoint-N
+            step = max(saved, default=None)
+    return None
 
 
 # --- the model and its data -----------------------------------------------------------------------------------

@@ -120,6 +120,19 @@ class PaddleFormersUcSut(PaddleAdapter):
     def __init__(self) -> None:
         self._job: Job | None = None
 
+    @classmethod
+    def refuses(cls, case: Any) -> str | None:
+        """A layout other than whole tensors everywhere, or a saved state that is no Trainer's (param_specs)."""
+        refused = super().refuses(case)
+        if refused is not None or case.training is not None:  # the training loop's state is always one
+            return refused
+        for version in sorted({op.version for op in case.ops if op.kind == "save"}):
+            try:
+                param_specs(case.state(version))
+            except UcStateError as exc:
+                return str(exc)
+        return None
+
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         import paddle
 
