@@ -129,6 +129,28 @@ def test_a_state_is_judged_by_what_the_sut_lists_on_the_state_itself(judge_case)
     assert not [(r.description, r.judgement.details) for r in results if not r.judgement.ok]
 
 
+@needs_strace
+def test_a_sut_that_trains_itself_meets_each_crash_point_with_its_job_trained() -> None:
+    """Its job lives in its rank processes, which a copy of the root does not carry: each crash point runs the ops
+    before the fault op again, so the save the fault hits is a trained job's and the kill fires."""
+    import dataclasses
+
+    from harness.judging.fault_runs import as_fault_case
+    from properties.model.case import Case, Op, read_case_file
+
+    stem = "paddleformers-trainer-ema-threshold-reads-summed-loss"
+    case: Case = read_case_file(Path(__file__).parent / "regressions" / f"{stem}.json")[0]
+    case = dataclasses.replace(case, sut="tests.suts.buggy:TrainsItselfSut", property="P-RESUME", options={},
+                               ops=(Op("train", None, 2), Op("save", "step-2", 2), Op("load", "step-2", 2)))
+    judge = Judge(Runners(case.sut, "pool"))
+    try:
+        results = crashpoints(as_fault_case(case, latest=False, op=1), judge, sample=3)
+    finally:
+        judge.close()
+    assert len(results) == 3 and all(r.report.get("fired") for r in results), [r.report for r in results]
+    assert all(r.judged and r.judgement.ok for r in results), [r.judgement.details for r in results]
+
+
 def test_a_job_life_keeps_its_own_ops_and_crashes_the_op_asked_for() -> None:
     """``crashpoints`` on a P-LIFECYCLE case (or any sequence) crashes one of its own ops, not the standard
     scenario's; ``--op`` names which (a rank op: never a restart or a corruption, which the harness does)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from harness.fixes import resolve
 from harness.sut import REGISTRY, framework_available
 from harness.sut.paddleformers_trainer import FORMATS, LOGGING_STEPS, PaddleFormersTrainerSut
 from properties.model.case import Case, Op, TensorCase
@@ -198,7 +199,10 @@ def trainer_judge():
     from harness.judging.judge import Judge
     from harness.ranks.runners import Runners
 
-    judge = Judge(Runners(SUT, mode="pool"), exploring=True, known=read_known(REGRESSIONS))
+    # As a campaign knows its bugs: by signature, else by the fixes that make the case pass (a known bug met in a
+    # new combination, e.g. a one-rank failure that leaves the next collective waiting, reads as known)
+    judge = Judge(Runners(SUT, mode="pool"), exploring=True, known=read_known(REGRESSIONS),
+                  prove=resolve("all", REGISTRY[SUT].framework))
     yield judge
     judge.close()
 

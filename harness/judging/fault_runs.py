@@ -218,13 +218,19 @@ class Traced:
     def run_point(self, fault: KillFault | ErrorFault, runners: RunnerSet) -> tuple[Judgement, Outcome]:
         """Judge the case with ``fault`` on its op, started from a copy of the root before the op (the records of
         the earlier ops are the traced run's): the op runs on launched ranks with the fault armed, then the job
-        restarts and the rest of the ops run."""
+        restarts and the rest of the ops run. A SUT that trains itself runs the earlier ops again instead."""
         case = dataclasses.replace(self.case, fault=fault)
         root = self._fresh()
-        shutil.copytree(self.tmp / "ckpt.before", root, symlinks=True)
-        outcome = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(self.outcome.records[: self.op]))
+        # A SUT that trains itself holds its job (model, optimizer, the loop's own state) in its rank processes, and
+        # a copy of the root does not carry it: the ops before the fault op run again (a job is deterministic).
+        start = 0 if "trains" in runners.cls.capabilities else self.op
+        if start:
+            shutil.copytree(self.tmp / "ckpt.before", root, symlinks=True)
+        else:
+            root.mkdir(parents=True)
+        outcome = Outcome(sut=case.sut, launch_mode=runners.mode, records=list(self.outcome.records[:start]))
         try:
-            run_ops(case, runners, root, range(self.op, len(case.ops)), outcome)
+            run_ops(case, runners, root, range(start, len(case.ops)), outcome)
         finally:
             shutil.rmtree(root.parent, ignore_errors=True)
             runners.after_case()

@@ -161,6 +161,9 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         if trainer is None or trainer.state.global_step != step:
             at = "has not trained" if trainer is None else f"is at step {trainer.state.global_step}"
             raise TrainerCaseError(f"save {name}: the job {at}; the Trainer saves the step it is at")
+        # The job trained into the root of its train op; a crash-point run replays this save on a copy of that root,
+        # and the checkpoint must land where the case's later ops (and the fault) look for it.
+        trainer.args.output_dir = str(root)
         ema = _ema_callback(trainer)
         if ema is not None:  # what on_step_end does at a save step, before the loop's own save
             ema.buffer.save(step)

@@ -449,3 +449,36 @@ class WaitsOutEveryFaultSut(ReferenceSut):
         except Exception:
             threading.Event().wait()
             raise
+
+
+class TrainsItselfSut(ReferenceSut):
+    """Not broken: trains itself (the reference loop) and keeps its job in the rank process, as a Trainer does, so a
+    save in a process that never trained this case's job has nothing to save and says so."""
+
+    name = "trains-itself"
+    capabilities = ReferenceSut.capabilities | {"trains"}
+
+    def begin_training(self, spec: Any, params: tuple[Any, ...]) -> None:
+        self._job: tuple[Any, tuple[Any, ...]] | None = (spec, params)
+        self._trained = False
+
+    def train(self, root: Path, live: dict, to_step: int, *, options: dict) -> None:
+        from reference.training import train
+
+        spec, params = self._job
+        train(spec, params, live, to_step)
+        self._trained = True
+
+    def save(self, root, name, tensors, *, use_async, options):
+        if not getattr(self, "_trained", False):
+            raise RuntimeError("no trained job in this process to save")
+        return super().save(root, name, tensors, use_async=use_async, options=options)
+
+    def load(self, root, name, targets, *, options):
+        got = super().load(root, name, targets, options=options)
+        self._trained = True  # a resumed job
+        return got
+
+    def end_case(self) -> None:
+        self._job, self._trained = None, False
+        super().end_case()
