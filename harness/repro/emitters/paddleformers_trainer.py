@@ -34,9 +34,11 @@ def settings(scripted: ScriptedCase) -> str:
         raise ReproUnsupported("a case without a training loop (the Trainer script trains)")
     last = max((s.table[1] for phase in scripted.phases for s in phase.steps if s.kind == "train" and s.table),
                default=0)
-    losses = {t: step_loss(spec, t) for t in range(1, last + 1)}
+    # one step past the last one asked for: a job that takes a step too many must get as far as the check
+    steps = range(1, last + 2)
+    losses = {t: step_loss(spec, t) for t in steps}
     grads = {t: {p.name: np.ascontiguousarray(gradient(p, rng_output(spec, t))).tobytes().hex()
-                 for p in scripted.params} for t in range(1, last + 1)}
+                 for p in scripted.params} for t in steps}
     values = ", ".join(f"{f}={getattr(spec, f)!r}" for f in SPEC_FIELDS)
     return (f"FORMAT = {options.get('format', 'flex_checkpoint')!r}  # TrainingArguments.save_checkpoint_format\n"
             f"LOGGING_STEPS = {int(options.get('logging_steps', 1))}\n"
