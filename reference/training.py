@@ -38,6 +38,7 @@ _MASK64 = (1 << 64) - 1
 _GRAD_BITS = 20  # gradients are k·2^-20 for |k| < 2^20: exact in float32
 EMA_STARTS = ("zero", "first")
 MASTER_INITS = ("exact", "param")
+EMA_SEEN = ("live", "saved")
 
 
 @dataclass(frozen=True)
@@ -55,9 +56,16 @@ class TrainingSpec:
     seed: int = 0  # the RNG stream (data order, gradients, loss)
     ema_start: str = "zero"  # the EMA before its first update: "zero", or "first" (the first update copies master)
     master_init: str = "exact"  # a fresh job's master weights: "exact" (the seeds), or "param" (the cast parameter)
+    # Where the EMA can be read: "live" (the training process holds it, so a train op shows it) or "saved" (another
+    # process holds it, as Zero-Cost Checkpointing's worker does: only a checkpoint shows it)
+    ema_seen: str = "live"
 
     def to_json(self) -> dict:
-        return asdict(self)
+        """Every field, except ``ema_seen`` at its default (case files written before it existed stay canonical)."""
+        data = asdict(self)
+        if data["ema_seen"] == "live":
+            del data["ema_seen"]
+        return data
 
     @classmethod
     def from_json(cls, data: object) -> TrainingSpec:
@@ -86,7 +94,7 @@ class TrainingSpec:
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "ema_every" else 0):
                 raise ValueError(f"training: {name} must be a {'positive' if name == 'ema_every' else 'non-negative'} "
                                  f"integer, got {value!r}")
-        for name, allowed in (("ema_start", EMA_STARTS), ("master_init", MASTER_INITS)):
+        for name, allowed in (("ema_start", EMA_STARTS), ("master_init", MASTER_INITS), ("ema_seen", EMA_SEEN)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"training: {name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         t = self.loss_threshold
@@ -113,6 +121,11 @@ def family_keys(name: str) -> dict[str, str]:
         "m2": f"optimizer/{name}.m2",
         "ema": f"ema/{name}",
     }
+
+
+def seen_live(spec: TrainingSpec, key: str) -> bool:
+    """Whether a train op shows ``key``: the EMA only where the training process holds it (``ema_seen``)."""
+    return spec.ema_seen == "live" or not key.startswith("ema/")
 
 
 def state_keys(params: Iterable[Param]) -> list[str]:

@@ -4,7 +4,7 @@ Launched by run.sh (one rank per process, paddle.distributed.launch). Environmen
   ZCC_OUT           output_dir (run.sh sets it); checkpoints land in ZCC_OUT/checkpoint-N, and after every step the
                     probe saves the rank's live state to ZCC_OUT/live-N.rank<r>.npz for compare.py
   ZCC_FORMAT        flex_checkpoint (default, the Trainer's default) | sharding_io
-  ZCC_SHIMS         comma list of zcc_cpu_shims names, "all" (default) or "none"
+  ZCC_SHIMS         comma list of harness.sut.zcc_shims names, "all" (default) or "none"
   ZCC_STEPS         max_steps (default 4);  ZCC_SAVE_STEPS save_steps (default 2)
   ZCC_RESUME        a checkpoint dir; a run's output dir (the probe resumes from what PaddleFormers'
                     get_last_checkpoint picks in it, as a job restarted on its own output_dir would); or "latest"
@@ -14,7 +14,7 @@ Launched by run.sh (one rank per process, paddle.distributed.launch). Environmen
   ZCC_DTYPE         dtype of the parameters w, v (default bfloat16; float32 leaves no master weights)
   ZCC_ON=0          ZCC off: the Trainer's non-ZCC EMA (NonZCCEMACallback, EMABuffer*Based) instead
   ZCC_SLOW_OFFLOAD  seconds each offload copy sleeps first (a long device->host copy), default 0
-  ZCC_FIX_BARRIER=1 applies the later upstream fix of the offload barrier (zcc_cpu_shims.install_barrier_fix)
+  ZCC_FIX_BARRIER=1 applies the later upstream fix of the offload barrier (zcc_shims.install_barrier_fix)
   ZCC_KILL_AT       global step at whose save rank 0 SIGKILLs its ZCC worker once the worker reports DUMPING;
                     ZCC_KILL_AFTER a file (relative to checkpoint-N) to wait for first, ZCC_KILL_DELAY seconds to
                     wait after that, ZCC_SLOW_DUMP seconds the worker sleeps before each paddle.save (widens the
@@ -34,10 +34,10 @@ import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
 import numpy as np
-import zcc_cpu_shims
+from harness.sut import zcc_shims
 
 RANK = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
 
@@ -77,9 +77,9 @@ def main() -> int:
     names = os.environ.get("ZCC_SHIMS", "all")
     shims = [] if names == "none" else ("all" if names == "all" else [n for n in names.split(",") if n])
     os.environ.setdefault("FLAGS_selected_gpus", os.environ.get("PADDLE_LOCAL_RANK", "0"))
-    log("shims:", zcc_cpu_shims.install(shims))
+    log("shims:", zcc_shims.install(shims))
     if os.environ.get("ZCC_FIX_BARRIER") == "1":
-        zcc_cpu_shims.install_barrier_fix()
+        zcc_shims.install_barrier_fix()
         log("applied the upstream barrier fix (manager.global_step = state.global_step)")
 
     from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments

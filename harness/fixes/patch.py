@@ -62,7 +62,9 @@ class Hunk:
     def check(self, fix_id: str) -> str:
         """The original's source, after checking it is the code this hunk was written for."""
         func = self.original()
-        code = getattr(func, "__code__", None)
+        # a decorated function is checked as the function it wraps: its whole source, decorators included, is
+        # compiled again, which decorates the patched function the same way
+        code = getattr(inspect.unwrap(func), "__code__", None)
         if code is None or set(code.co_freevars) - {"__class__"}:  # zero-argument super() is rebuilt below
             raise FixError(f"fix {fix_id}: {self.module}.{self.qualname} is not a plain function (closure or "
                            "builtin): it cannot be recompiled")

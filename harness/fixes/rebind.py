@@ -38,12 +38,13 @@ def compiled(original: Callable, source: str, owner: object, filename: str) -> C
     sees. A method calling super() closes over its class: it is compiled inside a function that binds ``__class__``
     to ``owner``. It is compiled under the original's own ``__future__`` annotations, so annotations the module leaves
     unevaluated stay so. ``filename`` names it in tracebacks, which show its lines."""
+    inner = inspect.unwrap(original)  # a decorated function: its decorators are in ``source`` and apply again
     body = textwrap.indent(textwrap.dedent(source), "    ")
-    factory = f"def __ckpt_factory__(__class__):\n{body}    return {original.__name__}\n"
+    factory = f"def __ckpt_factory__(__class__):\n{body}    return {inner.__name__}\n"
     linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
     namespace: dict = {}
-    lazy = original.__code__.co_flags & __future__.annotations.compiler_flag
-    exec(compile(factory, filename, "exec", flags=lazy, dont_inherit=True), original.__globals__, namespace)
+    lazy = inner.__code__.co_flags & __future__.annotations.compiler_flag
+    exec(compile(factory, filename, "exec", flags=lazy, dont_inherit=True), inner.__globals__, namespace)
     func = namespace["__ckpt_factory__"](owner)
     func.__qualname__, func.__module__ = original.__qualname__, original.__module__
     return func

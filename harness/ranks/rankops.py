@@ -20,7 +20,7 @@ from properties.model.case import Case
 from reference.dtypes import dtype
 from reference.engine import LocalTensor, local_tensors
 from reference.tensor import Tensor
-from reference.training import initial_pieces, train
+from reference.training import initial_pieces, seen_live, train
 
 # What ends a rank for real. Everything else a SUT raises is an outcome, BaseException included: torch's
 # CheckpointException derives from BaseException, so `except Exception` would let a clear load error kill the rank.
@@ -114,7 +114,8 @@ class RankExecutor:
                     self.adapter.train(self.root, live, op.version, options=self.case.options)
                 else:
                     train(self.case.spec(), self.case.params(), live, op.version)
-                record["loaded"] = {name: _pack(lt.tensor) for name, lt in live.items()}
+                spec = self.case.spec()
+                record["loaded"] = {name: _pack(lt.tensor) for name, lt in live.items() if seen_live(spec, name)}
             elif op.kind == "wait":
                 self.release()
                 self._wait_pending()

@@ -30,6 +30,8 @@ REGISTRY: dict[str, SutInfo] = {
     "paddleformers-uc": SutInfo("paddleformers-uc", "harness.sut.paddleformers_uc:PaddleFormersUcSut", "paddleformers"),
     "paddleformers-trainer": SutInfo("paddleformers-trainer",
                                      "harness.sut.paddleformers_trainer:PaddleFormersTrainerSut", "paddleformers"),
+    "paddleformers-zcc": SutInfo("paddleformers-zcc", "harness.sut.paddleformers_zcc:PaddleFormersZccSut",
+                                 "paddleformers"),
 }
 
 

@@ -216,8 +216,21 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         fmt = options.get("format", FORMATS[0])
         if fmt not in FORMATS:
             raise TrainerCaseError(f"format {fmt!r}: the Trainer saves an EMA in {', '.join(FORMATS)}")
+        args = TrainingArguments(**self._arguments(root, spec, params, options, world, max_steps))
+        model = _build_model(spec, params)
+        samples = max_steps * max(world, 1) * args.gradient_accumulation_steps + 8
+        trainer = Trainer(model=model, args=args, train_dataset=_Steps(samples))
+        trainer._ckpt_harness = {"spec": spec, "params": {p.name: p for p in params},
+                                 "by_static": {prm.name: name for name, prm in model.named_parameters()}}
+        _run = trainer
+        return trainer
+
+    def _arguments(self, root: Path, spec: TrainingSpec, params: tuple[Param, ...], options: dict, world: int,
+                   max_steps: int) -> dict[str, Any]:
+        """The job's ``TrainingArguments``."""
+        fmt = options.get("format", FORMATS[0])
         low = any(p.dtype != "F32" for p in params)
-        args = TrainingArguments(
+        return dict(
             # The case's save ops save (the loop's own schedule is off); save_steps must still be a multiple of
             # the EMA interval, which TrainingArguments asserts.
             output_dir=str(root), max_steps=max_steps, save_strategy="no", save_steps=spec.ema_every,
@@ -231,13 +244,6 @@ class PaddleFormersTrainerSut(PaddleAdapter):
             # sharding IO resumes only under its switch (load_checkpoint_format alone is not read there)
             **({"save_sharded_model": True, "load_sharded_model": True} if fmt == "sharding_io" else {}),
         )
-        model = _build_model(spec, params)
-        trainer = Trainer(model=model, args=args, train_dataset=_Steps(max_steps * max(world, 1) + 8))
-        trainer._ckpt_harness = {"spec": spec, "params": {p.name: p for p in params},
-                                 "by_static": {prm.name: name for name, prm in model.named_parameters()}}
-        _run = trainer
-        return trainer
-
 
 def _misplaced_save(case: Any) -> str | None:
     """A save of a step the job is not at: the Trainer saves the step it has trained to (or resumed at)."""

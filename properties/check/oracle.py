@@ -22,6 +22,7 @@ from properties.model.verdicts import Judgement, Verdict, worst
 from reference.engine import local_tensors
 from reference.layout import layout_kind
 from reference.tensor import differences
+from reference.training import seen_live
 
 
 def at(case: Case, rec: OpRecord) -> At:
@@ -111,8 +112,10 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     state = case.expected(version, which)
     source = case.state_source(rec.index) if rec.kind == "train" else None
     out: list[TensorDiffers] = []
+    spec = case.spec() if rec.kind == "train" else None
     for rank, got in sorted(rec.loaded.items()):
-        expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()}
+        expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()
+                    if spec is None or seen_live(spec, n)}
         out += [TensorDiffers(case.property, None, rank, d, layout=op_layout_kind(case, rec.index, d.tensor),
                               state_from=source)
                 for d in differences(expected, dict(got))]

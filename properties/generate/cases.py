@@ -50,8 +50,11 @@ class Caps:
                 key, _, value = c.split(":", 1)[1].partition("=")
                 self.choices.setdefault(key, []).append(int(value) if value.lstrip("-").isdigit() else value)
         # how the SUT's own training loop behaves where loops differ (reference.training.TrainingSpec fields)
-        self.training = {c.split(":", 1)[0]: c.split(":", 1)[1] for c in self.caps
-                         if c.split(":", 1)[0] in ("ema_start", "master_init")}
+        self.training: dict[str, str | int] = {}
+        for c in self.caps:
+            field, _, value = c.partition(":")
+            if field in ("ema_start", "master_init", "ema_seen", "ema_every"):
+                self.training[field] = int(value) if value.isdigit() else value
 
 
 @st.composite

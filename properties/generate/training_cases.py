@@ -169,4 +169,7 @@ def training_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
                Op("train", None, max(n, s2)))
         if scenario == "fault":
             fault = draw(faults("P-ATOMIC", ranks, use_async, ptrace, op=3))
+    if spec.get("ema_seen") == "saved":  # only a checkpoint shows such an EMA: the resumed job saves one more step
+        end = ops[-1].version + 1
+        ops = (*ops, Op("train", None, end), Op("save", f"step-{end}", end), Op("load", f"step-{end}", end))
     return Case(prop, sut, params, save, load, ops, opts, spec["seed"], fault=fault, training=spec)

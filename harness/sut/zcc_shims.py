@@ -1,8 +1,10 @@
 """CPU stand-ins for the CUDA mechanisms on PaddleFormers' Zero-Cost Checkpointing (ZCC) path (CPU Paddle 3.3.1).
 
-Each shim is installed by name (``install(["name", ...])``) so that a probe can add them one at a time and see the
-obstacle each one gets past. ``SHIMS`` lists them in the order a run meets them; ``WHY`` says why each keeps the
-contract ZCC reads and writes. Nothing is installed when Paddle is compiled with CUDA.
+Each shim is installed by name (``install(["name", ...])``) so that a probe (examples/zcc-cpu) can add them one
+at a time and see the obstacle each one gets past; the ``paddleformers-zcc`` SUT installs all but
+``adamw-inplace``, whose place its own reference Adam step takes. ``SHIMS`` lists them in the order a run meets
+them; ``WHY`` says why each keeps the contract ZCC reads and writes. Nothing is installed when Paddle is compiled
+with CUDA.
 
 ZCC's workers are *spawned* processes (``multiprocessing.get_context("spawn")``): they start from a fresh
 interpreter, so the rank's monkeypatches do not reach them. The shim ``worker-entry`` points
@@ -261,8 +263,8 @@ def _worker_device() -> None:
 
 
 @shim("worker-entry", "spawned ZCC workers start from a fresh interpreter: zero_cost_checkpoint.worker_loop -> "
-                      "zcc_cpu_shims.worker_loop, which installs the worker-side shims, then calls worker.run() "
-                      "(the stock worker_loop's whole body)")
+                      "harness.sut.zcc_shims.worker_loop, which installs the worker-side shims, then calls "
+                      "worker.run() (the stock worker_loop's whole body)")
 def _worker_entry() -> None:
     from paddleformers.trainer.utils import zero_cost_checkpoint as zcc
 
