@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 TREE_VAR = "CKPT_HARNESS_TREE"  # marks every process a launch starts, however far it strays from the tree
+SHM_DIR = "/dev/shm"
 
 
 def popen(argv: list[str], *, env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
@@ -57,6 +58,22 @@ def kill_tree(proc: subprocess.Popen) -> None:
         with contextlib.suppress(psutil.Error):
             p.kill()
     _wait_dead(kids + strays, timeout=5.0)
+    remove_shared_memory([proc.pid, *(p.pid for p in kids + strays)])
+
+
+def remove_shared_memory(pids: list[int]) -> list[str]:
+    """Unlink the POSIX shared-memory segments these (dead) processes made through Paddle (``paddle_<pid>_*``:
+    tensors shared with writers and workers). A process killed mid-run never unlinks its own, and a CPU stand-in
+    for CUDA IPC makes some on every save; nothing can open them once their maker is gone. Returns the names."""
+    wanted = tuple(f"paddle_{pid}_" for pid in pids)
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(wanted)]
+    except OSError:
+        return []
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(SHM_DIR, name))
+    return names
 
 
 def _wait_dead(procs: list[psutil.Process], timeout: float) -> None:

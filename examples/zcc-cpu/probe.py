@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repository
 
 import numpy as np
+
 from harness.sut import zcc_shims
 
 RANK = int(os.environ.get("PADDLE_TRAINER_ID", "0"))

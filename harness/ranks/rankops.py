@@ -7,8 +7,10 @@ behaves the same under every launch mode.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from reference.training import initial_pieces, seen_live, train
 # What ends a rank for real. Everything else a SUT raises is an outcome, BaseException included: torch's
 # CheckpointException derives from BaseException, so `except Exception` would let a clear load error kill the rank.
 FATAL = (SystemExit, KeyboardInterrupt)
+TRAIN_GRACE = 3.0  # seconds a train op runs with its job's writers held before they go on
 
 
 class RankExecutor:
@@ -86,7 +89,9 @@ class RankExecutor:
                 hold = WriterHold() if op.stall else None
                 if hold is not None:
                     self.holds.append(hold)  # before the call: a save that raises must not leave a writer held
-                with hold.capture() if hold is not None else contextlib.nullcontext():
+                    hold.stop(self.adapter.standing_writers())  # held before the save hands them its work
+                with hold.capture() if hold is not None else contextlib.nullcontext(), \
+                        self._holds_yield_to_a_waiting_job():
                     handle = self.adapter.save(
                         self.root, op.name, tensors, use_async=op.use_async, options=self._save_options(index)
                     )
@@ -110,10 +115,11 @@ class RankExecutor:
                                  for name, rt in targets.items() if name in got}
             elif op.kind == "train":
                 live = self._live(index)
-                if self.trains:
-                    self.adapter.train(self.root, live, op.version, options=self.case.options)
-                else:
-                    train(self.case.spec(), self.case.params(), live, op.version)
+                with self._holds_yield_to_a_waiting_job():
+                    if self.trains:
+                        self.adapter.train(self.root, live, op.version, options=self.case.options)
+                    else:
+                        train(self.case.spec(), self.case.params(), live, op.version)
                 spec = self.case.spec()
                 record["loaded"] = {name: _pack(lt.tensor) for name, lt in live.items() if seen_live(spec, name)}
             elif op.kind == "wait":
@@ -168,6 +174,22 @@ class RankExecutor:
                 raise
             except BaseException:
                 pass
+
+    @contextlib.contextmanager
+    def _holds_yield_to_a_waiting_job(self) -> Iterator[None]:
+        """Train (or save) with writers held: a job that goes on without waiting for its writer (the race a stalled
+        save decides) is done long before ``TRAIN_GRACE``; one that waits for it (Zero-Cost Checkpointing's offload
+        barrier, a worker's first update) gets it back then, so a correct wait is slow, never a hang."""
+        if not self.holds:
+            yield
+            return
+        timer = threading.Timer(TRAIN_GRACE, self.release)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
 
     def release(self, kill: bool = False) -> None:
         """Let held writers go on (``kill``: SIGKILL held processes first; threads cannot be killed)."""

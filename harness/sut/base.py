@@ -114,6 +114,12 @@ class SutAdapter:
         ``stall``-ed save holds them too. Writers the save itself starts are found without the adapter's help."""
         return []
 
+    def standing_writers(self) -> list[int]:
+        """Long-lived writer processes that exist before a save hands them work (Zero-Cost Checkpointing's
+        workers): a ``stall``-ed save holds them from before the call, so what they do for it waits for the harness,
+        not for the scheduler."""
+        return []
+
     def kill_pending(self, handles: list[Any]) -> None:
         """SIGKILL the background writers of these async saves (returned by ``save``, never waited for) and reap
         them, as a crash of the job would: once this returns none of them may still commit. A save that committed

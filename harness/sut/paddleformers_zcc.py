@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from faults.procs import remove_shared_memory
 from harness.sut import paddleformers_trainer as job_model
 from harness.sut._paddle_common import apply_cpu_shims, from_paddle, to_paddle, trailing_int
 from harness.sut.base import RankTensor
@@ -66,14 +67,13 @@ from reference.training import (
 
 FORMAT = "flex_checkpoint"
 HORIZON = 10_000  # max_steps of a live job: the case's ops, not the loop, decide where it stops
-IDLE = 0  # ZCCWorkerStatus.IDLE
 
 
 class _Save:
     """An in-flight ZCC save: the job whose worker writes it, and the step."""
 
-    def __init__(self, job: TrainerJob, step: int) -> None:
-        self.job, self.step = job, step
+    def __init__(self, job: TrainerJob, step: int, signal: Path) -> None:
+        self.job, self.step, self.signal = job, step, signal
 
     @property
     def manager(self) -> Any:
@@ -153,7 +153,9 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
                                    f"{None if job is None else job.at}")
         job.trainer.args.output_dir = str(root)  # where the loop's save lands (ZCC reads it at the save step)
         job.save_here()
-        handle = _Save(job, step)
+        import paddle.distributed as dist
+
+        handle = _Save(job, step, root / f"checkpoint-{step}" / f"saved_signal_{dist.get_rank()}")
         if not use_async:
             self.wait(handle)
         return handle
@@ -166,13 +168,16 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
             for hook in range(manager.pipeline_hooks_steps):
                 manager.zcc_pipeline_hook(hook)
             manager.sync_offload_status()
-        while any(w.status.value != IDLE for w in manager.workers):
+        while not handle.signal.exists():  # the worker's last file of the dump: ZCC's own "this rank is done"
             manager.report_error_worker()  # ZCC's own check: a worker that failed its dump says so
             time.sleep(0.01)
-        manager.report_error_worker()
 
     def writer_pids(self, handle: _Save) -> list[int]:
         return [p.pid for p in handle.manager.processes if p.is_alive()]
+
+    def standing_writers(self) -> list[int]:
+        manager = getattr(self._job.trainer, "zcc_manager", None) if self._job is not None else None
+        return [] if manager is None else [p.pid for p in manager.processes if p.is_alive()]
 
     def kill_pending(self, handles: list[Any]) -> None:
         for handle in handles:
@@ -211,12 +216,13 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
             return
         job.stop()
         manager = getattr(job.trainer, "zcc_manager", None)
-        if manager is None:
-            return
-        if finalize:
-            manager.finalize()
-        else:
-            _kill_workers(manager)
+        if manager is not None:
+            if finalize:
+                manager.finalize()
+            else:
+                _kill_workers(manager)
+        # the shared memory the CPU stand-in for CUDA IPC made for this job's workers, gone with them
+        remove_shared_memory([os.getpid()])
 
     def _drop_job(self) -> None:
         self._end_job(finalize=False)
@@ -224,11 +230,11 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
     def _arguments(self, root: Path, spec: TrainingSpec, params: tuple[Param, ...], options: dict, world: int,
                    max_steps: int) -> dict[str, Any]:
         """The Trainer's arguments, with ZCC on: sharding stage 1 V2 with fused optimizer states (ZCC asserts
-        them), one worker (ZCC's EMA asserts it), the case's saves (save_steps = the EMA interval, a save at every
-        step the loop is told to save) and two micro-batches per step."""
+        them), one worker (ZCC's EMA asserts it), the case's saves (save_steps = the EMA interval, so that ZCC
+        writes a save the loop is told to make to output_dir) and two micro-batches per step."""
         return {
             **super()._arguments(root, spec, params, options, world, max_steps),
-            "save_strategy": "steps", "save_steps": spec.ema_every, "split_param": True, "amp_master_grad": True,
+            "save_steps": spec.ema_every, "split_param": True, "amp_master_grad": True,
             "enable_zero_cost_checkpoint": True, "fuse_optimizer_states": True, "zcc_workers_num": 1,
             "gradient_accumulation_steps": 2, "save_tokenizer": False, "bf16": True, "fp16_opt_level": "O2",
             "sharding": "stage1", "sharding_parallel_size": world,

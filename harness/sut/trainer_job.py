@@ -105,7 +105,7 @@ def _gate(job: TrainerJob) -> Any:
             job.pause(BEGIN, state.global_step)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if job.pause(END, state.global_step) == "save":
-                control.should_save = True
+            # the harness decides, not the loop's schedule (the default flow may have set it from save_steps)
+            control.should_save = job.pause(END, state.global_step) == "save"
 
     return Gate()

@@ -27,5 +27,5 @@ FIX = Fix(
                   "            self._param.flatten_()\n"),
              )),
     ),
-    covers=("paddleformers-zcc-sharding-v2-0d-parameter",),
+    covers=("paddleformers-zcc-sharding-v2-0d-parameter",),  # which goes on to the resume's own 0-d bug
 )

@@ -1,0 +1,143 @@
+"""PaddleFormers' Zero-Cost Checkpointing as a training job under test (paddleformers-zcc): one live Trainer job per
+case, the loop's saves handed to ZCC's worker processes, their EMA read from checkpoints. The first tests need no
+framework: what the adapter claims, what strategies draw for it, how its EMA is judged. The rest run real jobs on 2
+CPU ranks with ZCC's shims and need the ``paddleformers`` environment (README: "PaddleFormers"); elsewhere they skip.
+
+Known bugs are known as a campaign knows them: by signature, else by the fixes that make the case pass."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from harness.fixes import resolve
+from harness.sut import REGISTRY, framework_available
+from harness.sut.paddleformers_zcc import PaddleFormersZccSut
+from properties.check.oracle import tensor_differences
+from properties.model.case import Case, Op, TensorCase
+from properties.model.outcome import OpRecord
+from properties.registry import drawable_properties, property_cases
+from properties.triage.known import read_known
+from reference.layout import Mesh, replicated
+from reference.namespaces import STEP_KEY
+from reference.training import RNG_KEY, family_keys
+
+SUT = "paddleformers-zcc"
+CAPS = PaddleFormersZccSut.capabilities
+REGRESSIONS = Path(__file__).parent / "regressions"
+needs_pf = pytest.mark.skipif(not framework_available(REGISTRY[SUT]),
+                              reason="needs paddleformers==1.2.0 in its own environment (README: PaddleFormers)")
+
+
+def _case(ops: tuple[Op, ...], prop: str = "P-RESUME", params: tuple[TensorCase, ...] | None = None,
+          training: dict | None = None) -> Case:
+    params = params or (TensorCase("w", "BF16", (3, 2), 1), TensorCase("b", "BF16", (2,), 2),
+                        TensorCase("g", "F32", (3,), 3))
+    layout = {k: replicated(Mesh((2,))).to_json() for p in params for k in family_keys(p.name).values()}
+    layout[RNG_KEY] = layout[STEP_KEY] = replicated(Mesh((2,))).to_json()
+    spec = {"seed": 7, "ema_decay": 0.5, "ema_every": 1, "master_init": "param", "ema_seen": "saved",
+            **(training or {})}
+    return Case(prop, SUT, params, layout, layout, ops, {"format": "flex_checkpoint", "logging_steps": 1}, 7,
+                training=spec)
+
+
+def test_a_zcc_job_is_given_training_cases_whose_ema_is_read_from_checkpoints() -> None:
+    assert drawable_properties(CAPS) == ["P-EMA", "P-RESUME"]
+    assert {"ema_seen:saved", "ema_every:1", "async", "kill_writer"} <= CAPS
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(property_cases("P-RESUME", SUT, 2, CAPS))
+def test_strategies_draw_what_the_adapter_runs(case: Case) -> None:
+    """ZCC's semantics are in every case, and a resume ends in a saved and loaded step: the only place its EMA
+    shows."""
+    assert case.training["ema_seen"] == "saved" and case.training["ema_every"] == 1
+    assert case.training["ema_start"] == "zero"  # ZCC's worker starts its EMA at zero
+    last = case.ops[-3:]
+    assert [op.kind for op in last] == ["train", "save", "load"] and last[1].version == last[2].version
+    assert PaddleFormersZccSut.refuses(case) is None
+
+
+def test_a_train_record_of_a_job_whose_ema_lives_elsewhere_is_judged_without_it() -> None:
+    """A train op's record of an ``ema_seen: saved`` case holds no EMA, and the judge does not miss it; the same
+    record with the EMA missing in an ``ema_seen: live`` case is a difference."""
+    case = _case((Op("train", None, 1),))
+    state = case.expected(1, "save")
+    shown = {k: t for k, t in state.items() if not k.startswith("ema/")}
+    rec = OpRecord(0, "train", None, loaded={0: shown, 1: shown})
+    assert tensor_differences(case, 1, rec) == []
+    live = dataclasses.replace(case, training={**case.training, "ema_seen": "live"})
+    missing = {d.difference.tensor for d in tensor_differences(live, 1, rec)}
+    assert missing == {"ema/w", "ema/b", "ema/g"}
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (lambda c: dataclasses.replace(c, training={**c.training, "ema_seen": "live"}), "ema_seen"),
+    (lambda c: dataclasses.replace(c, training={**c.training, "ema_every": 2}), "zcc_ema_interval"),
+    (lambda c: dataclasses.replace(c, options={**c.options, "format": "sharding_io"}), "format"),
+    (lambda c: dataclasses.replace(c, ops=(Op("train", None, 1), Op("save", "step-1", 1), Op("load", "step-1", 1),
+                                           Op("save", "step-1", 1))), "before the job has trained a step"),
+])
+def test_a_case_no_zcc_job_is_refused_before_any_launch(change, said: str) -> None:
+    case = _case((Op("train", None, 2), Op("save", "step-2", 2), Op("load", "step-2", 2)), "P-EMA")
+    assert PaddleFormersZccSut.refuses(case) is None
+    assert said in (PaddleFormersZccSut.refuses(change(case)) or "")
+
+
+def test_every_recorded_zcc_case_is_one_the_adapter_runs() -> None:
+    for path in sorted(REGRESSIONS.glob("paddleformers-zcc-*.json")):
+        case = Case.from_json(json.loads(path.read_text())["case"])
+        assert PaddleFormersZccSut.refuses(case) is None, path.name
+
+
+@pytest.fixture(scope="module")
+def zcc_judge():
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
+
+    judge = Judge(Runners(SUT, mode="pool"), exploring=True, known=read_known(REGRESSIONS),
+                  prove=resolve("all", REGISTRY[SUT].framework))
+    yield judge
+    judge.close()
+
+
+@needs_pf
+@pytest.mark.multirank
+def test_a_zcc_job_resumed_in_place_equals_the_uninterrupted_one_bit_for_bit(zcc_judge) -> None:
+    """Train 2 steps, save (ZCC's worker writes it), resume in place, train on and save again: parameters, master
+    weights and moments at every train, and the EMA of both checkpoints, equal the reference loop's uninterrupted run.
+    BF16 and FP32 parameters: the EMA of master weights and of FP32 parameters are ZCC's two buffers."""
+    ops = (Op("train", None, 2), Op("save", "step-2", 2), Op("load", "step-2", 2), Op("train", None, 3),
+           Op("train", None, 4), Op("save", "step-4", 4), Op("load", "step-4", 4))
+    judgement, _ = zcc_judge(_case(ops))
+    assert judgement.ok, judgement.details
+
+
+@needs_pf
+@pytest.mark.multirank
+def test_an_async_zcc_save_written_while_the_job_trains_on_loads_as_its_step(zcc_judge) -> None:
+    """ZCC's pattern: the save returns, the job trains two more steps while the worker copies and dumps, the job
+    dies; the restarted job resumes the save's step and matches the uninterrupted run (EMA included)."""
+    ops = (Op("train", None, 2), Op("save", "step-2", 2, True, detach=True), Op("train", None, 4), Op("wait"),
+           Op("restart"), Op("load", "step-2", 2), Op("train", None, 5), Op("save", "step-5", 5),
+           Op("load", "step-5", 5))
+    judgement, outcome = zcc_judge(_case(ops))
+    assert judgement.ok, judgement.details
+    assert all(rec.ok for rec in outcome.records)
+
+
+@needs_pf
+@pytest.mark.multirank
+@pytest.mark.parametrize("prop", ["P-EMA", "P-RESUME"])
+def test_property_holds_apart_from_known_findings(prop: str, zcc_judge) -> None:
+    @settings(max_examples=max(2, settings.default.max_examples // 50), deadline=None)
+    @given(property_cases(prop, SUT, 2, CAPS))
+    def check(case: Case) -> None:
+        judgement, _ = zcc_judge(case)
+        assert judgement.ok, "\n".join(judgement.details) + "\n" + case.dumps()
+
+    check()
