@@ -100,7 +100,7 @@ class Hunk:
         ``base``: the edits of the fixes it requires there, already in the file it patches."""
         original = self.original()
         self.check(fix_id)
-        path = Path(inspect.getsourcefile(original) or "")
+        path = Path(inspect.getsourcefile(inspect.unwrap(original)) or "")  # a decorated one's own file
         source, first = inspect.getsourcelines(original)
         file = path.read_text().splitlines(True)
         before = "".join(source)
