@@ -1,8 +1,8 @@
 """paddleformers-zcc: loud-failure in P-EMA (paddleformers-zcc-sharding-v2-0d-parameter)
 
-The candidate fix (paddleformers-sharding-v2-merge-0d, paddle-sharding-v2-0d-parameter), written by ckpt-harness:
-``bash run.sh --with-fix`` runs the repro with it, repro.py calling ``apply()`` in every process before its first
-step. fix.diff is the same change as a patch of the framework's source."""
+The candidate fix (paddle-sharding-v2-0d-parameter), written by ckpt-harness: ``bash run.sh --with-fix`` runs the
+repro with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change as a
+patch of the framework's source."""
 
 import __future__
 
@@ -131,21 +131,6 @@ def _set(namespace: dict, name: str, value: object) -> None:
 
 # (module, function, sha256[:16] of the source it was written against, the patched function)
 PATCHES = [
-    ('paddleformers.trainer.utils.reshard.sharding_v2', 'merge_tensors', 'a11a8f0d85c78cbb',
-     r'''def merge_tensors(k, tensor_list, shape):
-    assert len(tensor_list) > 0
-    if len(tensor_list) == 1:
-        t = tensor_list[0]
-    else:
-        assert len(tensor_list[0].shape) == 1
-        t = paddle.cat(x=tensor_list, axis=0)
-    tensor_size = int(np.prod(shape))
-    padded_size = t._numel()
-    assert padded_size >= tensor_size, f"{k} padded_size {padded_size} tensor_size {tensor_size}"
-    t = t._slice(0, tensor_size)
-    t.get_tensor()._set_dims(shape)
-    return t
-'''),
     ('paddle.distributed.fleet.utils.tensor_fusion_helper', 'build_reduce_scatter_buffer', '216c3ad4e50aad1c',
      r'''def build_reduce_scatter_buffer(
     parameters,
