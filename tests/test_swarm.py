@@ -32,7 +32,9 @@ def test_a_configuration_leaves_out_only_what_widens_a_case(sut: str) -> None:
         for prefix in GROUPS:
             assert not any(c.startswith(prefix) for c in caps) or any(c.startswith(prefix) for c in kept)
         assert not caps & set(FLOATS) or kept & set(FLOATS)
-    assert len({left for _, left in configs}) > 10  # configurations differ from batch to batch
+    # configurations differ from batch to batch: more than 10, or every one the SUT's few features allow
+    made = {left for _, left in configs}
+    assert len(made) > 10 or made == {swarm(caps, seed)[1] for seed in range(400)}
     for prop in drawable_properties(caps, faults=True):  # what a property needs comes back
         needs = PROPERTIES[prop].drawable
         assert all(needs(swarm(caps, seed, needs)[0]) for seed in range(40)), prop

@@ -112,7 +112,7 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     state = case.expected(version, which)
     source = case.state_source(rec.index) if rec.kind == "train" else None
     out: list[TensorDiffers] = []
-    spec = case.spec() if rec.kind == "train" else None
+    spec = case.spec() if rec.kind == "train" and case.training is not None else None
     for rank, got in sorted(rec.loaded.items()):
         expected = {n: lt.tensor for n, lt in local_tensors(state, layouts, rank).items()
                     if spec is None or seen_live(spec, n)}
