@@ -70,10 +70,10 @@ HORIZON = 10_000  # max_steps of a live job: the case's ops, not the loop, decid
 
 
 class _Save:
-    """An in-flight ZCC save: the job whose worker writes it, and the step."""
+    """An in-flight ZCC save: the job whose worker writes it, and the file that says this rank's dump is done."""
 
-    def __init__(self, job: TrainerJob, step: int, signal: Path) -> None:
-        self.job, self.step, self.signal = job, step, signal
+    def __init__(self, job: TrainerJob, signal: Path) -> None:
+        self.job, self.signal = job, signal
 
     @property
     def manager(self) -> Any:
@@ -155,7 +155,7 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
         job.save_here()
         import paddle.distributed as dist
 
-        handle = _Save(job, step, root / f"checkpoint-{step}" / f"saved_signal_{dist.get_rank()}")
+        handle = _Save(job, root / f"checkpoint-{step}" / f"saved_signal_{dist.get_rank()}")
         if not use_async:
             self.wait(handle)
         return handle
