@@ -1,17 +1,20 @@
 """What a run reaches of the fixes (harness.fixes.reach): an edit counts once its replaced lines run, or at every call
-where that cannot be seen; recorders are transparent, reach forked processes and threads, and come off again."""
+where that cannot be seen; recorders are transparent, reach forked and spawned processes and threads, and come off
+again."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
+from harness.fixes import CARRIED_VAR, FIXES, REACH_VAR, prepare
 from harness.fixes.patch import Fix, Hunk, source_digest
 from harness.fixes.reach import WATCHED_ATTR, reached, reached_keys, watch
 
@@ -178,3 +181,29 @@ def test_recorders_are_transparent_and_come_off(toy, tmp_path: Path) -> None:
         fixes[0].revert()
         unwatch()
     assert toy.pick(1) == "pos" and toy.pick is pick
+
+
+SPAWNED_FIX = "torch-dcp-writer-init-timeout"  # its functions live in a module a writer process imports
+
+
+def test_a_process_a_rank_spawns_takes_the_watch_up_again(tmp_path: Path, monkeypatch) -> None:
+    """A spawned process (Zero-Cost Checkpointing's workers, an async writer) starts from a fresh interpreter, so
+    a fix whose edits only it runs would read as never reached: it watches what the rank watches."""
+    pytest.importorskip("torch.distributed.checkpoint")
+    for var in (CARRIED_VAR, REACH_VAR):
+        monkeypatch.setenv(var, "")  # restored after: prepare sets them for the rank's children
+    unwatch = prepare({"reach": {"dir": str(tmp_path), "fixes": [SPAWNED_FIX]}})
+    try:
+        env = dict(os.environ)
+    finally:
+        unwatch()
+    hunk = FIXES[SPAWNED_FIX].hunks[0]
+    child = ("from harness.fixes import apply_carried\n"
+             "from harness.fixes.reach import WATCHED_ATTR\n"
+             "from harness.fixes.rebind import target\n"
+             "apply_carried()\n"
+             f"print(getattr(target({hunk.module!r}, {hunk.qualname!r})[2], WATCHED_ATTR, None) is not None)\n")
+    done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"]

@@ -133,7 +133,6 @@ def test_an_async_zcc_save_written_while_the_job_trains_on_loads_as_its_step(zcc
 
 
 @needs_pf
-@pytest.mark.nightly  # until the ZCC bugs FINDINGS.md lists as observed are cases: they are met on every run
 @pytest.mark.multirank
 @pytest.mark.parametrize("prop", ["P-EMA", "P-RESUME"])
 def test_property_holds_apart_from_known_findings(prop: str, zcc_judge) -> None:

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from typing import Any
 
+import psutil
 import pytest
 
+from harness.ranks import rankops
 from harness.ranks.rankops import RankExecutor
+from properties.model.case import Op
 
 
 class _Writers:
@@ -67,3 +73,60 @@ def test_a_sut_that_cannot_kill_its_writers_says_so_before_waiting() -> None:
     with pytest.raises(NotImplementedError, match="cannot kill"):
         RankExecutor(adapter, 0, 1).kill(["step-1"])  # type: ignore[arg-type]
     assert adapter.calls == []
+
+
+class _OneStalledSave:
+    """A case of one stalled, detached async save (no tensors: only the writers matter here)."""
+
+    def __init__(self) -> None:
+        self.training = None
+        self.options: dict = {}
+        self.ops = [Op("save", "step-1", 1, use_async=True, detach=True, stall=True)]
+
+    def op_layouts(self, index: int) -> str:
+        return "save"
+
+    def layouts(self, which: str) -> dict:
+        return {}
+
+    def expected(self, version: int, which: str) -> dict:
+        return {}
+
+
+class _JobThatWaitsForItsWriter:
+    """Zero-Cost Checkpointing's shape: a long-lived writer exists before the save, and the save waits for it."""
+
+    name = "waits-for-its-writer"
+    capabilities = frozenset({"async", "kill_writer"})
+
+    def __init__(self, writer: subprocess.Popen) -> None:
+        self.writer = writer
+
+    def standing_writers(self) -> list[int]:
+        return [self.writer.pid]
+
+    def save(self, root: Any, name: str, tensors: dict, *, use_async: bool, options: dict) -> str:
+        deadline = time.monotonic() + 30
+        while psutil.Process(self.writer.pid).status() == psutil.STATUS_STOPPED:
+            assert time.monotonic() < deadline, "the grace never let the held writer go"
+            time.sleep(0.01)
+        return name
+
+    def writer_pids(self, handle: str) -> list[int]:
+        return [self.writer.pid]
+
+
+def test_a_save_that_waited_out_the_grace_leaves_no_writer_held_by_nobody(monkeypatch, tmp_path) -> None:
+    monkeypatch.setattr(rankops, "TRAIN_GRACE", 0.2)
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        executor = RankExecutor(_JobThatWaitsForItsWriter(writer), 0, 1)  # type: ignore[arg-type]
+        executor.case, executor.root = _OneStalledSave(), tmp_path  # type: ignore[assignment]
+        record = executor.op(0)
+        assert record["ok"], record
+        assert executor.holds == []
+        time.sleep(0.5)  # a SIGSTOP sent now would show by then
+        assert psutil.Process(writer.pid).status() != psutil.STATUS_STOPPED
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)

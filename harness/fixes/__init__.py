@@ -4,6 +4,7 @@ that fixes it. Imports nothing of the harness above it; patches the framework on
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import pkgutil
 import sys
@@ -13,10 +14,11 @@ from harness.fixes.patch import Fix, FixError
 from harness.fixes.reach import REACH_OPTION, Watched, watch
 from harness.fixes.rebind import batched
 
-__all__ = ["CARRIED_VAR", "FIXED_BY", "FIXES", "STACKS", "Fix", "FixError", "apply_carried", "apply_fixes", "covering",
-           "imports_nothing", "in_order", "own_fixes", "prepare", "resolve", "stack", "upstream_diff"]
+__all__ = ["CARRIED_VAR", "FIXED_BY", "FIXES", "REACH_VAR", "STACKS", "Fix", "FixError", "apply_carried", "apply_fixes",
+           "covering", "imports_nothing", "in_order", "own_fixes", "prepare", "resolve", "stack", "upstream_diff"]
 
 CARRIED_VAR = "CKPT_HARNESS_FIXES"  # a rank's fixes, for the processes its framework spawns
+REACH_VAR = "CKPT_HARNESS_REACH"  # a rank's reach option (JSON), for the same processes
 FIXED_BY = "fixed by "  # a known count's name where a patched replay proved the failure known: + the fix ids
 # The frameworks a SUT of a framework runs: PaddleFormers' checkpoints go through Paddle's own checkpoint code, so a
 # known bug of either may meet a PaddleFormers case, and either's fix identifies it.
@@ -115,24 +117,34 @@ def apply_fixes(ids: tuple[str, ...] | list[str]) -> None:
 def prepare(options: dict) -> Callable[[], None]:
     """A rank's set-up options put in force before the framework runs: their fixes applied, here and in the
     processes the framework spawns (``apply_carried``), and the functions the fix table asks about watched
-    (``harness.fixes.reach``). Returns what takes the watch off again."""
+    (``harness.fixes.reach``), here and there too. Returns what takes the watch off again."""
     ids = tuple(options.get("fixes", ()))
     apply_fixes(ids)
-    if ids:
-        os.environ[CARRIED_VAR] = ",".join(ids)
-    else:
-        os.environ.pop(CARRIED_VAR, None)
+    _carry(CARRIED_VAR, ",".join(ids))
     reach = options.get(REACH_OPTION)
+    _carry(REACH_VAR, json.dumps(reach) if reach else "")
     if not reach:
         return lambda: None
     return watch(edits(reach["fixes"]), reach["dir"])
 
 
+def _carry(var: str, value: str) -> None:
+    if value:
+        os.environ[var] = value
+    else:
+        os.environ.pop(var, None)
+
+
 def apply_carried() -> None:
-    """In a process the framework spawned from a rank (an async writer): the rank's fixes, applied before the
-    process unpickles its work. A spawned process imports the rank's main module again as ``__mp_main__``, which
-    calls this, so a fixed ``paddle.save`` is what a fixed rank's writer runs."""
+    """In a process the framework spawned from a rank (an async writer, a Zero-Cost Checkpointing worker): the
+    rank's fixes, applied before the process unpickles its work, and its reach watch. A spawned process imports
+    the rank's main module again as ``__mp_main__``, which calls this, so a fixed ``paddle.save`` is what a fixed
+    rank's writer runs, and a fix whose edits only a writer runs counts as reached."""
     apply_fixes([i for i in os.environ.get(CARRIED_VAR, "").split(",") if i])
+    reach = os.environ.get(REACH_VAR)
+    if reach:
+        carried = json.loads(reach)
+        watch(edits(carried["fixes"]), carried["dir"])
 
 
 def edits(ids: list[str] | tuple[str, ...]) -> list[Watched]:

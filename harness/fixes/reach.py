@@ -11,7 +11,8 @@ after the call returns), a function already patched, or a thread another tracer 
 
 A rank records into the directory its set-up options name (``REACH_OPTION``): one file per process, a line per
 function called and per edit reached, the first time in that process. Processes forked from a rank inherit the
-recorder and write beside it.
+recorder and write beside it; processes it spawns take the watch up again from their environment
+(``harness.fixes.apply_carried``).
 """
 
 from __future__ import annotations

@@ -67,6 +67,7 @@ from reference.training import (
 
 FORMAT = "flex_checkpoint"
 HORIZON = 10_000  # max_steps of a live job: the case's ops, not the loop, decide where it stops
+SETTLE_S = 30.0  # how long a stall waits for ZCC's workers to finish what they hold from before the save
 
 
 class _Save:
@@ -176,8 +177,13 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
         return [p.pid for p in handle.manager.processes if p.is_alive()]
 
     def standing_writers(self) -> list[int]:
+        """ZCC's workers, once idle: work a worker still does from before the save (the last EMA step's) is not
+        this save's, and a hold that froze it would make the save wait for the hold's grace instead."""
         manager = getattr(self._job.trainer, "zcc_manager", None) if self._job is not None else None
-        return [] if manager is None else [p.pid for p in manager.processes if p.is_alive()]
+        if manager is None:
+            return []
+        _settle(manager)
+        return [p.pid for p in manager.processes if p.is_alive()]
 
     def kill_pending(self, handles: list[Any]) -> None:
         for handle in handles:
@@ -263,6 +269,18 @@ def _job_start(case: Any, index: int) -> int:
         if op.kind == "load":
             return op.version
     return 0
+
+
+def _settle(manager: Any) -> None:
+    """Until every live worker is idle (or failed), within ``SETTLE_S``: a worker that never gets there is left
+    to the save, whose own wait shows it."""
+    from paddleformers.trainer.utils.zero_cost_checkpoint import ZCCWorkerStatus
+
+    done = {ZCCWorkerStatus.IDLE.value, ZCCWorkerStatus.ERROR.value}
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline and any(
+            w.status.value not in done for w, p in zip(manager.workers, manager.processes) if p.is_alive()):
+        time.sleep(0.01)
 
 
 def _kill_workers(manager: Any) -> None:

@@ -160,8 +160,11 @@ def training_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
     elif scenario == "async-restart" and "async" in caps.caps:
         # Zero-Cost-Checkpointing style: the writer works while training goes on, in place, then the job dies.
         ahead = s + draw(st.integers(1, 3))
-        ops = (Op("train", None, s), Op("save", name, s, True, detach=True), Op("train", None, ahead), Op("wait"),
-               Op("restart"), Op("load", None if latest else name, s), Op("train", None, max(n, ahead)))
+        # stall: the writer is held while the job trains on (so a job that does not wait for it races it for
+        # sure), and let go once the job waits on it (rankops)
+        ops = (Op("train", None, s), Op("save", name, s, True, detach=True, stall=draw(st.booleans())),
+               Op("train", None, ahead), Op("wait"), Op("restart"), Op("load", None if latest else name, s),
+               Op("train", None, max(n, ahead)))
     else:
         s2 = s + draw(st.integers(1, 3))
         ops = (Op("train", None, s), Op("save", name, s), Op("train", None, s2),
