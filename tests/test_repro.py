@@ -256,6 +256,36 @@ def test_what_a_trainer_script_cannot_show_is_said() -> None:
         repro_py(script_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
 
 
+def test_a_zcc_script_runs_one_live_job_with_zccs_shims_as_text() -> None:
+    """A Zero-Cost Checkpointing script trains one live job (trainer_job's, as text) with ZCC's arguments from the
+    adapter; ZCC's CPU shims are the harness's own text, the worker's side installed where a spawned worker imports
+    the script again; a stalled save holds the worker and the train after it lets it go after the grace."""
+    import inspect
+
+    from harness.sut import zcc_shims
+
+    scripted = script_case(_case("paddleformers-zcc-stalled-save-torn"))
+    assert [[s.kind for s in phase.steps] for phase in scripted.phases] == [["train", "save", "train", "wait"],
+                                                                           ["load"]]
+    text = repro_py(scripted, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert text.startswith('"""t') and "from __future__ import annotations" in text
+    assert inspect.getsource(zcc_shims._ipc) in text and "def _adamw(" not in text
+    assert 'if __name__ == "__mp_main__":' in text and "class TrainerJob:" in text
+    assert "'enable_zero_cost_checkpoint': True" in text and "'gradient_accumulation_steps': 2" in text
+    assert "run('step 1: save step-2 (async) (its writers held)', holding, save, 'step-2'" in text
+    assert "def holding(" in text and "os.kill(process.pid, signal.SIGSTOP)" in text
+    unheld = repro_py(script_case(_case("paddleformers-zcc-sharding-v2-0d-parameter")), "t", "s")
+    assert "def holding(" not in unheld and "def owned_range(" in unheld
+
+
+def test_a_trainer_script_refuses_the_steps_only_zccs_renders() -> None:
+    case = _case("paddleformers-trainer-ema-threshold-reads-summed-loss")
+    stalled = _case("paddleformers-zcc-stalled-save-torn")
+    with pytest.raises(ReproUnsupported, match=r"save step-2 \(async\).* training case on paddleformers-trainer"):
+        repro_py(script_case(dataclasses.replace(stalled, sut=case.sut)), "t", "s")
+
+
 def test_a_lost_directory_entry_is_undone_where_that_is_exact() -> None:
     """A power loss that loses the last call's directory entry becomes the edit undoing it (a rename moved back, a
     created file or made directory removed), only where that is exact: the last call, a new entry of the save's

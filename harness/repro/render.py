@@ -9,7 +9,8 @@ from types import ModuleType
 from harness.repro.scripted_case import Piece, ReproUnsupported, ScriptedCase, Step
 
 EMITTERS = {"paddle-dcp": "paddle_dcp", "paddle-save": "paddle_save", "torch-dcp": "torch_dcp",
-            "paddleformers-uc": "paddleformers_uc", "paddleformers-trainer": "paddleformers_trainer"}
+            "paddleformers-uc": "paddleformers_uc", "paddleformers-trainer": "paddleformers_trainer",
+            "paddleformers-zcc": "paddleformers_zcc"}
 STEP_TIMEOUT_S = 300  # per launch in run.sh: a hang shows as exit 124
 START_S = 60  # a launch's start-up (imports, the collective) on top of a case's own op bound
 MARK = "BUG"  # the first word of the lines a script prints when it shows the bug
@@ -312,7 +313,7 @@ def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = F
         _tables(scripted),
         text.TENSORS,
         text.SCRIBBLE if scripted.uses("mutate_after") else "",
-        RETURNED if scripted.uses("use_async") else "",
+        RETURNED if scripted.uses("use_async") or scripted.has("wait") else "",
         module.helpers(scripted),
         _optional(module, scripted.sut, scripted.has("kill"), "KILL_WRITERS",
                   "a kill of async writers (the {} script cannot find its writers yet)"),

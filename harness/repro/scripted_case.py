@@ -158,7 +158,7 @@ class ScriptedCase:
 
 
 RANK_OPS = ("save", "load", "wait", "kill", "resume")
-TRAINING_OPS = ("train", "save", "load", "restart")
+TRAINING_OPS = ("train", "save", "load", "restart", "wait", "resume")  # each emitter says which it renders
 INITIAL = 0  # a training case's table of this version holds the job's state before its first step
 
 

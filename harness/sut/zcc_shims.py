@@ -312,11 +312,17 @@ def install(names: list[str] | str) -> list[str]:
 
 
 def worker_loop(worker: Any) -> None:
-    """Entry point of a spawned ZCC worker: the worker side of the shims the rank installed, then the worker.
+    """Entry point of a spawned ZCC worker: the worker side of the shims the rank installed, then the worker (the
+    stock worker_loop's whole body). A standalone repro carries this function as text with its own
+    ``worker_side``."""
+    worker_side()
+    worker.run()
 
-    The pid line lets run.sh find the worker's leftovers; ZCC_SLOW_DUMP (seconds before each paddle.save) widens
-    the dump window for the kill-mid-dump probe, as a large model's dump would.
-    """
+
+def worker_side() -> None:
+    """The worker-side shims, and the probe's knobs. The pid line lets run.sh find the worker's leftovers;
+    ZCC_SHIMS names the shims to install; ZCC_SLOW_DUMP (seconds before each paddle.save) widens the dump window
+    for the kill-mid-dump probe, as a large model's dump would."""
     print(f"[zcc-cpu worker] pid={os.getpid()}", flush=True)
     wanted = os.environ.get("ZCC_SHIMS", "all")
     install(WORKER_SHIMS if wanted == "all" else [n for n in wanted.split(",") if n in WORKER_SHIMS])
@@ -331,4 +337,3 @@ def worker_loop(worker: Any) -> None:
             return stock_save(obj, path, *a, **kw)
 
         paddle.save = slow_save
-    worker.run()

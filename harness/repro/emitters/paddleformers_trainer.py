@@ -25,7 +25,25 @@ RENDERED = frozenset({"format", "logging_steps"})
 SPEC_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "ema_every", "ema_decay", "loss_threshold", "seed")
 
 
+STEPS = frozenset({"train", "save", "load"})
+
+
 def settings(scripted: ScriptedCase) -> str:
+    check_steps(scripted, STEPS)
+    return loop_settings(scripted)
+
+
+def check_steps(scripted: ScriptedCase, steps: frozenset[str], async_saves: bool = False) -> None:
+    """Refuse a step the script does not render (this Trainer script saves synchronously, and waits for nothing)."""
+    for phase in scripted.phases:
+        for step in phase.steps:
+            if step.kind not in steps or (step.use_async and not async_saves):
+                raise ReproUnsupported(f"{step.label} in a training case on {scripted.sut} (the script cannot do it "
+                                       "yet)")
+
+
+def loop_settings(scripted: ScriptedCase) -> str:
+    """The reference loop as data: its spec, each step's loss and each parameter's gradient; the Trainer's options."""
     options, spec = scripted.options, scripted.training
     unknown = sorted(set(options) - INERT - RENDERED)
     if unknown:
@@ -53,9 +71,11 @@ def settings(scripted: ScriptedCase) -> str:
 
 
 def helpers(scripted: ScriptedCase) -> str:
-    return "".join((IMPORTS, "\n\n", inspect.getsource(cast_bits), "\n\n", inspect.getsource(adam_update), SHIMS,
-                    MODEL, JOB, STATE))
+    return "".join((IMPORTS, REFERENCE, BF16_ADD, ADAM, MODEL, RESUME, JOB, STATE))
 
+
+# The reference's own arithmetic, as text: the cast of FP32 master weights to the parameter's dtype, and Adam's step
+REFERENCE = "".join(("\n\n", inspect.getsource(cast_bits), "\n\n", inspect.getsource(adam_update)))
 
 IMPORTS = '''from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from paddleformers.trainer.trainer_utils import get_last_checkpoint  # noqa: E402
@@ -64,7 +84,7 @@ from paddleformers.transformers import PretrainedConfig, PretrainedModel  # noqa
 JOB = [None, None]  # the Trainer of the running job, and the checkpoint it last resumed from (None: the seeds)
 '''
 
-SHIMS = '''
+BF16_ADD = '''
 
 def bf16_add(add):
     """A BF16 + BF16 as a GPU computes it: in FP32, rounded to nearest even (CPU Paddle has no BF16 add kernel)."""
@@ -73,11 +93,15 @@ def bf16_add(add):
             return add(a.astype("float32"), b.astype("float32")).astype("bfloat16")
         return add(a, b)
     return shimmed
+'''
 
+ADAM = '''
 
 def adam_step(opt, block, param_and_grad):
     """AdamW's update of one parameter: the reference's Adam step with the listed gradient, on the optimizer's own
-    moments, master weight and beta powers (CPU Paddle has no BF16 adamw kernel)."""
+    moments, master weight and beta powers (CPU Paddle has no BF16 adamw kernel), over the elements of the flattened
+    parameter this rank's optimizer holds (owned_range), written in place: where the optimizer's tensors are views
+    of a fused buffer (Zero-Cost Checkpointing's workers read it), they stay views."""
     if isinstance(param_and_grad, dict):
         param_and_grad = opt._update_param_group(param_and_grad)
     param = param_and_grad[0]
@@ -87,17 +111,19 @@ def adam_step(opt, block, param_and_grad):
     master = opt._master_weights[param.name] if low else param
     m1 = opt._get_accumulator_master(opt._moment1_acc_str, param)
     m2 = opt._get_accumulator_master(opt._moment2_acc_str, param)
-    arrays = [x.numpy().astype(np.float32) for x in (master, m1, m2)]
-    grad = np.frombuffer(bytes.fromhex(GRADIENTS[t][name]), np.float32).reshape(arrays[0].shape)
+    arrays = [x.numpy().astype(np.float32).reshape(-1) for x in (master, m1, m2)]
+    lo, hi = owned_range(param)
+    grad = np.zeros(arrays[0].size, np.float32)  # past the parameter's end: padding, which no gradient reaches
+    grad[:hi - lo] = np.frombuffer(bytes.fromhex(GRADIENTS[t][name]), np.float32)[lo:hi]
     adam_update(SPEC, t, grad, *arrays)
     for target, values in zip((master, m1, m2), arrays):
-        target.set_value(paddle.to_tensor(values))
+        target.copy_(paddle.to_tensor(values.reshape(target.shape)), False)
     for acc, beta in ((opt._beta1_pow_acc_str, SPEC.beta1), (opt._beta2_pow_acc_str, SPEC.beta2)):
         pow_acc = opt._get_accumulator_master(acc, param)
-        pow_acc.set_value(pow_acc * beta)
+        pow_acc.copy_(pow_acc * beta, False)
     if low:
         bits = np.ascontiguousarray(cast_bits(arrays[0], PARAMS[name])).tobytes().hex()
-        param.set_value(tensor(Piece(PARAMS[name], None, None, list(arrays[0].shape), None, bits, None, (), ())))
+        param.copy_(tensor(Piece(PARAMS[name], None, None, list(param.shape), None, bits, None, (), ())), False)
 
 '''
 
@@ -147,7 +173,9 @@ class Steps:
     def __getitem__(self, i):
         return {"x": np.zeros(1, np.float32), "labels": np.zeros(1, np.float32)}
 
+'''
 
+RESUME = '''
 class Resumed(Exception):
     """Raised as the resumed job's first step begins: a load ends where the Trainer would start training."""
 
@@ -158,14 +186,14 @@ class StopAtFirstStep(TrainerCallback):
 
 '''
 
-JOB = '''
-def trainer_for(max_steps):
+BUILD = '''
+def trainer_for(max_steps, **more):
     """A Trainer over the model at step 0: the EMA without Zero-Cost Checkpointing, sharding stage 1 over every rank
     (the Trainer builds this EMA only for a hybrid-parallel job), AMP O2 for BF16 parameters (FP32 master weights),
-    the case's saves only (the loop's own schedule off), no gradient clipping."""
+    the case's saves only (the loop's own schedule off), no gradient clipping; ``more``: arguments beyond these."""
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     low = any(dtype != "F32" for dtype in PARAMS.values())
-    args = TrainingArguments(
+    args = TrainingArguments(**{**dict(
         output_dir=ROOT, max_steps=max_steps, save_strategy="no", save_steps=SPEC.ema_every, report_to="none",
         disable_tqdm=True, logging_steps=LOGGING_STEPS, per_device_train_batch_size=1, seed=SPEC.seed,
         learning_rate=SPEC.lr, max_grad_norm=0.0, save_checkpoint_format=FORMAT, load_checkpoint_format=FORMAT,
@@ -173,12 +201,21 @@ def trainer_for(max_steps):
         amp_master_grad=low, split_param=False, sharding="stage1" if world > 1 else "",
         sharding_parallel_size=world if world > 1 else -1, **({"bf16": True, "fp16_opt_level": "O2"} if low else {}),
         **({"save_sharded_model": True, "load_sharded_model": True} if FORMAT == "sharding_io" else {}),
-    )
+    ), **more})
     model = tiny_model()
-    trainer = Trainer(model=model, args=args, train_dataset=Steps(max_steps * max(world, 1) + 8))
+    samples = max_steps * max(world, 1) * args.gradient_accumulation_steps + 8
+    trainer = Trainer(model=model, args=args, train_dataset=Steps(samples))
     trainer.harness_names = {param.name: name for name, param in model.named_parameters()}
     JOB[0] = trainer
     return trainer
+
+'''
+
+JOB = BUILD + '''
+def owned_range(param):
+    """The elements of the flattened parameter this rank's optimizer updates: all of them (stage 1 keeps a
+    parameter whole on the rank that owns it)."""
+    return 0, int(np.prod(param.shape))
 
 
 def train(to_step, pieces):
