@@ -50,6 +50,7 @@ class WriterHold:
         self.threads: list[str] = []
         self.processes: list[psutil.Process] = []
         self.leaked: list[str] = []  # threads let go because the call that started them waited for them
+        self._releasing = threading.Lock()  # release() may come from another thread (a grace timer) mid-stop
 
     @contextlib.contextmanager
     def capture(self) -> Iterator[None]:
@@ -68,12 +69,16 @@ class WriterHold:
         self.stop(p for p in descendants([me], recursive=False) if p.pid not in before)
 
     def stop(self, processes: Iterable[psutil.Process | int]) -> None:
-        """Hold these processes too (long-lived writers a SUT started before the call), with their descendants."""
+        """Hold these processes too (long-lived writers a SUT started before the call), with their descendants;
+        nothing once released: a hold let go early (a call that waited for its writer) holds nothing again, since
+        nobody would let a writer it stopped then go."""
         procs = []
         for p in processes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(p if isinstance(p, psutil.Process) else psutil.Process(p))
-        self.processes += [p for p in freeze([p for p in procs if p not in self.processes])]
+        with self._releasing:
+            if not self._gate_open.is_set():
+                self.processes += [p for p in freeze([p for p in procs if p not in self.processes])]
 
     def _gate(self, thread: threading.Thread) -> None:
         run = thread.run
@@ -102,9 +107,10 @@ class WriterHold:
 
     def release(self) -> None:
         """Let every held writer go on (children resumed before parents, as ``freeze`` stopped them)."""
-        for p in reversed(self.processes):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.resume()
-        self.processes = []
-        self._gate_open.set()
+        with self._releasing:
+            for p in reversed(self.processes):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.resume()
+            self.processes = []
+            self._gate_open.set()
 

@@ -73,6 +73,22 @@ def test_a_spawned_process_is_stopped_until_release_and_can_be_killed_held() -> 
             child.wait(10)
 
 
+def test_a_hold_let_go_early_holds_nothing_again() -> None:
+    """A grace timer lets a hold go while its call still runs (the job waited for its writer): a process the call
+    leaves, or the adapter names after it, must not be stopped by a hold nobody will release again."""
+    hold = WriterHold()
+    with hold.capture():
+        hold.release()
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        hold.stop([child.pid])
+        assert hold.processes == []
+        assert not _settles(psutil.Process(child.pid), stopped=True, within=0.5)
+    finally:
+        child.kill()
+        child.wait(10)
+
+
 def _settles(proc: psutil.Process, *, stopped: bool, within: float = 5.0) -> bool:
     """Signals land asynchronously: poll until the process is (or is no longer) stopped."""
     deadline = time.monotonic() + within

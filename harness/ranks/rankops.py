@@ -38,7 +38,6 @@ class RankExecutor:
         self.pending: list[Any] = []  # handles of detached async saves not yet settled by wait or kill
         self.live: dict[str, LocalTensor] | None = None  # a training case's state on this rank (trained in place)
         self.holds: list[WriterHold] = []  # writers of stalled saves, held until a resume (or wait, kill, save, end)
-        self._holding = threading.Lock()  # the grace timer releases from its own thread
 
     @property
     def trains(self) -> bool:
@@ -97,7 +96,7 @@ class RankExecutor:
                         self.root, op.name, tensors, use_async=op.use_async, options=self._save_options(index)
                     )
                 if hold is not None:
-                    self._hold_on(hold, self.adapter.writer_pids(handle))
+                    hold.stop(self.adapter.writer_pids(handle))  # nothing, where the grace let the hold go
                 if op.use_async:
                     if op.mutate_after:
                         self.adapter.mutate(handle)
@@ -192,17 +191,9 @@ class RankExecutor:
         finally:
             timer.cancel()
 
-    def _hold_on(self, hold: WriterHold, pids: list[int]) -> None:
-        """Hold the writers a save started too, unless the grace let the hold go: the job then waited for its
-        writer inside the save, and a writer stopped again would be held by nobody, for ever."""
-        with self._holding:
-            if any(h is hold for h in self.holds):
-                hold.stop(pids)
-
     def release(self, kill: bool = False) -> None:
         """Let held writers go on (``kill``: SIGKILL held processes first; threads cannot be killed)."""
-        with self._holding:
-            holds, self.holds = self.holds, []
+        holds, self.holds = self.holds, []
         for hold in holds:
             if kill:
                 hold.kill()
