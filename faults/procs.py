@@ -15,6 +15,7 @@ import psutil
 
 TREE_VAR = "CKPT_HARNESS_TREE"  # marks every process a launch starts, however far it strays from the tree
 SHM_DIR = "/dev/shm"
+TRACKER_GRACE = 2.0  # seconds a resource tracker gets to clean up after its users died
 
 
 def popen(argv: list[str], *, env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
@@ -39,26 +40,45 @@ def _marked(token: str) -> list[psutil.Process]:
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL ``proc``, everything under it, and anything left in its session (orphans re-parent to init), then
-    reap. Children are walked only while ``proc`` is alive: a reaped pid may already belong to someone else."""
+    reap. Children are walked only while ``proc`` is alive: a reaped pid may already belong to someone else.
+
+    Python's ``multiprocessing`` resource trackers go last: once every process that used one is dead, a tracker
+    unlinks the semaphores and shared memory they left (``/dev/shm/sem.mp-*``, whose names say nothing of their
+    maker) and exits; killed with the rest, it leaks them, a few per killed job, for good."""
     kids: list[psutil.Process] = []
     if proc.poll() is None:
         with contextlib.suppress(psutil.Error):
             kids = psutil.Process(proc.pid).children(recursive=True)
-        for p in kids:
+    trackers = [p for p in kids if _is_tracker(p)]
+    for p in kids:
+        if p not in trackers:
             with contextlib.suppress(psutil.Error):
                 p.kill()
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()  # reaped only after the killpg below: until then its pid, and so its group, is not reused
+    token = getattr(proc, "tree_token", None)
+    strays = [p for p in _marked(token) if p not in trackers] if token else []  # orphaned writers, ranks in
+    for p in strays:                                                             # sessions of their own
+        with contextlib.suppress(psutil.Error):
+            if _is_tracker(p):
+                trackers.append(p)
+            else:
+                p.kill()
+    _wait_dead(trackers, timeout=TRACKER_GRACE)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # the process was started with start_new_session=True
     proc.wait()
-    token = getattr(proc, "tree_token", None)
-    strays = _marked(token) if token else []  # orphaned writers, ranks in sessions of their own
-    for p in strays:
+    for p in trackers:  # one that did not end in its grace
         with contextlib.suppress(psutil.Error):
             p.kill()
     _wait_dead(kids + strays, timeout=5.0)
     remove_shared_memory([proc.pid, *(p.pid for p in kids + strays)])
+
+
+def _is_tracker(p: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return any("multiprocessing.resource_tracker" in part for part in p.cmdline())
+    return False
 
 
 def remove_shared_memory(pids: list[int]) -> list[str]:

@@ -21,7 +21,7 @@ import pytest
 
 from faults.errors import FaultSpecError
 from faults.limits import FileSizeLimit
-from faults.procs import kill_tree
+from faults.procs import kill_tree, popen
 from faults.stall import Stall
 from faults.triggers import KillWhen
 
@@ -334,3 +334,29 @@ def test_arming_on_a_dead_pid_raises_fault_spec_error() -> None:
     for fault in (KillWhen([p.pid], delay=0), Stall([p.pid], delay=0, duration=0), FileSizeLimit([p.pid], 1)):
         with pytest.raises(FaultSpecError, match="not running"), fault:
             pass
+
+
+SEMAPHORE_USER = """
+import multiprocessing, sys, time
+if __name__ == "__main__":
+    lock = multiprocessing.get_context("spawn").Lock()  # named, its unlink left to the resource tracker
+    print(lock._semlock.name, flush=True)
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX shared memory lives elsewhere here")
+def test_a_killed_tree_leaves_no_multiprocessing_semaphore_behind(tmp_path: Path) -> None:
+    """Killed with its users, Python's resource tracker never unlinks their named semaphores (/dev/shm/sem.mp-*,
+    a few per killed job, for good); spared until they are dead, it does."""
+    script = tmp_path / "user.py"
+    script.write_text(SEMAPHORE_USER)
+    proc = popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        name = proc.stdout.readline().strip()
+        assert name.startswith("/mp-"), name
+        assert Path("/dev/shm", "sem." + name[1:]).exists()
+    finally:
+        kill_tree(proc)
+        proc.stdout.close()
+    assert not Path("/dev/shm", "sem." + name[1:]).exists()
