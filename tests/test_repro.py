@@ -112,13 +112,13 @@ def test_a_kill_at_a_call_ends_its_launch_and_the_load_after_it_may_give_either_
     compile(text, "repro.py", "exec")
     assert "crash_step('step 1: save step-0 (killed at call 1 of openat on step-0/__1_0.distcp)'" in text
     assert "sys.addaudithook" in text and "also=(DATA['load', 0][RANK], )" in text
-    assert "launch 0 2; faulted 0 || exit $?" in run_sh(scripted)
+    assert "launch 0 2; faulted 0 $? || exit $?" in run_sh(scripted)
     assert "crash_step" not in repro_py(script_case(_case("paddle-dcp-version-cache")), "t", "s")
 
     first = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=1, path="step-0/__1_0.distcp"))
     crash = script_case(first).phases[0].steps[1].crash  # nothing between the open and it: killed as the open returns
     assert (crash.event, crash.k, crash.after) == ("open", 1, True)
-    assert "'open', 'step-0/__1_0.distcp', 1, None, True, None, None)" in repro_py(script_case(first), "t", "s")
+    assert "'open', 'step-0/__1_0.distcp', 1, None, True, None, None, False)" in repro_py(script_case(first), "t", "s")
     write = dataclasses.replace(case, fault=KillFault(op=1, syscall="write", k=2, path="step-0/__1_0.distcp"))
     with pytest.raises(ReproUnsupported, match="a kill at a write call"):
         script_case(write)
@@ -140,7 +140,7 @@ def test_a_kill_of_one_rank_and_a_load_of_a_never_finished_save() -> None:
     first_step = scripted.phases[0].steps[0]
     assert first_step.crash.rank == 1 and "rank 1 killed at call 1" in first_step.label
     text = repro_py(scripted, "t", "s")
-    assert "'open', 'step-0/__1_0.distcp', 1, None, False, 1, None)" in text
+    assert "'open', 'step-0/__1_0.distcp', 1, None, False, 1, None, False)" in text
     load = scripted.phases[1].steps[0]
     assert load.kind == "load" and load.may_fail and "may_fail=True" in text
     assert not script_case(case).phases[1].steps[0].may_fail  # a re-save: the save before it was acknowledged
@@ -160,7 +160,7 @@ def test_a_rank_killed_some_seconds_into_a_save_is_killed_by_a_timer_and_ends_it
     assert load.table[1] == 1 and [t[1] for t in load.also] == [0] and not load.may_fail
     text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
-    assert "threading.Timer(delay, kill" in text and "('', '', 0, None, False, 0, 0.0)" in text
+    assert "threading.Timer(delay, fault_kill" in text and "('', '', 0, None, False, 0, 0.0, False)" in text
     bytes_case = dataclasses.replace(case, fault=dataclasses.replace(case.fault, delay=None, bytes_written=10))
     with pytest.raises(ReproUnsupported, match="kills on a delay only"):
         script_case(bytes_case)
@@ -180,7 +180,7 @@ def test_an_injected_errno_fails_the_call_and_ends_the_launch() -> None:
     assert "ENOSPC at call 1 of rename" in step.label and scripted.phases[1].steps[0].also
     text = repro_py(scripted, "t", "s")
     compile(text, "repro.py", "exec")
-    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False, None, None)" in text
+    assert "'os.rename', 'step-0/.metadata.tmp', 1, 'ENOSPC', False, None, None, False)" in text
     assert "raise OSError(getattr(errno, error)" in text
     write = dataclasses.replace(case, fault=ErrorFault(op=1, syscall="write", k=1, path="step-0/x", errno="EIO"))
     with pytest.raises(ReproUnsupported, match="an injected EIO at a write call"):
@@ -250,8 +250,10 @@ def test_a_trainer_script_trains_with_the_reference_loop_as_data() -> None:
 
 def test_what_a_trainer_script_cannot_show_is_said() -> None:
     case = _case("paddleformers-trainer-ema-threshold-reads-summed-loss")
-    with pytest.raises(ReproUnsupported, match="a fault in a training case"):
+    with pytest.raises(ReproUnsupported, match="on no named path"):
         script_case(dataclasses.replace(case, fault=KillFault(op=1, syscall="rename", k=1)))
+    with pytest.raises(ReproUnsupported, match="a record fault in a training case"):
+        script_case(_case("paddleformers-zcc-dump-not-durable-at-signal"))
     with pytest.raises(ReproUnsupported, match="training case on paddle-dcp"):
         repro_py(script_case(dataclasses.replace(case, sut="paddle-dcp")), "t", "s")
 
@@ -277,6 +279,34 @@ def test_a_zcc_script_runs_one_live_job_with_zccs_shims_as_text() -> None:
     assert "def holding(" in text and "os.kill(process.pid, signal.SIGSTOP)" in text
     unheld = repro_py(script_case(_case("paddleformers-zcc-sharding-v2-0d-parameter")), "t", "s")
     assert "def holding(" not in unheld and "def owned_range(" in unheld
+
+
+def test_a_kill_in_a_training_job_reaches_the_processes_its_ranks_spawned() -> None:
+    """A kill at a syscall in a training case (strace follows the rank's whole tree) is armed in the rank and in the
+    processes it spawned (ZCC's worker, which imports the script again, started before the step): they count the
+    call only while the rank runs the faulted step. A writer's kill leaves its rank to end the step, so run.sh calls
+    the launch's hang the bug, where after a rank's own kill the job restarts and the launch's end is not judged."""
+    case = _case("paddleformers-zcc-killed-worker-hangs-rank")
+    scripted = script_case(case, upto=3)
+    assert [[s.kind for s in p.steps] for p in scripted.phases] == [["train", "save", "train", "save"]]
+    crash = scripted.phases[0].steps[3].crash
+    assert crash is not None and crash.spawned and (crash.event, crash.path, crash.k, crash.rank) == (
+        "open", "checkpoint-2/trainer_state.bin", 1, 0)
+    text = repro_py(scripted, "t", "s")
+    compile(text, "repro.py", "exec")
+    call = "('open', 'checkpoint-2/trainer_state.bin', 1, None, False, 0, None, True)"
+    label = "'step 3: save step-2 (rank 0 or a process it spawned killed at call 1 of openat on " \
+            "checkpoint-2/trainer_state.bin)'"
+    assert f"        crash_step({label}, {call}, save, 'step-2', DATA['save', 2][RANK])" in text
+    assert 'if __name__ == "__mp_main__":  # a process a rank spawned' in text
+    assert f"    arm_spawned({label}, {call})" in text
+    assert text.index('    os.environ["REPRO_RANK"] = str(RANK)') < text.index("run('step 0: train to step 1'")
+    assert "open(armed_path(), \"w\").close()" in text and "fault_hook(step, call, armed_path())" in text
+    sh = run_sh(scripted)
+    assert "launch 0 2; faulted 0 $? || exit $?" in sh
+    assert sh.index('grep -qs "^writer " "$WORK/fault-$1"') < sh.index('[ -e "$WORK/fault-$1" ] && return 0')
+    rank_only = repro_py(script_case(_case("torch-dcp-resave-crash-mixes-versions")), "t", "s")
+    assert "\n    arm_spawned(" not in rank_only and "REPRO_RANK\"] = " not in rank_only  # a rank's kill: its own
 
 
 def test_a_trainer_script_refuses_the_steps_only_zccs_renders() -> None:

@@ -109,29 +109,40 @@ def returned(writer, tensors, mutate_after, detach):
 
 
 CRASH = '''import errno  # noqa: E402
+import multiprocessing  # noqa: E402
 import signal  # noqa: E402
 import threading  # noqa: E402
 
+SPAWNED = False  # this process is one a rank spawned (this file imported again, as __mp_main__), not a rank
 
-def crash_step(step, call, action, *args, **kwargs):
-    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls, an errno
-    or None, whether the call runs first, which rank: None for whichever makes it, and a delay or None) meets the
-    fault at that call: SIGKILLed (no errno) — no clean-up, as a machine failure or the OOM killer ends a job —
-    before it runs, or right after (an open: the kill lands before the file's first write), or the call fails with
-    that errno, as a full disk or a failing device makes it. With a delay the rank (every rank for None) is killed
-    that many seconds into the step, whatever it is doing.
-    Every rank's launch ends with the step (the job restarts); the next launch starts fresh on what it left."""
-    event, path, k, error, after, rank, delay = call
+
+def who():
+    return f"rank {RANK}" if not SPAWNED else f"process {os.getpid()} (spawned by rank {RANK})"
+
+
+def fault_mark(what):
+    """run.sh's sign that the fault happened (``what``, printed too), and whom it hit: a rank, or a process a rank
+    spawned (a writer), whose rank must still finish its step."""
+    with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"fault-{PHASE}"), "w") as f:
+        f.write(f"{'writer' if SPAWNED else 'rank'} {what}")
+    print(what, flush=True)
+
+
+def armed_path():
+    """The file whose presence arms the fault in the processes this rank spawned: while its faulted step runs."""
+    return os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"armed-{PHASE}-{RANK}")
+
+
+def fault_kill(step, how):
+    fault_mark(f"{step}: {who()} killed {how}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fault_hook(step, call, armed=None):
+    """The audit hook that meets the fault at ``call`` (see crash_step) in this process, counting its own calls
+    (as strace counts each process's); ``armed``: a file without which it counts nothing (a spawned process)."""
+    event, path, k, error, after, rank = call[:6]
     target, seen = os.path.abspath(os.path.join(ROOT, path)), [0]
-
-    def mark():
-        with open(os.path.join(os.path.dirname(os.path.abspath(ROOT)), f"fault-{PHASE}"), "w"):
-            pass  # run.sh's sign that the fault happened
-
-    def kill(how):
-        mark()
-        print(f"{step}: rank {RANK} killed {how}", flush=True)
-        os.kill(os.getpid(), signal.SIGKILL)
 
     def hook(name, hook_args):
         if rank not in (None, RANK) or name != event or not hook_args:
@@ -140,35 +151,64 @@ def crash_step(step, call, action, *args, **kwargs):
             return
         if os.path.abspath(os.fsdecode(hook_args[0])) != target:
             return
+        if armed is not None and not os.path.exists(armed):
+            return
         seen[0] += 1
         if seen[0] != k:
             return
         if error is not None:
-            mark()
-            print(f"{step}: call {k} of {event} on {path} fails with {error} on rank {RANK}", flush=True)
+            fault_mark(f"{step}: call {k} of {event} on {path} fails with {error} in {who()}")
             raise OSError(getattr(errno, error), os.strerror(getattr(errno, error)), os.fsdecode(hook_args[0]))
         if after:  # the open itself (creating or truncating the file as the framework asked), then the kill
             os.close(os.open(hook_args[0], hook_args[2], 0o666))
-        kill(f"{'after' if after else 'before'} call {k} of {event} on {path}")
+        fault_kill(step, f"{'after' if after else 'before'} call {k} of {event} on {path}")
 
+    return hook
+
+
+def crash_step(step, call, action, *args, **kwargs):
+    """Run a step in which the rank making ``call`` (an audit event, a path under ROOT, which of its calls, an errno
+    or None, whether the call runs first, which rank: None for whichever makes it, a delay or None, and whether the
+    processes the rank spawned meet it too) meets the fault at that call: SIGKILLed (no errno) — no clean-up, as a
+    machine failure or the OOM killer ends a job — before it runs, or right after (an open: the kill lands before
+    the file's first write), or the call fails with that errno, as a full disk or a failing device makes it. With a
+    delay the rank (every rank for None) is killed that many seconds into the step, whatever it is doing. A process
+    the rank spawned that meets it (a writer: the rank lives on) leaves the rank to end its step, or to hang.
+    Every rank's launch ends with the step (the job restarts); the next launch starts fresh on what it left."""
+    rank, delay, spawned = call[5:]
     if delay is None:
-        sys.addaudithook(hook)  # for the rest of this process, which the step ends
+        sys.addaudithook(fault_hook(step, call))  # for the rest of this process, which the step ends
+        if spawned and rank in (None, RANK):
+            open(armed_path(), "w").close()  # the processes this rank spawned count from now on (arm_spawned)
     elif rank in (None, RANK):
         if delay <= 0:
-            kill("as the step began")
-        timer = threading.Timer(delay, kill, (f"{delay} s into the step",))
+            fault_kill(step, "as the step began")
+        timer = threading.Timer(delay, fault_kill, (step, f"{delay} s into the step"))
         timer.daemon = True
         timer.start()
     try:
         action(*args, **kwargs)
-        if error is not None:
+        if call[3] is not None:
             print(f"{step}: rank {RANK} finished the step despite the error (what it left is judged next)")
     except BaseException as exc:  # the injected error, or a peer killed in the middle of a collective
         if isinstance(exc, KeyboardInterrupt):
             raise
         print(f"{step}: rank {RANK} stopped ({type(exc).__name__}: {str(exc)[:200]}); the launch ends")
     sys.stdout.flush()
+    for child in multiprocessing.active_children():  # the job is over: nothing of it outlives the restart
+        os.kill(child.pid, signal.SIGKILL)
     os._exit(0)  # the job is over: no framework teardown waits for a dead or failed rank
+
+
+def arm_spawned(step, call):
+    """In a process a rank spawned (this file imported again, as __mp_main__: a standing writer, such as a training
+    job's checkpoint worker, started before the faulted step) the fault's hook too, as strace follows the rank's
+    whole tree: armed only while the rank runs the faulted step of this launch (its armed_path)."""
+    global ROOT, PHASE, RANK, SPAWNED
+    if len(sys.argv) < 3 or "REPRO_RANK" not in os.environ:
+        return
+    ROOT, PHASE, RANK, SPAWNED = sys.argv[1], int(sys.argv[2]), int(os.environ["REPRO_RANK"]), True
+    sys.addaudithook(fault_hook(step, call, armed_path()))
 '''
 
 
@@ -285,6 +325,11 @@ fi
 # run.sh's faulted(): the fault fired at the finding's call; with the fix, a call the fixed code no longer makes (it
 # writes no lock file, it renames a temporary) cannot be hit, and the run goes on to judge what the save left.
 FAULT_HIT = '  [ -e "$WORK/fault-$1" ] && return 0\n'
+# Before it: a fault that hit a process the rank spawned (a writer) left the rank alive, to end its step; a launch that
+# then hangs is the bug (after a rank's own kill the harness restarts the job, so what its peers do is not judged).
+FAULT_HUNG = ('  [ "${2:-0}" -eq 124 ] && grep -qs "^writer " "$WORK/fault-$1" && echo "EXPECTED: its rank ends the '
+              'step (it returns, or raises the failure)" && echo "ACTUAL:   $(cut -d" " -f2- "$WORK/fault-$1"); its '
+              'rank never finished the step" && return 124\n')
 FAULT_CALL_GONE = ('  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX: no rank made the call the '
                    'finding\'s fault hit (the fixed code no longer makes it)" && return 0\n')
 
@@ -323,6 +368,7 @@ def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = F
                   "a check of what a save recorded (the {} script cannot read its metadata yet)"),
         damage(scripted.edit_kinds()) if scripted.edit_kinds() else "",
         CRASH if scripted.crash_phases() else "",
+        _spawned_arming(scripted),
         CHECK,
         _main(scripted, text.SETUP, getattr(text, "TEARDOWN", "")),
     ]
@@ -370,6 +416,8 @@ def _main(scripted: ScriptedCase, setup: str, teardown: str = "") -> str:
     lines = ["def main():", "    global ROOT, PHASE, RANK",
              "    ROOT, PHASE = sys.argv[1], int(sys.argv[2])",
              *(f"    {line}" if line else "" for line in setup.splitlines())]
+    if _spawned(scripted) is not None:
+        lines.append('    os.environ["REPRO_RANK"] = str(RANK)  # the processes this rank spawns know whose they are')
     for number, phase in enumerate(scripted.phases):
         lines.append(f"    {'if' if number == 0 else 'elif'} PHASE == {number}:  # {phase.world} process(es)")
         for step in phase.steps:
@@ -384,12 +432,33 @@ def _call(step: Step) -> str:
     """The step's line: ``run`` judges it; a step with a kill or an injected error runs through ``crash_step``,
     which judges none."""
     if step.crash is not None:
-        crash = step.crash
-        call = (crash.event, crash.path, crash.k, crash.errno, crash.after, crash.rank, crash.delay)
-        return f"crash_step({step.label!r}, {call!r}, {_action(step)})"
+        return f"crash_step({step.label!r}, {_crash_call(step)!r}, {_action(step)})"
     err = "".join(f", {flag}=True" for flag in ("expect_error", "tolerate", "may_fail") if getattr(step, flag))
     also = "".join(f"DATA[{t[0]!r}, {t[1]}][RANK], " for t in step.also)
     return f"run({step.label!r}, {_action(step)}{err}" + (f", also=({also})" if also else "") + ")"
+
+
+def _crash_call(step: Step) -> tuple:
+    """The fault as crash_step and arm_spawned take it."""
+    crash = step.crash
+    assert crash is not None
+    return (crash.event, crash.path, crash.k, crash.errno, crash.after, crash.rank, crash.delay, crash.spawned)
+
+
+def _spawned(scripted: ScriptedCase) -> Step | None:
+    """The step whose fault the processes a rank spawned meet too (a training job's standing writers), if any."""
+    return next((s for p in scripted.phases for s in p.steps if s.crash is not None and s.crash.spawned), None)
+
+
+def _spawned_arming(scripted: ScriptedCase) -> str:
+    """repro.py's arming of the processes a rank spawns (they import this file again, as ``__mp_main__``), where
+    the fault may hit one of them: a process started before the faulted step carries the hook from its start."""
+    step = _spawned(scripted)
+    if step is None:
+        return ""
+    return ('if __name__ == "__mp_main__":  # a process a rank spawned: it meets the fault too, as the harness\'s '
+            "strace\n    # follows the rank's whole tree\n"
+            f"    arm_spawned({step.label!r}, {_crash_call(step)!r})\n")
 
 
 def _action(step: Step) -> str:
@@ -453,12 +522,12 @@ def run_sh(scripted: ScriptedCase, with_fix: bool = False) -> str:
     ]
     killed = scripted.crash_phases()
     if killed:
-        lines += ["faulted() {  # faulted PHASE: the launch had to end with the fault at the finding's call",
-                  FAULT_HIT.rstrip("\n"), FAULT_CALL_GONE.rstrip("\n"),
+        lines += ["faulted() {  # faulted PHASE STATUS: the launch had to end with the fault at the finding's call",
+                  FAULT_HUNG.rstrip("\n"), FAULT_HIT.rstrip("\n"), FAULT_CALL_GONE.rstrip("\n"),
                   '  echo "launch $1: no rank made the call the finding\'s fault hit; this script cannot show it"',
                   "  return 2", "}", ""]
     for number, phase in enumerate(scripted.phases):
-        ends = f"; faulted {number} || exit $?" if number in killed else " || exit $?"
+        ends = f"; faulted {number} $? || exit $?" if number in killed else " || exit $?"
         lines.append(f"launch {number} {phase.world}{ends}")
     return "\n".join(lines) + "\n"
 

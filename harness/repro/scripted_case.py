@@ -66,9 +66,14 @@ class Crash:
     after: bool = False  # killed right after the call (its open) returns: the first write on a file it opened
     rank: int | None = None  # only this rank's call (else whichever rank makes it)
     delay: float | None = None  # killed this many seconds into the step, at no call in particular (a kill-when)
+    # The processes the rank spawned meet it too, as strace follows the rank's whole tree: a training job's standing
+    # writers (ZCC's worker), started before the step, make the save's calls
+    spawned: bool = False
 
     def describe(self) -> str:
         who = "" if self.rank is None else f"rank {self.rank} "
+        if self.spawned:
+            who = f"{who or 'a rank '}or a process it spawned "
         if self.delay is not None:
             return f"{who or 'every rank '}killed {self.delay:g} s into the step"
         if self.after:
@@ -259,13 +264,20 @@ def check_supported(case: Case) -> tuple[tuple[dict, ...], str] | None:
 
 
 def _check_training(case: Case) -> None:
-    """A training case's steps, where its SUT's emitter trains (harness.repro.render.emitter says whether it does);
-    faults in one are not scripted yet."""
-    if case.fault is not None:
-        raise ReproUnsupported("a fault in a training case (the script cannot inject it into a training job yet)")
+    """A training case's steps, where its SUT's emitter trains (harness.repro.render.emitter says whether it does),
+    and its fault where it is a kill or an injected errno at a syscall (or a rank's kill on a delay), which the
+    script inflicts itself in the rank and in the processes it spawned; other faults are not scripted there yet."""
     for index, op in enumerate(case.ops):
         if op.kind not in TRAINING_OPS:
             raise ReproUnsupported(f"op {index} is a {op.kind!r} in a training case (the script cannot do it yet)")
+    fault = case.fault
+    if fault is None:
+        return None
+    if _kills_writers(case) or _crash(case) is None:
+        which = f" ({fault.state.get('kind')} state)" if isinstance(fault, StateFault) else ""
+        raise ReproUnsupported(f"a {fault.kind} fault{which} in a training case (the script injects a kill or an "
+                               "errno at a syscall, or a rank's kill on a delay, into a training job; not this kind "
+                               "yet)")
     return None
 
 
@@ -285,7 +297,8 @@ def _kills_writers(case: Case) -> bool:
 def _crash(case: Case) -> Crash | None:
     """The case's kill at a syscall, or error injected into one, as a script can inflict it: on a path under the
     root, in the rank's own process (a synchronous op: an async save's writer process would not carry the script's
-    hook), at a call Python makes visible by an audit event. Others raise ``ReproUnsupported`` saying why; not such
+    hook) and, in a training job, in the processes it spawned before (its standing writers), at a call Python makes
+    visible by an audit event. Others raise ``ReproUnsupported`` saying why; not such
     a fault: None."""
     fault = case.fault
     if isinstance(fault, KillWhenFault) and fault.target in (None, "tree"):
@@ -299,15 +312,18 @@ def _crash(case: Case) -> Crash | None:
                                f"{', '.join(sorted(AUDIT_EVENTS))} only: Python raises no audit event for the others)")
     if not fault.path:
         raise ReproUnsupported(f"{what} at a call on no named path (the script matches the call by its path)")
-    allowed = ("save",) if isinstance(fault, KillFault) else ("save", "load")
+    allowed: tuple[str, ...] = ("save",) if isinstance(fault, KillFault) else ("save", "load")
+    if case.training is not None:
+        allowed += ("train",)  # a job that trains itself writes while it trains too (its writers' dumps)
     if op.kind not in allowed or op.use_async:
         raise ReproUnsupported(f"{what} in op {fault.op} ({op.kind}{', async' if op.use_async else ''}): the script "
                                f"hits a synchronous {' or '.join(allowed)} only (an async writer process would not "
                                "carry its hook)")
+    spawned = case.training is not None  # a training job's writers stand from its start, in the rank's tree
     if first_write:  # nothing between a file's open and its first write: killed as the open returns, on disk alike
-        return Crash(fault.syscall, "open", fault.path, 1, after=True, rank=fault.rank)
+        return Crash(fault.syscall, "open", fault.path, 1, after=True, rank=fault.rank, spawned=spawned)
     return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k,
-                 fault.errno if isinstance(fault, ErrorFault) else None, rank=fault.rank)
+                 fault.errno if isinstance(fault, ErrorFault) else None, rank=fault.rank, spawned=spawned)
 
 
 def _timed_kill(case: Case, fault: KillWhenFault) -> Crash:
