@@ -20,7 +20,7 @@ from pathlib import Path
 
 from harness.fixes import FIXES, own_fixes, resolve, stack
 from harness.fixes.reach import reached
-from harness.judging.judge import Judge, Unreplayable
+from harness.judging.judge import Judge, Unreplayable, fault_fired
 from harness.ranks.forkserver import ForkServer
 from harness.ranks.runners import Runners
 from harness.sut import REGISTRY, adapter_class, framework_available
@@ -135,7 +135,7 @@ class Tables:
                 return "unfired", None
             finally:
                 self.log(f"  {label}: {time.monotonic() - began:.1f} s")
-            if case.fault is None or (outcome.fault or {}).get("fired"):
+            if fault_fired(case, outcome):
                 break
             if attempt == FIRE_ATTEMPTS - 1:
                 return "unfired", None

@@ -129,8 +129,7 @@ class Judge:
             if isinstance(case.fault, StateFault):
                 return self.states_pass_with(case, (*self.runners.fixes, *fixes))
             judged = self.judged_with(case, (*self.runners.fixes, *fixes))
-            return judged is not None and judged[0].ok and (
-                case.fault is None or isinstance(case.fault, RecordFault) or bool((judged[1].fault or {}).get("fired")))
+            return judged is not None and judged[0].ok and fault_fired(case, judged[1])
 
         groups = [tuple(self.suspects), tuple(dict.fromkeys((*self.suspects, *self.prove)))]
         for kept in dict.fromkeys(g for g in groups if g):
@@ -355,3 +354,9 @@ class Judge:
 def _without(fixes: tuple[str, ...], fix_id: str) -> tuple[str, ...]:
     """``fixes`` less ``fix_id`` and the fixes that require it."""
     return tuple(k for k in fixes if k != fix_id and fix_id not in FIXES[k].requires)
+
+
+def fault_fired(case: Case, outcome: Outcome) -> bool:
+    """Whether a run shows anything of its fault: a fault case shows its bug, or its fix, only where the fault
+    fired (a fix may no longer make the faulted call); a recording of the op's IO fires whenever the op ran."""
+    return case.fault is None or isinstance(case.fault, RecordFault) or bool((outcome.fault or {}).get("fired"))
