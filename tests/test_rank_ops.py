@@ -106,17 +106,20 @@ class _JobThatWaitsForItsWriter:
         return [self.writer.pid]
 
     def save(self, root: Any, name: str, tensors: dict, *, use_async: bool, options: dict) -> str:
-        deadline = time.monotonic() + 30
-        while psutil.Process(self.writer.pid).status() == psutil.STATUS_STOPPED:
-            assert time.monotonic() < deadline, "the grace never let the held writer go"
-            time.sleep(0.01)
+        for held in (True, False):  # held before the call (signals land asynchronously), then let go by the grace
+            deadline = time.monotonic() + 30
+            while (psutil.Process(self.writer.pid).status() == psutil.STATUS_STOPPED) != held:
+                assert time.monotonic() < deadline, "the writer was never held" if held else "never let go"
+                time.sleep(0.01)
         return name
 
     def writer_pids(self, handle: str) -> list[int]:
         return [self.writer.pid]
 
 
-def test_a_save_that_waited_out_the_grace_leaves_no_writer_held_by_nobody(monkeypatch, tmp_path) -> None:
+def test_a_save_that_waited_out_the_grace_leaves_its_writer_held_by_the_case(monkeypatch, tmp_path) -> None:
+    """The grace lets a standing writer go while the save waits for it; once the save returns its writers are held
+    again, by a hold the case's wait or resume releases: never by one nobody will release."""
     monkeypatch.setattr(rankops, "TRAIN_GRACE", 0.2)
     writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -124,6 +127,7 @@ def test_a_save_that_waited_out_the_grace_leaves_no_writer_held_by_nobody(monkey
         executor.case, executor.root = _OneStalledSave(), tmp_path  # type: ignore[assignment]
         record = executor.op(0)
         assert record["ok"], record
+        executor.release()  # what the case's wait does
         assert executor.holds == []
         time.sleep(0.5)  # a SIGSTOP sent now would show by then
         assert psutil.Process(writer.pid).status() != psutil.STATUS_STOPPED

@@ -86,17 +86,18 @@ class RankExecutor:
                 self.release()  # a SUT may let only one async save run at a time: a held one must go on first
                 tensors = self._live_tensors(index) if self.case.training else self.rank_tensors(
                     self.case.op_layouts(index), op.version, zeros=False)
-                hold = WriterHold() if op.stall else None
-                if hold is not None:
-                    self.holds.append(hold)  # before the call: a save that raises must not leave a writer held
-                    hold.stop(self.adapter.standing_writers())  # held before the save hands them its work
+                hold = WriterHold() if op.stall else None  # the writers the save starts, and names after it
+                standing = WriterHold() if op.stall else None  # long-lived writers, held before the call
+                if hold is not None and standing is not None:
+                    self.holds += [standing, hold]  # before the call: a save that raises must not leave one held
+                    standing.stop(self.adapter.standing_writers())  # held before the save hands them its work
                 with hold.capture() if hold is not None else contextlib.nullcontext(), \
-                        self._holds_yield_to_a_waiting_job():
+                        self._holds_yield_to_a_waiting_job(standing):
                     handle = self.adapter.save(
                         self.root, op.name, tensors, use_async=op.use_async, options=self._save_options(index)
                     )
                 if hold is not None:
-                    hold.stop(self.adapter.writer_pids(handle))  # nothing, where the grace let the hold go
+                    hold.stop(self.adapter.writer_pids(handle))
                 if op.use_async:
                     if op.mutate_after:
                         self.adapter.mutate(handle)
@@ -176,14 +177,16 @@ class RankExecutor:
                 pass
 
     @contextlib.contextmanager
-    def _holds_yield_to_a_waiting_job(self) -> Iterator[None]:
+    def _holds_yield_to_a_waiting_job(self, standing: WriterHold | None = None) -> Iterator[None]:
         """Train (or save) with writers held: a job that goes on without waiting for its writer (the race a stalled
         save decides) is done long before ``TRAIN_GRACE``; one that waits for it (Zero-Cost Checkpointing's offload
-        barrier, a worker's first update) gets it back then, so a correct wait is slow, never a hang."""
+        barrier, a worker's first update) gets it back then, so a correct wait is slow, never a hang. A save lets
+        only its ``standing`` writers go: the writers it starts are stopped once it returns, so it cannot wait for
+        them, and a slow call must not free them early (the race the stall decides would be lost)."""
         if not self.holds:
             yield
             return
-        timer = threading.Timer(TRAIN_GRACE, self.release)
+        timer = threading.Timer(TRAIN_GRACE, self.release if standing is None else standing.release)
         timer.daemon = True
         timer.start()
         try:
