@@ -15,7 +15,7 @@ import psutil
 
 TREE_VAR = "CKPT_HARNESS_TREE"  # marks every process a launch starts, however far it strays from the tree
 SHM_DIR = "/dev/shm"
-TRACKER_GRACE = 2.0  # seconds a resource tracker gets to clean up after its users died
+TRACKER_GRACE = 5.0  # seconds a resource tracker gets to clean up after its users died (it may still be starting)
 
 
 def popen(argv: list[str], *, env: Mapping[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
