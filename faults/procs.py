@@ -40,39 +40,65 @@ def _marked(token: str) -> list[psutil.Process]:
 
 def kill_tree(proc: subprocess.Popen) -> None:
     """SIGKILL ``proc``, everything under it, and anything left in its session (orphans re-parent to init), then
-    reap. Children are walked only while ``proc`` is alive: a reaped pid may already belong to someone else.
+    reap (``kill_trees`` of one)."""
+    kill_trees([proc])
+
+
+def kill_trees(procs: list[subprocess.Popen]) -> None:
+    """SIGKILL every process of these trees, and anything left in their sessions, then reap. Children are walked
+    only while their root is alive: a reaped pid may already belong to someone else.
+
+    Every tree dies before any grace is waited out: the trees are one job's ranks, and a rank told to stop may
+    let its held writers go, so a writer must not outlive the kill of another rank by a grace.
 
     Python's ``multiprocessing`` resource trackers go last: once every process that used one is dead, a tracker
     unlinks the semaphores and shared memory they left (``/dev/shm/sem.mp-*``, whose names say nothing of their
     maker) and exits; killed with the rest, it leaks them, a few per killed job, for good."""
-    kids: list[psutil.Process] = []
-    if proc.poll() is None:
-        with contextlib.suppress(psutil.Error):
-            kids = psutil.Process(proc.pid).children(recursive=True)
-    trackers = [p for p in kids if _is_tracker(p)]
-    for p in kids:
-        if p not in trackers:
+    trees = [(proc, _kids(proc)) for proc in procs]
+    trackers: list[psutil.Process] = []
+    killed: list[psutil.Process] = []
+    for proc, kids in trees:
+        for p in kids:
             with contextlib.suppress(psutil.Error):
-                p.kill()
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()  # reaped only after the killpg below: until then its pid, and so its group, is not reused
-    token = getattr(proc, "tree_token", None)
-    strays = [p for p in _marked(token) if p not in trackers] if token else []  # orphaned writers, ranks in
-    for p in strays:                                                             # sessions of their own
+                if _is_tracker(p):
+                    trackers.append(p)
+                else:
+                    p.kill()
+                    killed.append(p)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # reaped only after the killpg below: until then its pid, and so its group, is not reused
+    for proc, _ in trees:
+        token = getattr(proc, "tree_token", None)
+        for p in _marked(token) if token else []:  # orphaned writers, ranks in sessions of their own
+            if p in trackers or p in killed:
+                continue
+            with contextlib.suppress(psutil.Error):
+                if _is_tracker(p):
+                    trackers.append(p)
+                else:
+                    p.kill()
+                    killed.append(p)
+    for p in trackers:  # a tracker a hold stopped with the writers it serves cleans up only once it runs
         with contextlib.suppress(psutil.Error):
-            if _is_tracker(p):
-                trackers.append(p)
-            else:
-                p.kill()
+            p.resume()
     _wait_dead(trackers, timeout=TRACKER_GRACE)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # the process was started with start_new_session=True
-    proc.wait()
+    for proc, _ in trees:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the process was started with start_new_session=True
+        proc.wait()
     for p in trackers:  # one that did not end in its grace
         with contextlib.suppress(psutil.Error):
             p.kill()
-    _wait_dead(kids + strays, timeout=5.0)
-    remove_shared_memory([proc.pid, *(p.pid for p in kids + strays)])
+    _wait_dead(killed + trackers, timeout=5.0)
+    remove_shared_memory([*(proc.pid for proc in procs), *(p.pid for p in killed + trackers)])
+
+
+def _kids(proc: subprocess.Popen) -> list[psutil.Process]:
+    if proc.poll() is not None:
+        return []
+    with contextlib.suppress(psutil.Error):
+        return psutil.Process(proc.pid).children(recursive=True)
+    return []
 
 
 def _is_tracker(p: psutil.Process) -> bool:

@@ -21,9 +21,9 @@ import pytest
 
 from faults.errors import FaultSpecError
 from faults.limits import FileSizeLimit
-from faults.procs import kill_tree, popen
+from faults.procs import TRACKER_GRACE, kill_tree, kill_trees, popen
 from faults.stall import Stall
-from faults.triggers import KillWhen
+from faults.triggers import KillWhen, freeze
 
 WRITER = r'''
 import os, subprocess, sys, time
@@ -346,9 +346,11 @@ if __name__ == "__main__":
 
 
 @pytest.mark.skipif(not Path("/dev/shm").is_dir(), reason="POSIX shared memory lives elsewhere here")
-def test_a_killed_tree_leaves_no_multiprocessing_semaphore_behind(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stopped", [False, True], ids=["running", "stopped"])
+def test_a_killed_tree_leaves_no_multiprocessing_semaphore_behind(tmp_path: Path, stopped: bool) -> None:
     """Killed with its users, Python's resource tracker never unlinks their named semaphores (/dev/shm/sem.mp-*,
-    a few per killed job, for good); spared until they are dead, it does."""
+    a few per killed job, for good); spared until they are dead, it does, even where a hold had stopped it with
+    the writers it serves."""
     script = tmp_path / "user.py"
     script.write_text(SEMAPHORE_USER)
     proc = popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
@@ -356,7 +358,47 @@ def test_a_killed_tree_leaves_no_multiprocessing_semaphore_behind(tmp_path: Path
         name = proc.stdout.readline().strip()
         assert name.startswith("/mp-"), name
         assert Path("/dev/shm", "sem." + name[1:]).exists()
+        if stopped:
+            freeze([psutil.Process(proc.pid)])
     finally:
         kill_tree(proc)
         proc.stdout.close()
     assert not Path("/dev/shm", "sem." + name[1:]).exists()
+
+
+STAMPER = """
+import subprocess, sys, time
+if sys.argv[1] == "stamp":  # a writer: says it still runs, every few milliseconds
+    while True:
+        with open(sys.argv[2], "a") as out:
+            out.write(f"{time.monotonic()}\\n")
+        time.sleep(0.01)
+if sys.argv[1] == "tracker":  # stands for a resource tracker that outlives the grace
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "multiprocessing.resource_tracker"])
+else:
+    subprocess.Popen([sys.executable, __file__, "stamp", sys.argv[2]])
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_every_tree_of_a_job_dies_before_a_tracker_grace_is_waited_out(tmp_path: Path) -> None:
+    """The trees are one job's ranks: a rank's writer must not run on while another rank's resource tracker gets
+    its grace (a writer let go then writes files a crash would never have let it write)."""
+    script, stamps = tmp_path / "tree.py", tmp_path / "stamps"
+    script.write_text(STAMPER)
+    procs = [popen([sys.executable, str(script), role, str(stamps)], stdout=subprocess.PIPE, text=True)
+             for role in ("tracker", "writer")]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline().strip() == "up"
+        deadline = time.monotonic() + 30
+        while not stamps.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        began = time.monotonic()
+        kill_trees(procs)
+        for proc in procs:
+            proc.stdout.close()
+    last = float(stamps.read_text().split()[-1])
+    assert last < began + TRACKER_GRACE / 2, f"the writer ran {last - began:.1f} s into the kill"

@@ -14,7 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from faults.procs import kill_tree, popen
+from faults.procs import popen
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WORKER = Path(__file__).resolve().parent / "worker.py"
@@ -154,9 +154,3 @@ def launch_commands(
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with open(log, "ab") as out:
         return popen(cmd, env=env, cwd=str(REPO_ROOT), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-
-
-def kill_trees(procs: list[subprocess.Popen]) -> None:
-    """Kill every process started by ``procs`` (their whole trees and sessions) and reap them."""
-    for proc in procs:
-        kill_tree(proc)

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import psutil
 
+from faults.procs import kill_trees
 from harness.ranks.forkserver import ForkError, ForkServer, Template
-from harness.ranks.launch import child_env, kill_trees, launch_commands, start, worker_argv
+from harness.ranks.launch import child_env, launch_commands, start, worker_argv
 from harness.ranks.runner import PoolFailure, Runner
 from harness.sut import adapter_class
 from harness.sut.shm import SHM_VAR, release_shm
@@ -305,7 +306,7 @@ class RankPool(Runner):
         return "; ".join(kept) or "-"
 
     def close(self, graceful: bool = True) -> None:
-        for conn in self.conns.values():
+        for conn in self.conns.values() if graceful else ():  # a rank told to stop lets its held writers go
             with contextlib.suppress(OSError):
                 conn.send({"type": "stop"})
         deadline = time.monotonic() + 5

@@ -17,8 +17,9 @@ import sys
 import time
 from multiprocessing.connection import Connection, wait
 
+from faults.procs import kill_trees
 from harness.ranks.forkserver import ForkError, ForkServer
-from harness.ranks.launch import kill_trees, start, worker_argv
+from harness.ranks.launch import start, worker_argv
 from harness.ranks.pool import RankPool
 from harness.ranks.runner import PoolFailure
 from harness.ranks.virtual.gloo import VirtualUnsupported
