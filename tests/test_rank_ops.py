@@ -134,3 +134,19 @@ def test_a_save_that_waited_out_the_grace_leaves_its_writer_held_by_the_case(mon
     finally:
         writer.kill()
         writer.wait(timeout=30)
+
+
+def test_a_deep_stack_keeps_the_frames_where_it_was_raised() -> None:
+    """A Trainer's stack is deeper than the frames a record keeps: the kept ones are the innermost, so the frame a
+    bucket names is where the error was raised, not a caller some frames above it."""
+    def inner() -> None:
+        raise KeyError("w.w_0")
+
+    def outer(n: int) -> None:
+        return inner() if n == 0 else outer(n - 1)
+
+    with pytest.raises(KeyError) as info:
+        outer(20)
+    text = rankops.traceback_text(info.value)
+    assert ", in inner\n" in text and 'raise KeyError("w.w_0")' in text
+    assert "in test_a_deep_stack" not in text  # the outermost frames are the ones left out

@@ -241,7 +241,8 @@ def unpack(packed: tuple[str, tuple[int, ...], bytes]) -> Tensor:
 
 
 def traceback_text(exc: BaseException, limit: int = 8) -> str:
-    """What ``traceback.format_exc(limit)`` prints for ``exc`` (its chain included), without the column carets.
+    """What ``traceback.format_exc(-limit)`` prints for ``exc`` (its chain included, the innermost ``limit``
+    frames of each), without the column carets.
     Python 3.11 places those by scanning each frame's position table and parsing its source line, which made
     formatting a fifth of a 16-rank virtual op that failed on every rank; the frames and messages, all a reader
     or a bucket (properties.triage.buckets.innermost_frame) uses, are the same."""
@@ -261,7 +262,8 @@ def traceback_text(exc: BaseException, limit: int = 8) -> str:
     parts: list[str] = []
     for error, joint in reversed(chain):
         if error.__traceback__ is not None:
-            frames = traceback.StackSummary.extract(traceback.walk_tb(error.__traceback__), limit=limit)
+            # the innermost frames: where it was raised, which a bucket names (a Trainer's stack is deeper)
+            frames = traceback.StackSummary.extract(traceback.walk_tb(error.__traceback__), limit=-limit)
             parts += ["Traceback (most recent call last):\n", *frames.format()]
         parts += traceback.format_exception_only(type(error), error)
         parts.append(joint)
