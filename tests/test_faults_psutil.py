@@ -6,6 +6,7 @@ Each test starts a small writer that parks on stdin (a warm rank), arms an injec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import shutil
@@ -358,12 +359,26 @@ def test_a_killed_tree_leaves_no_multiprocessing_semaphore_behind(tmp_path: Path
         name = proc.stdout.readline().strip()
         assert name.startswith("/mp-"), name
         assert Path("/dev/shm", "sem." + name[1:]).exists()
+        _wait_for_tracker(proc.pid)
         if stopped:
             freeze([psutil.Process(proc.pid)])
     finally:
         kill_tree(proc)
         proc.stdout.close()
     assert not Path("/dev/shm", "sem." + name[1:]).exists()
+
+
+def _wait_for_tracker(pid: int, timeout: float = 30.0) -> None:
+    """Until the user's tracker runs as one: a tracker killed while still between fork and exec is not yet told
+    from its user (what it would do is what this test asks), which a loaded machine makes likely."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        kids = psutil.Process(pid).children()
+        with contextlib.suppress(psutil.Error):
+            if any("multiprocessing.resource_tracker" in part for k in kids for part in k.cmdline()):
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"no resource tracker under {pid} after {timeout} s")
 
 
 STAMPER = """
