@@ -38,7 +38,8 @@ needs_pf = pytest.mark.skipif(not framework_available(REGISTRY[SUT]),
 def test_a_training_job_is_given_training_cases_only() -> None:
     assert drawable_properties(CAPS) == ["P-EMA", "P-RESUME"]
     assert drawable_properties(CAPS, faults=True) == ["P-EMA", "P-RESUME"]
-    assert {"reshard", "async", "latest", "moe", "flat"}.isdisjoint(CAPS)  # not claimed until they run
+    assert {"reshard", "latest", "moe", "flat"}.isdisjoint(CAPS)  # not claimed until they run
+    assert {"async", "kill_writer", "flag:use_async_save"} <= CAPS  # the Trainer's AsyncSaver
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), database=None)
@@ -216,6 +217,17 @@ def test_a_resumed_trainer_job_equals_the_uninterrupted_one_bit_for_bit(fmt: str
     ops = (Op("train", None, 2), Op("save", "step-2", 2), Op("restart"), Op("load", "step-2", 2),
            Op("train", None, 4))
     judgement, _ = trainer_judge(_case(ops, "P-RESUME", options={"format": fmt}))
+    assert judgement.ok, judgement.details
+
+
+@needs_pf
+@pytest.mark.multirank
+def test_an_async_save_held_while_the_job_trains_on_resumes_bit_for_bit(trainer_judge) -> None:
+    """``use_async_save``: the optimizer is written by the Trainer's AsyncSaver pool, held (stall) while the job
+    trains a step on; then wait, restart, resume and train on equal the uninterrupted run."""
+    ops = (Op("train", None, 2), Op("save", "step-2", 2, use_async=True, detach=True, stall=True),
+           Op("train", None, 3), Op("wait"), Op("restart"), Op("load", "step-2", 2), Op("train", None, 4))
+    judgement, _ = trainer_judge(_case(ops, "P-RESUME", options={"format": "sharding_io", "use_async_save": True}))
     assert judgement.ok, judgement.details
 
 

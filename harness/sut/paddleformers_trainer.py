@@ -23,10 +23,17 @@ Where the harness stands in, and why (docs/paddleformers-notes.md, "The Trainer'
   Paddle has no BF16 add kernel); ``FLAGS_selected_gpus`` is the local rank, as Paddle's launcher sets it on GPUs;
 * ``max_grad_norm`` is 0: with clipping on, the Trainer's hybrid-parallel optimizer wrapper raises before training
   (``_wrap_distributed_optimizer`` reads ``_inner_opt`` of the unwrapped AdamW); not a checkpoint path.
+
+Async saves are the Trainer's ``use_async_save`` (drawn as a flag): the optimizer goes to ``AsyncSaver``, a pool of
+one spawned writer the Trainer starts with the job, which writes it and then its ``saved_signal_<rank>``. In such a
+job a sync save op turns the switch off for that save, as the Trainer's own final save does without it (the switch
+is read per save). The pool's writer exists before any save hands it work, so a stalled save holds it from before
+the call (``standing_writers``); a kill SIGKILLs it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +97,8 @@ class PaddleFormersTrainerSut(PaddleAdapter):
     name = "paddleformers-trainer"
     framework = "paddleformers"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"trains", "replicated", "ema_start:first", "master_init:param", "dtype:I64"}
+        {"trains", "replicated", "ema_start:first", "master_init:param", "dtype:I64", "async", "kill_writer",
+         "flag:use_async_save"}
         | {f"dtype:{d}" for d in PARAM_DTYPES} | {f"format:{f}" for f in FORMATS}
         | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}
     )
@@ -101,6 +109,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         self._spec: TrainingSpec | None = None
         self._params: tuple[Param, ...] = ()
         self._died: BaseException | None = None  # the error a run ended with: the job is dead until a resume
+        self._savers: list[Any] = []  # the AsyncSavers of the case's Trainers: their pools end with the case
 
     @classmethod
     def refuses(cls, case: Any) -> str | None:
@@ -167,8 +176,39 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         ema = _ema_callback(trainer)
         if ema is not None:  # what on_step_end does at a save step, before the loop's own save
             ema.buffer.save(step)
-        trainer._save_checkpoint(trainer.model_wrapped, metrics=None)
-        return trainer
+        saver = _saver(trainer)
+        configured = trainer.args.use_async_save
+        trainer.args.use_async_save = configured and use_async  # a sync save in an async job: the switch off
+        try:
+            trainer._save_checkpoint(trainer.model_wrapped, metrics=None)
+        finally:
+            trainer.args.use_async_save = configured
+        return _AsyncSave(saver) if saver is not None and use_async else trainer
+
+    def wait(self, handle: Any) -> None:
+        """An async save is done when its AsyncSaver's result is: the wait the Trainer makes before its next save
+        (which retries a failed write and raises once the retries are spent)."""
+        if isinstance(handle, _AsyncSave):
+            handle.saver._wait_for_previous_result()
+
+    def writer_pids(self, handle: Any) -> list[int]:
+        return _pool_pids(handle.saver) if isinstance(handle, _AsyncSave) else []
+
+    def standing_writers(self) -> list[int]:
+        """The pool's writer, started with the job before any save hands it work."""
+        saver = _saver(self._trainer) if self._trainer is not None else None
+        return _pool_pids(saver) if saver is not None else []
+
+    def kill_pending(self, handles: list[Any]) -> None:
+        import psutil
+
+        for handle in handles:
+            if isinstance(handle, _AsyncSave):
+                for pid in _pool_pids(handle.saver):
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        proc = psutil.Process(pid)
+                        proc.kill()
+                        proc.wait(10)
 
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict) -> dict[str, Tensor]:
         spec, params = self._training()
@@ -190,6 +230,9 @@ class PaddleFormersTrainerSut(PaddleAdapter):
 
     def end_case(self) -> None:
         global _run
+        savers, self._savers = self._savers, []
+        for saver in savers:  # the job is over: its writers go (a pool whose writer was killed never joins)
+            saver.pool.terminate()
         self._trainer, self._start, _run = None, _Start(), None
         self._spec, self._params, self._died = None, (), None
 
@@ -220,6 +263,8 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         model = _build_model(spec, params)
         samples = max_steps * max(world, 1) * args.gradient_accumulation_steps + 8
         trainer = Trainer(model=model, args=args, train_dataset=_Steps(samples))
+        if _saver(trainer) is not None:
+            self._savers.append(_saver(trainer))
         trainer._ckpt_harness = {"spec": spec, "params": {p.name: p for p in params},
                                  "by_static": {prm.name: name for name, prm in model.named_parameters()}}
         _run = trainer
@@ -239,11 +284,28 @@ class PaddleFormersTrainerSut(PaddleAdapter):
             learning_rate=spec.lr, max_grad_norm=0.0, save_checkpoint_format=fmt, load_checkpoint_format=fmt,
             zcc_save_ema_coef=spec.ema_decay, zcc_ema_interval=spec.ema_every,
             zcc_ema_loss_threshold=spec.loss_threshold, amp_master_grad=low, split_param=False,
+            use_async_save=bool(options.get("use_async_save", False)),
             sharding="stage1" if world > 1 else "", sharding_parallel_size=world if world > 1 else -1,
             **({"bf16": True, "fp16_opt_level": "O2"} if low else {}),
             # sharding IO resumes only under its switch (load_checkpoint_format alone is not read there)
             **({"save_sharded_model": True, "load_sharded_model": True} if fmt == "sharding_io" else {}),
         )
+
+@dataclass
+class _AsyncSave:
+    """A save whose optimizer file the Trainer's AsyncSaver writes in its pool."""
+
+    saver: Any
+
+
+def _saver(trainer: Any) -> Any:
+    return getattr(trainer, "_async_optimizer_saver", None)
+
+
+def _pool_pids(saver: Any) -> list[int]:
+    """The pool's live writer processes (the pool replaces one that died)."""
+    return [p.pid for p in getattr(saver.pool, "_pool", None) or () if p.is_alive()]
+
 
 def _misplaced_save(case: Any) -> str | None:
     """A save of a step the job is not at: the Trainer saves the step it has trained to (or resumed at)."""
