@@ -1,2 +1,3 @@
-"""Fixes of bugs in PaddleFormers' Trainer checkpoint paths: Unified Checkpoint's save, its async writers, resume.
-Each module imports only harness.fixes.patch."""
+"""Fixes of bugs in PaddleFormers' Trainer checkpoint paths outside Unified Checkpoint: its EMA without Zero-Cost
+Checkpointing, sharding IO, its resume loop, and the Paddle parallel wrappers it runs on. Each module imports only
+harness.fixes.patch."""

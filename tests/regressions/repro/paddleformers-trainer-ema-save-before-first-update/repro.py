@@ -17,6 +17,11 @@ from collections import namedtuple
 
 
 
+if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
+    import fix
+
+    fix.apply()
+
 ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank
 
 FORMAT = 'flex_checkpoint'  # TrainingArguments.save_checkpoint_format
@@ -26,8 +31,8 @@ SPEC = TrainingSpec(lr=0.01, beta1=0.9, beta2=0.999, eps=1e-08, weight_decay=0.0
 PARAMS = {'w': 'F32', 'b': 'BF16'}  # the model's parameters and their dtypes
 # The reference loop as data: each step's loss (what the model's forward returns) and each parameter's
 # FP32 gradient as hex (what AdamW's step applies; the forward gives zero gradients)
-LOSSES = {1: 1.9950683116912842}
-GRADIENTS = {1: {'w': '10115f3fc0f2b23e', 'b': '2028ea3ea02b78bf'}}
+LOSSES = {1: 1.9950683116912842, 2: 0.7242260575294495}
+GRADIENTS = {1: {'w': '10115f3fc0f2b23e', 'b': '2028ea3ea02b78bf'}, 2: {'w': '00d849bc408c803e', 'b': '009a043f50a1553f'}}
 
 CARRIERS = {'BF16': ('uint16', None), 'F32': ('float32', None), 'I64': ('int64', None)}  # numpy dtype Paddle reads bit for bit, and the paddle dtype to view it as
 
@@ -112,7 +117,9 @@ def bf16_add(add):
 
 def adam_step(opt, block, param_and_grad):
     """AdamW's update of one parameter: the reference's Adam step with the listed gradient, on the optimizer's own
-    moments, master weight and beta powers (CPU Paddle has no BF16 adamw kernel)."""
+    moments, master weight and beta powers (CPU Paddle has no BF16 adamw kernel), over the elements of the flattened
+    parameter this rank's optimizer holds (owned_range), written in place: where the optimizer's tensors are views
+    of a fused buffer (Zero-Cost Checkpointing's workers read it), they stay views."""
     if isinstance(param_and_grad, dict):
         param_and_grad = opt._update_param_group(param_and_grad)
     param = param_and_grad[0]
@@ -122,17 +129,19 @@ def adam_step(opt, block, param_and_grad):
     master = opt._master_weights[param.name] if low else param
     m1 = opt._get_accumulator_master(opt._moment1_acc_str, param)
     m2 = opt._get_accumulator_master(opt._moment2_acc_str, param)
-    arrays = [x.numpy().astype(np.float32) for x in (master, m1, m2)]
-    grad = np.frombuffer(bytes.fromhex(GRADIENTS[t][name]), np.float32).reshape(arrays[0].shape)
+    arrays = [x.numpy().astype(np.float32).reshape(-1) for x in (master, m1, m2)]
+    lo, hi = owned_range(param)
+    grad = np.zeros(arrays[0].size, np.float32)  # past the parameter's end: padding, which no gradient reaches
+    grad[:hi - lo] = np.frombuffer(bytes.fromhex(GRADIENTS[t][name]), np.float32)[lo:hi]
     adam_update(SPEC, t, grad, *arrays)
     for target, values in zip((master, m1, m2), arrays):
-        target.set_value(paddle.to_tensor(values))
+        target.copy_(paddle.to_tensor(values.reshape(target.shape)), False)
     for acc, beta in ((opt._beta1_pow_acc_str, SPEC.beta1), (opt._beta2_pow_acc_str, SPEC.beta2)):
         pow_acc = opt._get_accumulator_master(acc, param)
-        pow_acc.set_value(pow_acc * beta)
+        pow_acc.copy_(pow_acc * beta, False)
     if low:
         bits = np.ascontiguousarray(cast_bits(arrays[0], PARAMS[name])).tobytes().hex()
-        param.set_value(tensor(Piece(PARAMS[name], None, None, list(arrays[0].shape), None, bits, None, (), ())))
+        param.copy_(tensor(Piece(PARAMS[name], None, None, list(param.shape), None, bits, None, (), ())), False)
 
 
 class HarnessConfig(PretrainedConfig):
@@ -190,13 +199,13 @@ class StopAtFirstStep(TrainerCallback):
         raise Resumed()
 
 
-def trainer_for(max_steps):
+def trainer_for(max_steps, **more):
     """A Trainer over the model at step 0: the EMA without Zero-Cost Checkpointing, sharding stage 1 over every rank
     (the Trainer builds this EMA only for a hybrid-parallel job), AMP O2 for BF16 parameters (FP32 master weights),
-    the case's saves only (the loop's own schedule off), no gradient clipping."""
+    the case's saves only (the loop's own schedule off), no gradient clipping; ``more``: arguments beyond these."""
     world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     low = any(dtype != "F32" for dtype in PARAMS.values())
-    args = TrainingArguments(
+    args = TrainingArguments(**{**dict(
         output_dir=ROOT, max_steps=max_steps, save_strategy="no", save_steps=SPEC.ema_every, report_to="none",
         disable_tqdm=True, logging_steps=LOGGING_STEPS, per_device_train_batch_size=1, seed=SPEC.seed,
         learning_rate=SPEC.lr, max_grad_norm=0.0, save_checkpoint_format=FORMAT, load_checkpoint_format=FORMAT,
@@ -204,12 +213,19 @@ def trainer_for(max_steps):
         amp_master_grad=low, split_param=False, sharding="stage1" if world > 1 else "",
         sharding_parallel_size=world if world > 1 else -1, **({"bf16": True, "fp16_opt_level": "O2"} if low else {}),
         **({"save_sharded_model": True, "load_sharded_model": True} if FORMAT == "sharding_io" else {}),
-    )
+    ), **more})
     model = tiny_model()
-    trainer = Trainer(model=model, args=args, train_dataset=Steps(max_steps * max(world, 1) + 8))
+    samples = max_steps * max(world, 1) * args.gradient_accumulation_steps + 8
+    trainer = Trainer(model=model, args=args, train_dataset=Steps(samples))
     trainer.harness_names = {param.name: name for name, param in model.named_parameters()}
     JOB[0] = trainer
     return trainer
+
+
+def owned_range(param):
+    """The elements of the flattened parameter this rank's optimizer updates: all of them (stage 1 keeps a
+    parameter whole on the rank that owns it)."""
+    return 0, int(np.prod(param.shape))
 
 
 def train(to_step, pieces):
@@ -312,6 +328,7 @@ def observe(trainer, pieces):
             state.setdefault(key, (DTYPE_NAMES[p.dtype], list(p.shape), p.bits))
     state["meta/step"] = ("int64", [], np.array(trainer.state.global_step, np.int64).tobytes().hex())
     return state
+
 
 
 
