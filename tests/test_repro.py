@@ -746,3 +746,30 @@ def test_standalone_repro_passes_with_its_candidate_fix(path: Path) -> None:
         pytest.skip(f"{data['sut']} needs {info.framework}")
     fixed = check_fix(path.parent / data["repro"])
     assert fixed.shown, f"run.sh --with-fix: {fixed.how} (exit {fixed.status}):\n{fixed.output[-3000:]}"
+
+
+def test_a_candidate_fix_leaves_out_the_fixes_its_script_applies_first() -> None:
+    """A finding shown behind another bug's fix applies that fix in needs.py; fix.py applying it again would find
+    its source changed (a stale fix) and the run would end before the finding's call."""
+    from harness.repro.candidate import candidate_fixes
+
+    stem = "paddleformers-trainer-async-saver-killed-writer-hangs"
+    needed = "paddleformers-sharding-io-saves-what-it-resumes"
+    assert [f.id for f in candidate_fixes(stem)] == [needed, "paddleformers-async-saver-dead-writer"]
+    assert [f.id for f in candidate_fixes(stem, needs=(needed,))] == ["paddleformers-async-saver-dead-writer"]
+
+
+@pytest.mark.parametrize(("status", "expected"), [(0, 0), (1, 1)])
+def test_a_run_with_its_fix_passes_without_the_faulted_call_only_if_it_finished(status: int, expected: int,
+                                                                                 tmp_path: Path) -> None:
+    """With the fix, a launch whose ranks never made the faulted call passes only if it ended well: one that failed
+    first (a stale fix, another bug) is no proof the fix works."""
+    import subprocess
+
+    sh = run_sh(script_case(_case("paddleformers-zcc-killed-worker-hangs-rank")))
+    start = sh.index("faulted() {")
+    function = sh[start:sh.index("\n}\n", start) + 3]
+    script = f'WORK={tmp_path}\n{function}faulted 0 {status}\n'
+    done = subprocess.run(["bash", "-c", script], env={"REPRO_WITH_FIX": "1", "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == expected, done.stdout + done.stderr

@@ -51,7 +51,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
     needs = write_needs(out, finding.get("needs_fixes") or () if needs is None else needs, _title(path, finding, case))
     if needs:
         summary["needs_fixes"] = list(needs)
-    fix = write_candidate(out, path.stem, _title(path, finding, case))
+    fix = write_candidate(out, path.stem, _title(path, finding, case), needs=needs)
     if fix:
         summary["fix"] = fix
         if _scripted_loss(case):
@@ -94,7 +94,7 @@ def make_repro(path: Path, out: Path, *, simplify_first: bool = True, verify: bo
         summary.update(result.to_json())
         summary["output"] = portable(_excerpt(result.output))
         if fix:
-            summary["fix"] = fix = _with_fix(out, path.stem, _title(path, finding, case), fix)
+            summary["fix"] = fix = _with_fix(out, path.stem, _title(path, finding, case), fix, needs)
     (out / "repro.json").write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     diff = (out / "fix.diff").read_text(encoding="utf-8") if fix else ""
     (out / "REPORT.md").write_text(report_md(summary, finding, diff), encoding="utf-8")
@@ -128,7 +128,8 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
         raise FileNotFoundError(f"{out}: no repro.json (write the repro first: ckpt-harness repro)")
     summary = json.loads((out / "repro.json").read_text(encoding="utf-8"))
     before = summary.pop("fix", None) or {}
-    fix = write_candidate(out, path.stem, _title(path, finding, case))
+    needs = tuple(summary.get("needs_fixes") or ())
+    fix = write_candidate(out, path.stem, _title(path, finding, case), needs=needs)
     if fix and _scripted_loss(case):
         fix["with_fix_not_run"] = SCRIPTED_LOSS
         _remove(out / "repro.py", WITH_FIX)
@@ -139,7 +140,7 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
         if FAULT_HIT in (out / "run.sh").read_text(encoding="utf-8"):
             _insert_once(out / "run.sh", FAULT_HIT, FAULT_CALL_GONE)
         if verify:
-            fix = _with_fix(out, path.stem, _title(path, finding, case), fix)
+            fix = _with_fix(out, path.stem, _title(path, finding, case), fix, needs)
         elif before.get("ids") == fix["ids"] and "with_fix" in before:  # the same fix: what its run showed stands
             fix["with_fix"] = before["with_fix"]
     if fix:
@@ -150,7 +151,7 @@ def refresh_candidate(path: Path, out: Path, verify: bool = True) -> dict:
     return summary
 
 
-def _with_fix(out: Path, stem: str, title: str, fix: dict) -> dict:
+def _with_fix(out: Path, stem: str, title: str, fix: dict, needs: tuple[str, ...] = ()) -> dict:
     """``fix`` with what ``run.sh --with-fix`` did, for repro.json and REPORT.md. Where the own fix alone does not
     pass, the fewest other known bugs' fixes that make the run pass join it (fix.py is rewritten with them), and
     what the run printed with the own fix alone is kept."""
@@ -164,7 +165,7 @@ def _with_fix(out: Path, stem: str, title: str, fix: dict) -> dict:
     def passes(ids: tuple[str, ...]) -> bool:
         if time.monotonic() - started > bound:
             raise TimeoutError  # out of time: the smallest set that passed so far stands
-        write_candidate(out, stem, title, tuple(i for i in ids if i not in covering(stem)))
+        write_candidate(out, stem, title, tuple(i for i in ids if i not in covering(stem)), needs)
         runs[ids] = check_fix(out)
         return runs[ids].shown
 
@@ -174,9 +175,9 @@ def _with_fix(out: Path, stem: str, title: str, fix: dict) -> dict:
         passed = [ids for ids, run in runs.items() if run.shown]
         companions = tuple(i for i in min(passed, key=len) if i not in covering(stem)) if passed else None
     if companions is None:
-        write_candidate(out, stem, title)
+        write_candidate(out, stem, title, needs=needs)
         return {**fix, "with_fix": _ran(fixed)}
-    final = write_candidate(out, stem, title, companions) or fix
+    final = write_candidate(out, stem, title, companions, needs) or fix
     return {**final, "alone": _ran(fixed), "with_fix": _ran(runs[tuple(final["ids"])])}
 
 

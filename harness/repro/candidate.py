@@ -25,18 +25,20 @@ SCRIPTED_LOSS = ("the script makes the power loss itself (it removes the entry o
                  "judging every power-loss state of the fixed save (tests/test_fixes.py)")
 
 
-def candidate_fixes(stem: str, companions: tuple[str, ...] = ()) -> list[Fix]:
+def candidate_fixes(stem: str, companions: tuple[str, ...] = (), needs: tuple[str, ...] = ()) -> list[Fix]:
     """The regression case ``stem``'s fixes, those required first, and ``companions`` (other known bugs' fixes the
-    repro's run needs, with what they require); none for a finding no known fix covers."""
+    repro's run needs, with what they require); none for a finding no known fix covers. ``needs``: fixes the
+    script applies anyway (needs.py, before fix.py), left out: applied twice, the second finds its source changed."""
     own = covering(stem)
-    return [FIXES[i] for i in in_order(resolve(",".join((*own, *companions))))] if own else []
+    return [FIXES[i] for i in in_order(resolve(",".join((*own, *companions)))) if i not in needs] if own else []
 
 
-def write_candidate(out: Path, stem: str, title: str, companions: tuple[str, ...] = ()) -> dict | None:
-    """``out``/fix.py and fix.diff for ``stem``'s candidate fix (with ``companions``), and what REPORT.md says of
-    it; None without one. A fix that cannot be rendered here (stale, or its framework missing) is named with the
-    error, no files."""
-    fixes = candidate_fixes(stem, companions)
+def write_candidate(out: Path, stem: str, title: str, companions: tuple[str, ...] = (),
+                    needs: tuple[str, ...] = ()) -> dict | None:
+    """``out``/fix.py and fix.diff for ``stem``'s candidate fix (with ``companions``, without the ``needs`` the
+    script applies first), and what REPORT.md says of it; None without one. A fix that cannot be rendered here
+    (stale, or its framework missing) is named with the error, no files."""
+    fixes = candidate_fixes(stem, companions, needs)
     if not fixes:
         for name in ("fix.py", "fix.diff"):
             (out / name).unlink(missing_ok=True)

@@ -330,8 +330,10 @@ FAULT_HIT = '  [ -e "$WORK/fault-$1" ] && return 0\n'
 FAULT_HUNG = ('  [ "${2:-0}" -eq 124 ] && grep -qs "^writer " "$WORK/fault-$1" && echo "EXPECTED: its rank ends the '
               'step (it returns, or raises the failure)" && echo "ACTUAL:   $(cut -d" " -f2- "$WORK/fault-$1"); its '
               'rank never finished the step" && return 124\n')
-FAULT_CALL_GONE = ('  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX: no rank made the call the '
-                   'finding\'s fault hit (the fixed code no longer makes it)" && return 0\n')
+FAULT_CALL_GONE = ('  [ -n "${REPRO_WITH_FIX:-}" ] && [ "${2:-0}" -eq 0 ] && echo "launch $1: WITH FIX: no rank made '
+                   'the call the finding\'s fault hit (the fixed code no longer makes it)" && return 0\n'
+                   '  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX: it failed (status ${2:-0}) and no '
+                   'rank made the call the finding\'s fault hit" && return "${2:-1}"\n')
 
 
 def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = False, needs: bool = False) -> str:

@@ -297,7 +297,8 @@ def _kills_writers(case: Case) -> bool:
 def _crash(case: Case) -> Crash | None:
     """The case's kill at a syscall, or error injected into one, as a script can inflict it: on a path under the
     root, in the rank's own process (a synchronous op: an async save's writer process would not carry the script's
-    hook) and, in a training job, in the processes it spawned before (its standing writers), at a call Python makes
+    hook) and, in a training job, in the processes it spawned before (its standing writers, an async save's
+    included), at a call Python makes
     visible by an audit event. Others raise ``ReproUnsupported`` saying why; not such
     a fault: None."""
     fault = case.fault
@@ -315,11 +316,11 @@ def _crash(case: Case) -> Crash | None:
     allowed: tuple[str, ...] = ("save",) if isinstance(fault, KillFault) else ("save", "load")
     if case.training is not None:
         allowed += ("train",)  # a job that trains itself writes while it trains too (its writers' dumps)
-    if op.kind not in allowed or op.use_async:
+    spawned = case.training is not None  # a training job's writers stand from its start, in the rank's tree
+    if op.kind not in allowed or (op.use_async and not spawned):
         raise ReproUnsupported(f"{what} in op {fault.op} ({op.kind}{', async' if op.use_async else ''}): the script "
                                f"hits a synchronous {' or '.join(allowed)} only (an async writer process would not "
-                               "carry its hook)")
-    spawned = case.training is not None  # a training job's writers stand from its start, in the rank's tree
+                               "carry its hook), or a training job's async save (its writers stand from its start)")
     if first_write:  # nothing between a file's open and its first write: killed as the open returns, on disk alike
         return Crash(fault.syscall, "open", fault.path, 1, after=True, rank=fault.rank, spawned=spawned)
     return Crash(fault.syscall, AUDIT_EVENTS[fault.syscall], fault.path, fault.k,

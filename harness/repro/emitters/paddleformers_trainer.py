@@ -21,20 +21,22 @@ FRAMEWORK = "paddleformers"
 TEXT = trainer_text
 TRAINS = True  # its scripts render train steps (harness.repro.scripted_case)
 INERT = frozenset({"commit_timeout", "op_timeout", "shims"})
-RENDERED = frozenset({"format", "logging_steps"})
+RENDERED = frozenset({"format", "logging_steps", "use_async_save"})
 SPEC_FIELDS = ("lr", "beta1", "beta2", "eps", "weight_decay", "ema_every", "ema_decay", "loss_threshold", "seed")
 
 
-STEPS = frozenset({"train", "save", "load"})
+STEPS = frozenset({"train", "save", "load", "wait"})
 
 
 def settings(scripted: ScriptedCase) -> str:
-    check_steps(scripted, STEPS)
-    return loop_settings(scripted)
+    check_steps(scripted, STEPS, async_saves=bool(scripted.options.get("use_async_save")))
+    return loop_settings(scripted) + (
+        f"USE_ASYNC_SAVE = {bool(scripted.options.get('use_async_save'))}  # the optimizer goes to AsyncSaver's "
+        "writer\n")
 
 
 def check_steps(scripted: ScriptedCase, steps: frozenset[str], async_saves: bool = False) -> None:
-    """Refuse a step the script does not render (this Trainer script saves synchronously, and waits for nothing)."""
+    """Refuse a step the script does not render (an async save where the job has no async path)."""
     for phase in scripted.phases:
         for step in phase.steps:
             if step.kind not in steps or (step.use_async and not async_saves):
@@ -198,7 +200,7 @@ def trainer_for(max_steps, **more):
         disable_tqdm=True, logging_steps=LOGGING_STEPS, per_device_train_batch_size=1, seed=SPEC.seed,
         learning_rate=SPEC.lr, max_grad_norm=0.0, save_checkpoint_format=FORMAT, load_checkpoint_format=FORMAT,
         zcc_save_ema_coef=SPEC.ema_decay, zcc_ema_interval=SPEC.ema_every, zcc_ema_loss_threshold=SPEC.loss_threshold,
-        amp_master_grad=low, split_param=False, sharding="stage1" if world > 1 else "",
+        amp_master_grad=low, split_param=False, use_async_save=USE_ASYNC_SAVE, sharding="stage1" if world > 1 else "",
         sharding_parallel_size=world if world > 1 else -1, **({"bf16": True, "fp16_opt_level": "O2"} if low else {}),
         **({"save_sharded_model": True, "load_sharded_model": True} if FORMAT == "sharding_io" else {}),
     ), **more})
@@ -231,13 +233,27 @@ def ema_callback(trainer):
     return next((cb for cb in trainer.callback_handler.callbacks if hasattr(cb, "buffer")), None)
 
 
-def save(name, pieces):
-    """What the training loop does at a save step: the EMA callback saves its buffer, then the checkpoint."""
+def save(name, pieces, async_save=False, detach=False):
+    """What the training loop does at a save step: the EMA callback saves its buffer, then the checkpoint. With
+    use_async_save the optimizer goes to the Trainer's AsyncSaver (a pool of one spawned writer); the switch is read
+    per save, so a synchronous save turns it off for that save."""
     trainer = JOB[0]
     ema = ema_callback(trainer)
     if ema is not None:
         ema.buffer.save(trainer.state.global_step)
-    trainer._save_checkpoint(trainer.model_wrapped, metrics=None)
+    trainer.args.use_async_save = USE_ASYNC_SAVE and async_save
+    try:
+        trainer._save_checkpoint(trainer.model_wrapped, metrics=None)
+    finally:
+        trainer.args.use_async_save = USE_ASYNC_SAVE
+    if async_save and USE_ASYNC_SAVE:
+        returned(trainer._async_optimizer_saver, (), False, detach)
+
+
+def wait():
+    """Every async save in flight, oldest first: the wait the Trainer makes before its next async save."""
+    while PENDING:
+        PENDING.pop(0)._wait_for_previous_result()
 
 
 def load(name, pieces):

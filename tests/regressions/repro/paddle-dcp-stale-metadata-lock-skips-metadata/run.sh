@@ -28,7 +28,8 @@ launch() {  # launch PHASE NPROC
 
 faulted() {  # faulted PHASE: the launch had to end with the fault at the finding's call
   [ -e "$WORK/fault-$1" ] && return 0
-  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX: no rank made the call the finding's fault hit (the fixed code no longer makes it)" && return 0
+  [ -n "${REPRO_WITH_FIX:-}" ] && [ "${2:-0}" -eq 0 ] && echo "launch $1: WITH FIX: no rank made the call the finding's fault hit (the fixed code no longer makes it)" && return 0
+  [ -n "${REPRO_WITH_FIX:-}" ] && echo "launch $1: WITH FIX: it failed (status ${2:-0}) and no rank made the call the finding's fault hit" && return "${2:-1}"
   echo "launch $1: no rank made the call the finding's fault hit; this script cannot show it"
   return 2
 }
