@@ -57,19 +57,9 @@ def kill_trees(procs: list[subprocess.Popen]) -> None:
     trees = [(proc, _kids(proc)) for proc in procs]
     trackers: list[psutil.Process] = []
     killed: list[psutil.Process] = []
-    for proc, kids in trees:
-        for p in kids:
-            with contextlib.suppress(psutil.Error):
-                if _is_tracker(p):
-                    trackers.append(p)
-                else:
-                    p.kill()
-                    killed.append(p)
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()  # reaped only after the killpg below: until then its pid, and so its group, is not reused
-    for proc, _ in trees:
-        token = getattr(proc, "tree_token", None)
-        for p in _marked(token) if token else []:  # orphaned writers, ranks in sessions of their own
+
+    def kill_or_spare(found: list[psutil.Process]) -> None:
+        for p in found:
             if p in trackers or p in killed:
                 continue
             with contextlib.suppress(psutil.Error):
@@ -78,6 +68,14 @@ def kill_trees(procs: list[subprocess.Popen]) -> None:
                 else:
                     p.kill()
                     killed.append(p)
+
+    for proc, kids in trees:
+        kill_or_spare(kids)
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()  # reaped only after the killpg below: until then its pid, and so its group, is not reused
+    for proc, _ in trees:
+        token = getattr(proc, "tree_token", None)
+        kill_or_spare(_marked(token) if token else [])  # orphaned writers, ranks in sessions of their own
     for p in trackers:  # a tracker a hold stopped with the writers it serves cleans up only once it runs
         with contextlib.suppress(psutil.Error):
             p.resume()
