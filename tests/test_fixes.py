@@ -23,7 +23,7 @@ from harness.campaign.results import Campaign
 from harness.cli import main
 from harness.fixes import FIXES, FixError, apply_fixes, in_order, own_fixes, resolve, upstream_diff
 from harness.fixes.patch import Fix, Hunk, source_digest
-from harness.judging.judge import Judge
+from harness.judging.judge import Judge, fault_fired
 from harness.ranks.runners import Runners
 from harness.sut import REGISTRY, adapter_class, framework_available
 from properties.model.case import Case, read_case_file
@@ -429,7 +429,7 @@ def test_a_fix_makes_the_cases_it_covers_pass(fix_id: str, stem: str, warm_runne
             _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}", warm_runners.fresh)
             return
         judgement, outcome = judge_case(case)
-        if case.fault is not None and not (outcome.fault or {}).get("fired"):
+        if not fault_fired(case, outcome):  # a recording of the op's IO fires whenever the op ran
             _every_crash_point_passes(case, judge_case, f"{stem} with {fix_id}", warm_runners.fresh)
     finally:
         judge_case.close(runners=False)
@@ -461,7 +461,7 @@ def test_a_fix_is_needed_by_the_cases_it_covers(fix_id: str, stem: str, warm_run
         judgement, outcome = judge_case(case)
     finally:
         judge_case.close(runners=False)
-    if case.fault is not None and not (outcome.fault or {}).get("fired"):
+    if not fault_fired(case, outcome):
         pytest.skip(f"the other fixes change the IO the fault targets ({outcome.fault}): it cannot fire here")
     details = "\n".join(judgement.details)
     assert not judgement.ok and any(e in details for e in _ways(finding)), \
