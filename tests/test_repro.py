@@ -773,3 +773,27 @@ def test_a_run_with_its_fix_passes_without_the_faulted_call_only_if_it_finished(
     done = subprocess.run(["bash", "-c", script], env={"REPRO_WITH_FIX": "1", "PATH": "/usr/bin:/bin"},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == expected, done.stdout + done.stderr
+
+
+def test_a_repro_run_leaves_no_process_behind(tmp_path: Path) -> None:
+    """A rank that crashed leaves its writer (a ZCC worker) to init, out of run.sh's tree and session: the run
+    still ends it."""
+    import time
+
+    import psutil
+
+    from harness.repro.verify import run_repro
+
+    pidfile = tmp_path / "orphan.pid"
+    # in its own session (as a launcher's rank is) before run.sh ends
+    orphan = f"import os, time; os.setsid(); open('{pidfile}', 'w').write(str(os.getpid())); time.sleep(60)"
+    (tmp_path / "run.sh").write_text(f'python -c "{orphan}" > /dev/null 2>&1 &\n'
+                                     f"while [ ! -s {pidfile} ]; do sleep 0.05; done\nexit 0\n")
+    status, _ = run_repro(tmp_path, 1, timeout=30)
+    assert status == 0
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE \
+            and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

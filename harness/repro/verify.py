@@ -11,7 +11,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from faults.procs import kill_tree
+from faults.procs import kill_tree, popen
 from harness.ranks.launch import child_env
 from harness.repro.render import MARK, STEP_TIMEOUT_S
 
@@ -35,8 +35,9 @@ def run_repro(folder: Path, phases: int, timeout: float | None = None, with_fix:
     bound = timeout if timeout is not None else phases * (STEP_TIMEOUT_S + 10) + SLACK_S
     env = child_env()
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # "python" is this one
-    proc = subprocess.Popen(["bash", "run.sh", *(["--with-fix"] if with_fix else [])], cwd=folder, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    # marked (faults.procs.popen): a writer a crashed rank left behind re-parents to init, out of the tree
+    proc = popen(["bash", "run.sh", *(["--with-fix"] if with_fix else [])], cwd=folder, env=env,
+                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         out, _ = proc.communicate(timeout=bound)
     except subprocess.TimeoutExpired:
