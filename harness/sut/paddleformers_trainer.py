@@ -263,8 +263,9 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         model = _build_model(spec, params)
         samples = max_steps * max(world, 1) * args.gradient_accumulation_steps + 8
         trainer = Trainer(model=model, args=args, train_dataset=_Steps(samples))
-        if _saver(trainer) is not None:
-            self._savers.append(_saver(trainer))
+        saver = _saver(trainer)
+        if saver is not None:
+            self._savers.append(saver)
         trainer._ckpt_harness = {"spec": spec, "params": {p.name: p for p in params},
                                  "by_static": {prm.name: name for name, prm in model.named_parameters()}}
         _run = trainer
