@@ -185,6 +185,38 @@ def test_the_cpu_shims_compute_what_the_trainer_would_read() -> None:
     assert out["beta1_pow"] == pytest.approx([0.9 * 0.9], rel=1e-6)  # created at beta1, advanced once
 
 
+_HELD_SLOT_CHECK = r"""
+import json
+import paddle
+from harness.sut.paddleformers_trainer import optimizer_slot
+
+paddle.set_device("cpu")
+w = paddle.create_parameter([], "float32", default_initializer=paddle.nn.initializer.Constant(0.5))
+opt = paddle.optimizer.AdamW(0.01, parameters=[w], weight_decay=0.0)
+(w * w).sum().backward()
+opt.step()
+saved = {k: v.numpy().tolist() for k, v in opt.state_dict().items() if hasattr(v, "numpy")}
+resumed = paddle.optimizer.AdamW(0.01, parameters=[w], weight_decay=0.0)
+resumed.set_state_dict(opt.state_dict())
+held = {slot: optimizer_slot(resumed, w.name, slot).numpy().tolist() for slot in ("moment1", "moment2")}
+print(json.dumps({"made": resumed._accumulators.get("moment1", {}).get(w.name) is not None, "held": held,
+                  "saved": [saved[f"{w.name}_{slot}_0"] for slot in ("moment1", "moment2")]}))
+"""
+
+
+@pytest.mark.skipif(not framework_available(REGISTRY["paddle-dcp"]), reason="needs paddle")
+def test_moments_a_resume_keeps_aside_are_observed_as_the_job_holds_them() -> None:
+    """A job resumed at its last step makes no step, so its optimizer has not made the loaded moments yet (Paddle
+    keeps them aside for the first step, and a save writes them from there). Reading only the made ones saw the
+    fresh job's zeros: a sharding-IO resume at max steps read as both moments lost."""
+    proc = subprocess.run([sys.executable, "-c", _HELD_SLOT_CHECK], capture_output=True, text=True, timeout=300,
+                          cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert not out["made"]
+    assert [out["held"]["moment1"], out["held"]["moment2"]] == out["saved"] and out["saved"][0] != 0.0
+
+
 def _case(ops: tuple[Op, ...], prop: str, training: dict | None = None, options: dict | None = None) -> Case:
     params = (TensorCase("w", "BF16", (3, 2), 1), TensorCase("b", "BF16", (2,), 2))
     mesh = Mesh((2,))

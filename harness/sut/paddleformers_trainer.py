@@ -480,7 +480,7 @@ def _local_state(trainer: Any, params: tuple[Param, ...]) -> dict[str, tuple[str
         if master is not None:
             out[keys["master"]] = _pack(from_paddle(master))
         for slot, family in (("moment1", "m1"), ("moment2", "m2")):
-            acc = opt._accumulators.get(slot, {}).get(master.name if master is not None else param.name)
+            acc = optimizer_slot(opt, master.name if master is not None else param.name, slot)
             if acc is not None:
                 out[keys[family]] = _pack(from_paddle(acc))
         if ema is not None:
@@ -489,6 +489,18 @@ def _local_state(trainer: Any, params: tuple[Param, ...]) -> dict[str, tuple[str
             if held is not None and held._is_initialized():
                 out[keys["ema"]] = _pack(from_paddle(held))
     return out
+
+
+def optimizer_slot(opt: Any, owner: str, slot: str) -> Any:
+    """An optimizer slot of the tensor named ``owner`` as the job holds it: made by a step, else as a resume left it.
+    ``set_state_dict`` keeps the loaded slots aside (``_accumulators_holder``) until the first step makes them, and
+    a job resumed at its last step makes none; its ``state_dict``, which the next save writes, reads them there."""
+    made = opt._accumulators.get(slot, {}).get(owner)
+    if made is not None:
+        return made
+    prefix = f"{owner}_{slot}_"  # the slot's variable name: the owner's, the slot's and a unique-name counter
+    return next((held for name, held in opt._accumulators_holder.items()
+                 if name.startswith(prefix) and name[len(prefix):].isdigit()), None)
 
 
 def _pack(t: Tensor) -> tuple[str, tuple[int, ...], bytes]:

@@ -45,6 +45,7 @@ from harness.sut.paddleformers_trainer import (
     _optimizers,
     _pack,
     _unpack,
+    optimizer_slot,
 )
 from harness.sut.paddleformers_uc import checkpoint_to_resume
 from harness.sut.trainer_job import BEGIN, END, TrainerJob
@@ -351,7 +352,7 @@ def _local_pieces(trainer: Any, params: tuple[Param, ...]) -> dict[str, Any]:
         if p.dtype != "F32":
             out[keys["master"]] = (lo, _head(master, hi - lo))
         for slot, family in (("moment1", "m1"), ("moment2", "m2")):
-            acc = inner._accumulators.get(slot, {}).get(master.name)
+            acc = optimizer_slot(inner, master.name, slot)
             if acc is not None:
                 out[keys[family]] = (lo, _head(acc, hi - lo))
     return out

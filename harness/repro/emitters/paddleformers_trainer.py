@@ -73,7 +73,7 @@ def loop_settings(scripted: ScriptedCase) -> str:
 
 
 def helpers(scripted: ScriptedCase) -> str:
-    return "".join((IMPORTS, REFERENCE, BF16_ADD, ADAM, MODEL, RESUME, JOB, STATE))
+    return "".join((IMPORTS, REFERENCE, BF16_ADD, ADAM, MODEL, RESUME, JOB, SLOT, STATE))
 
 
 # The reference's own arithmetic, as text: the cast of FP32 master weights to the parameter's dtype, and Adam's step
@@ -280,6 +280,20 @@ def load(name, pieces):
 
 '''
 
+# the job's moments, read where a resume at its last step leaves them (harness/sut/paddleformers_trainer.py)
+SLOT = '''
+
+def optimizer_slot(opt, owner, slot):
+    """A moment as the job holds it: made by a step, else kept aside by the resume until the first step makes it."""
+    made = opt._accumulators.get(slot, {}).get(owner)
+    if made is not None:
+        return made
+    prefix = f"{owner}_{slot}_"
+    return next((v for k, v in opt._accumulators_holder.items() if k.startswith(prefix) and k[len(prefix):].isdigit()),
+                None)
+
+'''
+
 STATE = '''
 def optimizers(trainer):
     chain = [trainer.optimizer]  # hybrid-parallel, sharding, AdamW
@@ -316,7 +330,7 @@ def observe(trainer, pieces):
         if master is not None:
             mine["master/" + name] = bits_of(master)
         for slot, family in (("moment1", "m1"), ("moment2", "m2")):
-            acc = opt._accumulators.get(slot, {}).get(master.name if master is not None else param.name)
+            acc = optimizer_slot(opt, master.name if master is not None else param.name, slot)
             if acc is not None:
                 mine[f"optimizer/{name}.{family}"] = bits_of(acc)
         if ema is not None:

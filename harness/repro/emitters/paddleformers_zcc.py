@@ -56,7 +56,7 @@ def zcc_arguments(scripted: ScriptedCase) -> dict:
 
 def helpers(scripted: ScriptedCase) -> str:
     return "".join((trainer.IMPORTS, IMPORTS, trainer.REFERENCE, _shims(), trainer.ADAM, trainer.MODEL,
-                    trainer.BUILD, _job(), JOB, STATE))
+                    trainer.BUILD, _job(), JOB, trainer.SLOT, STATE))
 
 
 def _source(*objects: object) -> str:
@@ -263,7 +263,7 @@ def observe(trainer, pieces, ema=None):
         if dtype != "F32":
             mine["master/" + name] = (lo, master.numpy().reshape(-1)[:hi - lo])
         for slot, family in (("moment1", "m1"), ("moment2", "m2")):
-            acc = inner._accumulators.get(slot, {}).get(master.name)
+            acc = optimizer_slot(inner, master.name, slot)
             if acc is not None:
                 mine[f"optimizer/{name}.{family}"] = (lo, acc.numpy().reshape(-1)[:hi - lo])
     gathered = []
