@@ -14,7 +14,7 @@ from hypothesis import settings
 
 from faults import strace
 from faults.spec import KillFault, PointFault, PowerFault, StateFault
-from harness.campaign.explore import explore, family, shape_case, shape_ops, shapes
+from harness.campaign.explore import explore, family, shape_case, shape_ops, shape_writes, shapes
 from harness.campaign.results import Finding
 from harness.cli import main
 from harness.judging.fault_runs import standard_case
@@ -49,6 +49,25 @@ def test_a_shape_ends_with_the_recovery_tail() -> None:
     ops = shape_ops("SSR", latest=False)  # every name by the version its last save wrote, newest first
     assert [(o.kind, o.name, o.version) for o in ops[3:]] == [
         ("load", "step-1", 2), ("load", "step-0", 0), ("save", "step-3", 3), ("load", "step-3", 3)]
+
+
+def test_a_training_shape_trains_to_each_step_it_saves_and_faults_only_the_saves() -> None:
+    """A SUT running its own loop saves the step it is at: each new save trains to its step, a re-save resumes the
+    job from the name's step and saves it again, the tail trains to a new step before saving it; the fault ops are
+    the shape's saves, not the trains and resumes before them."""
+    ops = shape_ops("SRA", latest=False, trains=True)
+    assert [(o.kind, o.name, o.version, o.use_async) for o in ops] == [
+        ("train", None, 1, False), ("save", "step-1", 1, False),
+        ("load", "step-1", 1, False), ("save", "step-1", 1, False),
+        ("train", None, 3, False), ("save", "step-3", 3, True),
+        ("load", "step-3", 3, False), ("load", "step-1", 1, False),
+        ("train", None, 4, False), ("save", "step-4", 4, False), ("load", "step-4", 4, False)]
+    caps = {"trains", "async", "replicated", "dtype:F32", "dtype:BF16", "dtype:I64", "ema_start:first"}
+    case = shape_case("paddleformers-trainer", caps, 2, "SRA")
+    assert shape_writes(case, "SRA") == [1, 3, 5]
+    assert case.training is not None and case.training["ema_start"] == "first"  # the SUT's loop, as it claims
+    assert {t.name for t in case.tensors} == {"w", "b"}
+    assert {"model/w", "master/w", "optimizer/b.m2", "ema/b", "rng/state", "meta/step"} <= set(case.save_layout)
 
 
 def test_the_state_is_the_fixed_family_within_the_sut_claims() -> None:

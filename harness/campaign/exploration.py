@@ -23,7 +23,7 @@ from pathlib import Path
 
 from faults.spec import RecordFault
 from harness.campaign.corpus import safe_name
-from harness.campaign.explore import COMMIT_TIMEOUT, shape_case, shapes, without_failing_tensor
+from harness.campaign.explore import COMMIT_TIMEOUT, shape_case, shape_writes, shapes, without_failing_tensor
 from harness.judging.fault_runs import CaseJudge, CrashResult, at_most, judge_crash_states, judge_points, traced
 from harness.judging.judge import charge_to_fault
 from harness.judging.run import run_case
@@ -139,14 +139,14 @@ class Exploration:
         checked = place.judged.setdefault(shape, {})
         if f"op {place.op} order" not in checked and confirm is not None and control.ok:
             checked[f"op {place.op} order"] = 1
-            for failure in self._order(case, confirm):
+            for failure in self._order(case, shape_writes(case, shape)[place.op], confirm):
                 self._found(found, *failure)
             if self._stop:
                 return found
         # Each op and kind replays its first CONFIRMS failures in fresh processes; later ones (mostly the same bug
         # at the next point) stay unconfirmed: they count in a known bucket but open none.
         confirm = at_most(confirm if control.ok else None, CONFIRMS)
-        fcase = dataclasses.replace(case, fault=RecordFault(op=place.op))
+        fcase = dataclasses.replace(case, fault=RecordFault(op=shape_writes(case, shape)[place.op]))
         try:
             with traced(fcase, runners) as t:
                 items = list(t.states()) if kind == "state" else t.points(None if kind == "kill" else kind)
@@ -177,10 +177,10 @@ class Exploration:
         self._advance(len(shape))
         return found
 
-    def _order(self, case: Case, judge: CaseJudge) -> list[tuple[Case, CrashResult]]:
+    def _order(self, case: Case, op: int, judge: CaseJudge) -> list[tuple[Case, CrashResult]]:
         """The op's recorded IO judged against the durability contract (harness.judging.persistence_order), once
         per op: a failure is a finding whether or not a crash point or state exposes it."""
-        concrete = dataclasses.replace(case, fault=RecordFault(op=self.place.op, capture=True))
+        concrete = dataclasses.replace(case, fault=RecordFault(op=op, capture=True))
         self.orders += 1
         try:
             judgement, _ = judge(concrete)

@@ -10,7 +10,9 @@ writer's calls are the op's own: SUTs claiming ``async``); it starts with ``S`` 
 save means nothing). Its ops are followed by the recovery tail of the fault scenario
 (properties.generate.fault_cases.fault_ops): after the faulted op the job restarts, the ops after it in the shape run,
 then the latest is loaded (where the SUT has one), every saved name by the version it should hold, and a new
-version is saved and loaded.
+version is saved and loaded. A SUT running its own training loop (``trains``) saves the step it is at, so there a
+version is a step: each new save trains to its step first, a re-save resumes the job from the name's step, and the
+fault ops are the shape's saves alone.
 
 Per shape the report counts ``judged / total``: total is what was enumerated, judged what got a verdict; a point or
 state that could not be run counts against judged and keeps its error, never dropped. Each fault op is traced
@@ -37,6 +39,8 @@ from properties.generate.fault_cases import COMMIT_TIMEOUT, has_latest
 from properties.model.case import Case, Op, TensorCase
 from properties.model.verdicts import Judgement
 from reference.layout import Mesh, Replicate, Shard, Sharded
+from reference.namespaces import STEP_KEY
+from reference.training import RNG_KEY, TrainingSpec, family_keys
 
 LETTERS = {"S": "save", "R": "re-save", "T": "rotate", "A": "async save"}
 
@@ -57,13 +61,18 @@ def shapes(capabilities: Iterable[str], max_len: int) -> list[str]:
 def family(capabilities: Iterable[str], world: int) -> tuple[tuple[TensorCase, ...], dict[str, dict]]:
     """The fixed small state, within what the SUT holds: a zero-size tensor, an uneven shard (5 rows over the
     ranks), a replicated tensor and a BF16 one; a trainer's state (``trainer_state``) as two parameters, a BF16 one
-    of 5 rows (with its FP32 master weight and moments) and a zero-size one, all replicated."""
+    of 5 rows (with its FP32 master weight and moments) and a zero-size one, all replicated; a training job's
+    (``trains``) as two parameters the job's own loop trains, a BF16 one of 5 rows and an FP32 one, replicated."""
     caps = Caps(capabilities)
     mesh = Mesh((world,))
     rep = Sharded(mesh, (Replicate(),)).to_json()
     shard = rep if caps.replicated_only else Sharded(mesh, (Shard(0),)).to_json()
     plain = "F32" if "F32" in caps.dtypes else caps.dtypes[0]
     bf16 = "BF16" if "BF16" in caps.dtypes else plain
+    if "trains" in caps.caps:  # a training job's parameters: the SUT's loop makes their families, RNG and step
+        params = (TensorCase("w", bf16, (5, 2), 1), TensorCase("b", "F32", (0,) if caps.zero_size else (3,), 2))
+        layout = {key: rep for p in params for key in family_keys(p.name).values()}
+        return params, layout | {RNG_KEY: rep, STEP_KEY: rep}
     if caps.trainer_state:
         params = [("w", bf16, (5, 2), 1), ("b", "F32", (0,) if caps.zero_size else (3,), 2)]
         tensors = []
@@ -84,25 +93,37 @@ def family(capabilities: Iterable[str], world: int) -> tuple[tuple[TensorCase, .
     return tuple(tensors), layout
 
 
-def shape_ops(shape: str, *, latest: bool) -> tuple[Op, ...]:
+def shape_ops(shape: str, *, latest: bool, trains: bool = False) -> tuple[Op, ...]:
     """The shape's ops, then the recovery tail: load the latest (``latest``), every saved name (newest first) by
-    the version it should hold, then save a new version and load it."""
+    the version it should hold, then save a new version and load it. ``trains`` (a SUT running its own training
+    loop, which saves the step it is at): a version is a step, each new save trains to its step first, and a
+    re-save resumes the job from the name's step and saves that step again."""
     ops: list[Op] = []
     holds: dict[str, int] = {}  # name -> the version its last save wrote (version: the op's index)
     last = "step-0"
-    for version, letter in enumerate(shape):
+    for index, letter in enumerate(shape):
         if letter == "T":
             ops.append(Op("rotate", keep=1))
             continue
+        version = holds[last] if trains and letter == "R" else index + trains
         name = last if letter == "R" else f"step-{version}"
+        if trains:
+            ops.append(Op("load", name, version) if letter == "R" else Op("train", None, version))
         ops.append(Op("save", name, version, use_async=letter == "A"))
         holds.pop(name, None)  # re-inserted: the dict stays in the order of each name's last save
         holds[name], last = version, name
-    newest = len(ops)
+    newest = len(shape) + trains
     tail = [Op("load", None, holds[last])] if latest else []
     tail += [Op("load", name, v) for name, v in reversed(holds.items())]
+    tail += [Op("train", None, newest)] if trains else []
     tail += [Op("save", f"step-{newest}", newest), Op("load", f"step-{newest}", newest)]
     return (*ops, *tail)
+
+
+def shape_writes(case: Case, shape: str) -> list[int]:
+    """The index in ``case.ops`` of each op of ``shape`` (each writes: a save or a rotation), the ops a fault hits;
+    a training shape's trains and resumes before them are not faulted."""
+    return [i for i, op in enumerate(case.ops) if op.kind in ("save", "rotate")][:len(shape)]
 
 
 def shape_case(sut: str, capabilities: Iterable[str], world: int, shape: str, options: dict | None = None) -> Case:
@@ -113,8 +134,10 @@ def shape_case(sut: str, capabilities: Iterable[str], world: int, shape: str, op
         raise ValueError(f"shape {shape!r}: must start with S and use only {alphabet(caps)} (ops {sorted(bad)})")
     opts = dict(options or {})
     tensors, layout = family(caps, world)
-    ops = shape_ops(shape, latest=has_latest(caps, opts))
-    return Case("P-ATOMIC", sut, tensors, layout, layout, ops, opts, 0)
+    trains = "trains" in caps
+    ops = shape_ops(shape, latest=has_latest(caps, opts), trains=trains)
+    training = TrainingSpec.from_json(Caps(caps).training).to_json() if trains else None
+    return Case("P-ATOMIC", sut, tensors, layout, layout, ops, opts, 0, training=training)
 
 
 @dataclass
@@ -177,8 +200,8 @@ def explore_shape(shape: str, case: Case, runners: Runners, confirm: CaseJudge |
     report.case = case
     confirm_ = confirm if report.control.ok else None  # failures the shape has anyway are not the fault's
     seen = (lambda n, r: on_result(r)) if on_result is not None else None
-    for op in range(len(shape)):  # every op of the shape writes (a save or a rotation); the tail is not faulted
-        fcase = dataclasses.replace(case, fault=RecordFault(op=op))
+    for op in shape_writes(case, shape):  # every op of the shape writes (a save or a rotation); the tail is not
+        fcase = dataclasses.replace(case, fault=RecordFault(op=op))  # faulted
         try:
             with traced(fcase, runners) as t:
                 if points:
@@ -203,10 +226,11 @@ def without_failing_tensor(case: Case, runners: Runners) -> tuple[Case, str, Jud
     is to blame: the shape is explored as it is, its failures charged to the fault against the failing control."""
     for tensor in case.tensors:
         name = tensor.name
+        keys = {name, *family_keys(name).values()} if case.training is not None else {name}  # a parameter's state
         smaller = dataclasses.replace(
             case, tensors=tuple(t for t in case.tensors if t.name != name),
-            save_layout={k: v for k, v in case.save_layout.items() if k != name},
-            load_layout={k: v for k, v in case.load_layout.items() if k != name})
+            save_layout={k: v for k, v in case.save_layout.items() if k not in keys},
+            load_layout={k: v for k, v in case.load_layout.items() if k not in keys})
         judgement = check_history(smaller, run_case(smaller, runners), runners.cls.clear_errors)
         if judgement.ok:
             return smaller, name, judgement
