@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -28,6 +29,7 @@ from harness.fleet.plan import PlanError
 from harness.judging.judge import EXHAUSTIVE_BOUND, Judge
 from harness.ranks.runner import PoolFailure
 from harness.ranks.runners import DEVICES, MODES, Runners
+from harness.report.coverage import PROCESSES as COVERAGE_PROCESSES
 from harness.report.summary import buckets, buckets_table, write_results
 from harness.sut import REGISTRY, UnknownSut, adapter_class
 from properties import registry as catalogue
@@ -94,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--no-swarm", action="store_false", dest="swarm",
                    help="draw every batch from all the SUT can hold (default: each batch leaves a random subset of "
                    "optional capabilities out, properties/generate/swarm.py)")
+    f.add_argument("--coverage", choices=("on", "unguided", "off"), default="on",
+                   help="line and branch coverage of the framework's checkpoint code, recorded on every rank and "
+                   "writer (default on: reported, and properties whose turns add coverage get more time; unguided: "
+                   "reported only; off: not recorded, for when every case counts)")
     f.add_argument("--fail-on-known", action="store_true",
                    help="exit 1 when known bugs were met too (default: only new buckets exit 1)")
     f.add_argument(
@@ -278,6 +284,11 @@ def _fuzz(args: argparse.Namespace) -> int:
     known = read_known(args.known) if args.known is not None and (args.known != KNOWN_DIR or KNOWN_DIR.is_dir()) \
         else []
     runners = _runners(args, args.sut)
+    if args.coverage != "off":
+        campaign.coverage_dir = args.out / COVERAGE_PROCESSES
+        campaign.coverage_guided = args.coverage == "on"
+        shutil.rmtree(campaign.coverage_dir, ignore_errors=True)  # another campaign's, in a reused --out
+        runners.coverage = {"dir": str(campaign.coverage_dir)}
     # A failure no signature explains is replayed with the fixes not applied already: known where it then passes.
     prove = () if args.known is None else tuple(f for f in resolve("all", cls.framework) if f not in runners.fixes)
     judge_case = Judge(runners, exploring=True, known=known, exhaustive=args.exhaustive_bound, prove=prove)
@@ -293,6 +304,8 @@ def _fuzz(args: argparse.Namespace) -> int:
         judge_case.close()
         if exploration is not None and place_path is not None:
             keep_place(place_path, exploration.place)
+        if campaign.coverage is not None:  # what the last processes wrote as they ended
+            campaign.coverage.poll()
     return _report(args, campaign)
 
 

@@ -29,9 +29,11 @@ from hypothesis import seed as hypothesis_seed
 from hypothesis.errors import Flaky
 from hypothesis.internal.observability import with_observability_callback
 
-from harness.campaign.corpus import replay_corpus
+from harness.campaign.corpus import replay_corpus, replay_covering
+from harness.campaign.guidance import slice_factor
 from harness.campaign.reduce import reduce_case
 from harness.campaign.results import Campaign, Finding
+from harness.coverage.merge import Tracker
 from harness.fixes import FIXED_BY, FIXES, own_fixes
 from harness.judging.fault_runs import CrashResult
 from harness.judging.fidelity import REAL_MAX, max_world
@@ -94,6 +96,16 @@ class _Run:
     left_out: tuple[str, ...] = ()  # the fixes this round leaves out, while it does
     hits_before: Counter = field(default_factory=Counter)  # the judge's known hits as the round began
     orders: set[str] = field(default_factory=set)  # persistence-order buckets of drawn cases judged so far
+    gained: Counter = field(default_factory=Counter)  # prop -> arcs its cases added, read case by case (a corpus)
+
+    def covered(self) -> int:
+        """Read what the processes wrote since the last look: the arcs it adds (0 without coverage)."""
+        tracker = self.campaign.coverage
+        if tracker is None:
+            return 0
+        new = tracker.poll()
+        self.campaign.coverage_timeline.append((round(time.monotonic() - self.start, 1), tracker.arcs()))
+        return new
 
     def left_out_met(self) -> bool:
         """The round's left-out fixes' known bugs explained LEFT_OUT_HITS cases: time to put them back."""
@@ -104,8 +116,9 @@ class _Run:
         """The judge replaying virtual findings on real ranks under the strict rules (``replay``'s)."""
         if self.real is None:
             runners = self.judge_case.runners
-            self.real = Judge(Runners(self.campaign.sut, "pool", runners.op_timeout, device=runners.device),
-                              known=self.judge_case.known)
+            real = Runners(self.campaign.sut, "pool", runners.op_timeout, device=runners.device)
+            real.coverage = runners.coverage  # its replays run the framework's code too
+            self.real = Judge(real, known=self.judge_case.known)
         return self.real
 
     def close(self) -> None:
@@ -176,11 +189,16 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
     if campaign.corpus is not None:  # before the clock starts: the budget is for exploring
         campaign.corpus_rows, still = replay_corpus(campaign.corpus, campaign.sut, judge_case)
         campaign.buckets += still
+        if campaign.coverage_dir is not None:
+            campaign.corpus_rows += replay_covering(campaign.corpus, campaign.sut, judge_case)
     judge_case.runners.spare_lost = True  # a lost pool's replacement starts at once, in the background
     start = time.monotonic()
     deadline = start + campaign.seconds
     run = _Run(judge_case, campaign, capabilities, progress, start, deadline, deadline + shrink_room(campaign.seconds))
     judge_case.prove_until = run.hard_deadline
+    if campaign.coverage_dir is not None:
+        campaign.coverage = Tracker(campaign.coverage_dir)
+        run.covered()  # what the corpus replay ran is not the first turn's
     turn = 0
     if exploration is not None and not campaign.properties:  # an exploration of its own: the explorer has it all
         _explore(run, exploration, None)
@@ -205,6 +223,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
         campaign.exploration = exploration.summary()
     campaign.wall = time.monotonic() - start
     run.close()
+    run.covered()  # (what processes still running write as they end, the caller reads once it closed them)
     _tally(judge_case, campaign)
     if progress:
         sys.stderr.write("\n")
@@ -329,7 +348,7 @@ def _slice(campaign: Campaign, prop: str | None = None) -> float:
     short campaign; a fault campaign's fault properties get ``_weight`` of them."""
     weights = sum(_weight(campaign, p) for p in campaign.properties) or 1.0
     base = max(MIN_SLICE, min(MAX_SLICE, campaign.seconds / (4 * weights)))
-    return base * (_weight(campaign, prop) if prop is not None else 1.0)
+    return base * (_weight(campaign, prop) * slice_factor(campaign, prop) if prop is not None else 1.0)
 
 
 def _round_order(campaign: Campaign) -> list[str]:
@@ -369,6 +388,9 @@ def _turn(run: _Run, prop: str, seed: int, reuse: bool) -> None:
         campaign.findings.append(finding)
         campaign.stopped |= campaign.stop_when is not None and campaign.stop_when(finding)
     campaign.prop_seconds[prop] += time.monotonic() - began
+    if campaign.coverage is not None:
+        gained = run.covered() + run.gained.pop(prop, 0)
+        campaign.coverage_turns.setdefault(prop, []).append((gained, time.monotonic() - began))
 
 
 def _batch(run: _Run, prop: str, seed: int, examples: int, turn_end: float, reuse: bool = False) -> list[Finding]:
@@ -423,8 +445,21 @@ def _case(run: _Run, turn: _Turn, case: Case) -> None:
     judged = _judged(run, turn.prop, case)
     if judged is not None:
         _order(run, turn.prop, judged[1])
+        _covering(run, turn.prop, case, judged[0])
     if judged is not None and not judged[0].ok:
         _failed(run, turn, case, *judged)
+
+
+def _covering(run: _Run, prop: str, case: Case, judgement: Judgement) -> None:
+    """With a corpus, coverage is read case by case: a passing case that reached new code joins the corpus (the
+    next campaign replays it first). Without one, a turn's coverage is read once, as the turn ends."""
+    campaign = run.campaign
+    if campaign.corpus is None or campaign.coverage is None:
+        return
+    new = run.covered()
+    run.gained[prop] += new
+    if new and judgement.ok:
+        campaign.corpus.keep_covering(campaign.sut, case)
 
 
 def _judged(run: _Run, prop: str, case: Case) -> tuple[Judgement, Outcome] | None:

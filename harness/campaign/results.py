@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from harness.campaign.corpus import Corpus
+from harness.coverage.merge import Tracker
 from properties.model.case import Case
 from properties.model.verdicts import Judgement
 from properties.triage.buckets import Bucket
@@ -79,6 +81,13 @@ class Campaign:
     swarm_cases: Counter = field(default_factory=Counter)  # swarm feature left out -> cases of batches without it
     swarm_seconds: Counter = field(default_factory=Counter)  # ... and the seconds those batches took
     exploration: dict = field(default_factory=dict)  # the explorer's share (harness.campaign.exploration): its summary
+    # Coverage of the framework's checkpoint code (harness.coverage): where every process writes its recording
+    # (None: --coverage off), whether turns are weighted by what they add, and what each property's turns added
+    coverage_dir: Path | None = None
+    coverage_guided: bool = True
+    coverage_turns: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # prop -> (new arcs, seconds)
+    coverage_timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds in, arcs so far)
+    coverage: Tracker | None = None  # the campaign's recording as read so far (harness.coverage.merge)
 
     def counted(self, bucket: Bucket, prop: str) -> bool:
         """Count a failure in the campaign's bucket that covers it; False when none does (a new bug)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import json
 import os
 import shutil
 import sys
@@ -26,10 +27,12 @@ from typing import Any
 import psutil
 
 from harness.campaign.corpus import record_night, trends
+from harness.coverage.merge import Measured, read_file, write_file
 from harness.fleet.merge import busy_seconds, merge_buckets, merged_summary, pick_findings, write_fleet, write_shard
 from harness.fleet.plan import Plan, ShardRun
-from harness.fleet.shard import FLEET_VAR, TERM_GRACE, is_place, pack_corpus, run_shard, sweep
+from harness.fleet.shard import FLEET_VAR, TERM_GRACE, is_coverage, is_place, pack_corpus, run_shard, sweep
 from harness.ranks.launch import rank_pythonpath, short_tempdir
+from harness.report.coverage import fleet_coverage
 
 DRIVER_GRACE = TERM_GRACE + 30.0  # past a shard's own bound: the task's own termination had its chance
 POLL_S = 2.0
@@ -189,6 +192,7 @@ def run_fleet(plan: Plan, seconds: float, out: Path, address: str | None = None,
              "shard_seconds": round(sum(a.get("seconds") or 0 for r in runs for a in r["attempts"]), 1),
              "time_per_shard_s": seconds, "slack_s": plan.slack, "retries": plan.retries, "plan": str(plan.path)}
     summary = merged_summary(runs, shards, buckets, findings, fleet)
+    summary["coverage"] = fleet_coverage(out, [(r.id, r.sut) for r in plan.runs], corpus)
     if corpus is not None:
         record_night(corpus, summary)
         summary["trends"] = trends(corpus)
@@ -277,10 +281,15 @@ def _fold(corpus: Path, files: dict[str, str]) -> None:
     the explorer places it moved on (each shard of an exploration keeps its own)."""
     for rel, data in files.items():
         path = corpus / rel
-        if ".." in Path(rel).parts or (path.exists() and not is_place(rel)):
+        if ".." in Path(rel).parts or (path.exists() and not is_place(rel) and not is_coverage(rel)):
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(data))
+        if is_coverage(rel):  # every shard's recording adds to the night's total
+            total = read_file(path)
+            total.merge(Measured.from_json(json.loads(base64.b64decode(data)), rel))
+            write_file(total, path)
+        else:
+            path.write_bytes(base64.b64decode(data))
 
 
 def print_line(line: str) -> None:

@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from harness.report.coverage import coverage_lines
 from harness.report.summary import buckets_table, exploration_lines, findings_table, fix_savings, write_reports
 from properties.model.verdicts import Verdict
 from properties.triage.buckets import Bucket
@@ -196,6 +197,7 @@ def fleet_report(summary: dict, findings: list[dict]) -> str:
               for line in exploration_lines(explored)]
     lines += [f"The harness itself failed on a case (a harness bug, not a finding): {e}"
               for e in summary["harness_errors"]]
+    lines += coverage_lines(summary.get("coverage"))
     lines += ["## Buckets (one root cause each, across shards)", "", *buckets_table(summary), "", "## New findings",
               "", *findings_table(findings)]
     return "\n".join(lines) + "\n"

@@ -168,7 +168,13 @@ def _new_corpus(root: Path, shipped: dict[str, bytes]) -> dict[str, str]:
     """Corpus files the shard wrote that the shared corpus did not hold, and explorer places it moved on (base64:
     any bytes travel); not its night line: the fleet records the night once, merged."""
     return {rel: base64.b64encode(data).decode() for rel, data in pack_corpus(root).items()
-            if rel != NIGHTS and (rel not in shipped or (is_place(rel) and shipped[rel] != data))}
+            if rel != NIGHTS and (rel not in shipped or ((is_place(rel) or is_coverage(rel)) and shipped[rel] != data))}
+
+
+def is_coverage(rel: str) -> bool:
+    """Whether a corpus file is a SUT's coverage across nights (harness.report.coverage.corpus_file): a shard
+    sends it back grown, and the fleet merges every shard's into it."""
+    return Path(rel).parts[:1] == ("coverage",)
 
 
 def is_place(rel: str) -> bool:

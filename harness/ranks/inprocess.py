@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 
+from harness.coverage import measure
 from harness.fixes import FIXES, prepare
 from harness.ranks.rankops import RankExecutor
 from harness.ranks.runner import Runner
@@ -21,6 +22,7 @@ class InProcessRunner(Runner):
         # The controller's own process: fixes applied here are taken back when the ranks close.
         self.fixes = [FIXES[f] for f in options.get("fixes", ()) if not FIXES[f].applied()]
         self.unwatch = prepare({**options, "fixes": [f.id for f in self.fixes]})
+        measure.start(options)  # in the controller's own process: it plays the ranks
         self.executors = []
         for rank in range(world):
             adapter = cls()
@@ -31,6 +33,7 @@ class InProcessRunner(Runner):
         self.order = list(reversed(self.executors))
 
     def begin(self, case_json: dict, root: str) -> None:
+        measure.case_begins(case_json["property"])
         for ex in self.executors:
             ex.begin(case_json, root)
 
@@ -41,6 +44,7 @@ class InProcessRunner(Runner):
     def end(self) -> None:
         for ex in self.executors:
             ex.end()
+        measure.case_ends()
 
     def close(self, graceful: bool = True) -> None:
         if not graceful:  # the job dies: its ranks live in this process, so their in-flight async saves end here

@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 
+from harness.coverage.measure import COVERAGE_OPTION
 from harness.fixes import FIXES
 from harness.fixes.reach import REACH_OPTION
 from harness.ranks.forkserver import ForkServer
@@ -41,6 +42,7 @@ class Runners:
         self.device, self.nnodes = device, nnodes
         self.fixes = fixes  # applied on every rank before the adapter's set-up (harness.fixes)
         self.reach: dict | None = None  # the fix table's watch on every rank (harness.fixes.reach): dir and fix ids
+        self.coverage: dict | None = None  # coverage recorded on every rank (harness.coverage.measure): its dir
         self.cls = adapter_class(sut)
         if mode == "virtual" and "virtual" not in self.cls.capabilities:
             raise ValueError(f"{sut} has no virtual ranks (capability 'virtual'); launch it as a pool")
@@ -84,6 +86,8 @@ class Runners:
             setup["fixes"] = list(self.fixes)
         if self.reach:
             setup[REACH_OPTION] = self.reach
+        if self.coverage:
+            setup[COVERAGE_OPTION] = self.coverage
         in_process = (not launched and self.mode == "in-process" and self.nnodes == 1
                       and (world == 1 or "in_process_world" in self.cls.capabilities))
         virtual = not launched and not fault_case and self.mode == "virtual"

@@ -21,6 +21,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.coverage import measure
 from harness.fixes import apply_carried, prepare
 from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rank_logs import route
@@ -80,6 +81,7 @@ def _world(cls: type[SutAdapter], size: int, options: dict, conns: list[Connecti
     world = None
     try:
         prepare(options)  # fixes (and watches) before the world copies the framework's module state for its ranks
+        measure.start(options)  # coverage, before the world starts the threads its ranks run in
         world = cls.virtual_world(size)
         adapters: list[SutAdapter] = [cls() for _ in range(size)]
         setups = world.run([lambda r=r: adapters[r].setup(r, size, options) for r in range(size)])
@@ -152,6 +154,7 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor], gc_fre
             return str(msg["control"])
         if kind == "begin":
             case = Case.from_json(msg["case"])  # once: the ranks share the immutable case
+            measure.case_begins(case.property)
             for ex in executors:
                 ex.begin(case, msg["root"])
             results = world.run([lambda: {"type": "ok"} for _ in executors])
@@ -164,6 +167,7 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor], gc_fre
                                  for ex in executors])
         elif kind == "end":
             results = world.run([lambda ex=ex: (ex.end(), {"type": "ok"})[1] for ex in executors])
+            measure.case_ends()
             gc_freezer.collect_and_freeze()
         else:
             raise ValueError(f"unknown message {kind!r}")

@@ -17,6 +17,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # started as a script by a framework launcher
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from harness.coverage import measure
 from harness.fixes import apply_carried, prepare
 from harness.ranks.gc_freeze import GcFreezer
 from harness.ranks.rankops import RankExecutor
@@ -24,6 +25,7 @@ from harness.sut import adapter_class
 
 if __name__ == "__mp_main__":  # a process the framework spawned imports this module again: it runs fixed too
     apply_carried()
+    measure.start_carried()  # and its coverage counts
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         options = json.loads(args.options)
         prepare(options)  # fixes (and watches) before the adapter runs any of the framework's code
+        measure.start(options)  # coverage, from the framework's first line
         adapter = adapter_class(args.sut)()
         shims = adapter.setup(rank, world, options)
     except Exception as exc:  # the adapter does not import or set up here: the controller says why, in one line
@@ -79,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         if kind == "stop":
             break
         if kind == "begin":
+            measure.case_begins(msg["case"]["property"])
             executor.begin(msg["case"], msg["root"])
             conn.send({"type": "ok", "rank": rank})
         elif kind == "op":
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             conn.send({"type": "health", "rank": rank, "ok": ok})
         elif kind == "end":
             executor.end()
+            measure.case_ends()
             gc_freezer.collect_and_freeze()
             conn.send({"type": "ok", "rank": rank})
     executor.release()  # a held writer would keep the adapter's close waiting for ever

@@ -14,6 +14,8 @@ import json
 from html import escape
 from pathlib import Path
 
+from harness.report.coverage import coverage_html
+
 VERDICT_COLOURS = {"pass": "#2e7d32", "loud-failure": "#ef6c00", "silent-corruption": "#b71c1c",
                    "data-loss": "#ad1457", "hang": "#6a1b9a", "crash": "#d84315", None: "#9e9e9e"}
 IO_COLOURS = {"write": "#78909c", "fsync": "#1565c0", "rename": "#7b1fa2", "open": "#cfd8dc", "unlink": "#ef6c00",
@@ -29,6 +31,9 @@ CSS = "".join((
     ".muted{color:#777}code{font-size:12px}svg text{font:11px system-ui,sans-serif}",
     ".pill{display:inline-block;white-space:nowrap;padding:0 6px;border-radius:8px;color:#fff;font-size:12px}",
     "#totals{font-size:15px;margin:6px 0 2px}",
+    "table.src{font:12px/1.3 monospace;white-space:pre}table.src td{border:0;padding:0 6px}td.ln{color:#999;"
+    "text-align:right;width:1%}tr.miss{background:#fde0e0}tr.part{background:#fff3cd}tr.dev{background:#eceff1;"
+    "color:#777}",
 ))
 
 SCRIPT = """
@@ -56,6 +61,7 @@ def render(summary: dict, rows: list[dict], out: Path | None = None) -> str:
     """The page of one summary and its findings (``out``: the folder the page lives in, for relative links)."""
     parts = [_header(summary), _fleet(summary), _buckets(summary, out), _per(summary), _recovery(summary),
              _io_map(summary.get("io_map")), _crash_table(summary.get("crash_results")), _trends(summary),
+             coverage_html(summary.get("coverage")),
              *(_io_map(row["io_map"], f"finding {n} ({row.get('property', '')}, bucket {row.get('bucket')})")
                for n, row in enumerate(rows) if row.get("io_map")),
              _findings(rows, out)]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harness.campaign.results import Campaign, Finding
 from harness.fixes import FIXED_BY, own_fixes
+from harness.report.coverage import coverage_lines, keep_coverage
 from properties.model.verdicts import Verdict
 from properties.registry import FAULT_PROPERTIES
 
@@ -95,6 +96,7 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
                                     for p, c in sorted(campaign.observed.items())},
         "buckets": buckets(campaign, rows),
         "corpus": campaign.corpus_rows,
+        "coverage": keep_coverage(campaign, out),
     }
     if campaign.corpus is not None:  # the corpus keeps the nights: buckets opened and closed across them
         from harness.campaign.corpus import record_night, trends
@@ -218,6 +220,7 @@ def report(summary: dict, rows: list[dict]) -> str:
         *[f"Corpus bucket `{r['bucket']}` ({r['title']}): {r['status']}." for r in summary.get("corpus", [])],
         "",
     ]
+    lines += coverage_lines(summary.get("coverage"))
     lines += ["## Buckets (one root cause each)", "", *buckets_table(summary), "", "## New findings", "",
               *findings_table(rows)]
     return "\n".join(lines) + "\n"
