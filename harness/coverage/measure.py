@@ -12,12 +12,15 @@ recording up from its environment (``start_carried``); one it forks inherits it 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import signal
 import socket
 import sys
 import threading
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +34,14 @@ LABEL_VAR = "CKH_COVERAGE_LABEL"  # the label a spawned writer records under: it
 SETUP = "setup"  # the label of what a rank runs before its first case (imports, the adapter's set-up)
 WRITERS = "writers"  # the label of a spawned process whose rank had no case yet
 FORMAT = 1
+# A virtual host records one case in this many per label: its ranks are threads running the harness's emulation
+# (pure Python) besides the framework, and tracing them all would double a case's time (bench/coverage_cost.py).
+VIRTUAL_SAMPLE = 4
 
 Arcs = dict[str, list[tuple[int, int]]]  # file (relative to its install root) -> arcs, as coverage.py counts them
 
 _recorder: Recorder | None = None
+_threads = threading.local()  # each thread's coverage.py tracer while its tracing is off
 
 
 class Recorder:
@@ -47,6 +54,7 @@ class Recorder:
         self._cov.set_option("run:disable_warnings", ["no-data-collected", "module-not-measured"])
         self._names: dict[str, str | None] = {}  # measured path -> its scope-relative name
         self._labels: dict[str, dict[str, set[tuple[int, int]]]] = {}  # label -> name -> arcs
+        self.cases: Counter = Counter()  # cases begun per label (``sampled``)
         self._lock = threading.Lock()
         self._dirty = False  # arcs collected since the last write
         self._path = self._own_path()
@@ -130,6 +138,40 @@ def start_carried() -> None:
     start({COVERAGE_OPTION: {"dir": directory}}, os.environ.get(LABEL_VAR, WRITERS))
     if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
         signal.signal(signal.SIGTERM, _write_and_die)
+
+
+def thread_tracing(on: bool) -> None:
+    """Tracing in the calling thread on or off: coverage.py's tracer of this thread is kept aside while off. A
+    trace hook slows every Python line of its thread (about 2x on Python 3.11, bench/coverage_cost.py), so a
+    process that also runs much Python of its own (the controller playing ranks, a virtual host's emulation)
+    traces only where the framework runs, or only some cases."""
+    if _recorder is None:
+        return
+    current = sys.gettrace()
+    if on and current is None and getattr(_threads, "tracer", None) is not None:
+        sys.settrace(_threads.tracer)
+    elif not on and current is not None:
+        _threads.tracer = current
+        sys.settrace(None)
+
+
+@contextlib.contextmanager
+def traced() -> Iterator[None]:
+    """The calling thread traced for the duration (where recording is on)."""
+    thread_tracing(True)
+    try:
+        yield
+    finally:
+        thread_tracing(False)
+
+
+def sampled(label: str) -> bool:
+    """Whether a virtual host records this case of ``label``: the first and every ``VIRTUAL_SAMPLE``-th after it."""
+    if _recorder is None:
+        return False
+    seen = _recorder.cases[label]
+    _recorder.cases[label] += 1
+    return seen % VIRTUAL_SAMPLE == 0
 
 
 def case_begins(label: str) -> None:

@@ -22,11 +22,13 @@ class InProcessRunner(Runner):
         # The controller's own process: fixes applied here are taken back when the ranks close.
         self.fixes = [FIXES[f] for f in options.get("fixes", ()) if not FIXES[f].applied()]
         self.unwatch = prepare({**options, "fixes": [f.id for f in self.fixes]})
-        measure.start(options)  # in the controller's own process: it plays the ranks
+        measure.start(options)  # in the controller's own process: traced only while it plays the ranks
+        measure.thread_tracing(False)
         self.executors = []
         for rank in range(world):
             adapter = cls()
-            self.shims = adapter.setup(rank, world, options)
+            with measure.traced():
+                self.shims = adapter.setup(rank, world, options)
             self.info[rank] = adapter.describe()
             self.executors.append(RankExecutor(adapter, rank, world))
         # Play the coordinator (rank 0) last, so file-based rendezvous (the reference) finds the others done.
@@ -34,16 +36,19 @@ class InProcessRunner(Runner):
 
     def begin(self, case_json: dict, root: str) -> None:
         measure.case_begins(case_json["property"])
-        for ex in self.executors:
-            ex.begin(case_json, root)
+        with measure.traced():
+            for ex in self.executors:
+                ex.begin(case_json, root)
 
     def op(self, index: int, timeout: float, fail_fast: bool = True, stuck_after: float | None = None,
            idle_limit: float | None = None) -> list[dict]:
-        return sorted((ex.op(index) for ex in self.order), key=lambda r: r["rank"])
+        with measure.traced():
+            return sorted((ex.op(index) for ex in self.order), key=lambda r: r["rank"])
 
     def end(self) -> None:
-        for ex in self.executors:
-            ex.end()
+        with measure.traced():
+            for ex in self.executors:
+                ex.end()
         measure.case_ends()
 
     def close(self, graceful: bool = True) -> None:

@@ -88,6 +88,7 @@ def _world(cls: type[SutAdapter], size: int, options: dict, conns: list[Connecti
         for ok, value in setups:
             if not ok:
                 raise value
+        measure.thread_tracing(False)  # the host's own thread runs no framework code
         return world, adapters, setups
     except Exception as exc:
         traceback.print_exc()
@@ -155,6 +156,8 @@ def _serve(world, conns: list[Connection], executors: list[RankExecutor], gc_fre
         if kind == "begin":
             case = Case.from_json(msg["case"])  # once: the ranks share the immutable case
             measure.case_begins(case.property)
+            recorded = measure.sampled(case.property)  # the ranks' threads traced for some cases only
+            world.run([lambda on=recorded: measure.thread_tracing(on) for _ in executors])
             for ex in executors:
                 ex.begin(case, msg["root"])
             results = world.run([lambda: {"type": "ok"} for _ in executors])

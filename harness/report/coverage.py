@@ -20,9 +20,10 @@ PROCESSES = "coverage-processes"  # in a campaign's --out while it runs: each pr
 TIMELINE_POINTS = 60
 
 
-def framework_of(sut: str) -> str:
+def framework_of(sut: str) -> str | None:
+    """The framework whose checkpoint code a SUT runs (None: none, as the reference engine)."""
     info = REGISTRY.get(sut)
-    return info.framework if info is not None else adapter_class(sut).framework
+    return info.framework if info is not None else getattr(adapter_class(sut), "framework", None)
 
 
 def corpus_file(root: Path, sut: str) -> Path:
@@ -31,14 +32,17 @@ def corpus_file(root: Path, sut: str) -> Path:
 
 def keep_coverage(campaign: Campaign, out: Path) -> dict | None:
     """Write the campaign's merged recording (and fold it into the corpus's), drop the processes' own files, and
-    return the summary's block; None where coverage was off."""
+    return the summary's block; None where coverage was off or the SUT runs no framework."""
     if campaign.coverage is None:
+        return None
+    if campaign.coverage_dir is not None:
+        shutil.rmtree(campaign.coverage_dir, ignore_errors=True)
+    framework = framework_of(campaign.sut)
+    if framework is None:  # a SUT of no framework (the reference engine): no framework code to cover
         return None
     measured = campaign.coverage.measured
     write_file(measured, out / MERGED)
-    if campaign.coverage_dir is not None:
-        shutil.rmtree(campaign.coverage_dir, ignore_errors=True)
-    figures = analyse_files(framework_of(campaign.sut))
+    figures = analyse_files(framework)
     block = summarise(measured, figures)
     block["guided"] = campaign.coverage_guided
     block["arcs"] = measured.arc_count()
@@ -71,8 +75,8 @@ def fleet_coverage(out: Path, shards: list[tuple[str, str]], corpus: Path | None
     if not found:
         return None
     figures = {}
-    for sut in suts:
-        figures.update(analyse_files(framework_of(sut)))
+    for framework in {framework_of(sut) for sut in suts} - {None}:
+        figures.update(analyse_files(framework))
     block = summarise(measured, figures)
     block["arcs"] = measured.arc_count()
     if corpus is not None:

@@ -97,7 +97,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
     name = "paddleformers-trainer"
     framework = "paddleformers"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"trains", "replicated", "ema_start:first", "master_init:param", "dtype:I64", "async", "kill_writer",
+        {"trains", "replicated", "latest", "ema_start:first", "master_init:param", "dtype:I64", "async", "kill_writer",
          "flag:use_async_save"}
         | {f"dtype:{d}" for d in PARAM_DTYPES} | {f"format:{f}" for f in FORMATS}
         | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}

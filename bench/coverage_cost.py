@@ -9,8 +9,9 @@ Guidance: two campaigns of the same seed and time, one whose turns are weighted 
 (``--coverage on``) and one not (``--coverage unguided``); prints the arcs each reached, and its flex-checkpoint
 line coverage, at each quarter of the time.
 
-``--sut`` (default paddle-dcp), ``--cases`` per mode (default 40), ``--time`` per campaign (default 120; 0 skips
-the guidance part), ``--property`` (default P-ROUNDTRIP for the overhead; every default property for guidance).
+``--sut`` (default paddle-dcp), ``--launch`` (pool or virtual), ``--cases`` per mode (default 40), ``--time`` per
+campaign (default 120; 0 skips the guidance part), ``--property`` (default P-ROUNDTRIP for the overhead; every
+default property for guidance).
 """
 
 from __future__ import annotations
@@ -50,12 +51,12 @@ def drawn(prop: str, sut: str, ranks: int, n: int, seed: int) -> list:
     return cases[:n]
 
 
-def overhead(sut: str, prop: str, ranks: int, n: int) -> dict:
+def overhead(sut: str, prop: str, ranks: int, n: int, launch: str) -> dict:
     cases = drawn(prop, sut, ranks, n, 1)
     with tempfile.TemporaryDirectory() as tmp:
-        on, off = Runners(sut, "pool"), Runners(sut, "pool")
+        on, off = Runners(sut, launch), Runners(sut, launch)
         on.coverage = {"dir": tmp}
-        judges = {"on": Judge(on), "off": Judge(off)}
+        judges = {"on": Judge(on, exploring=True), "off": Judge(off, exploring=True)}  # as a campaign judges
         seconds = {"on": 0.0, "off": 0.0}
         try:
             for mode in ("on", "off"):  # warm both pools before timing
@@ -99,8 +100,9 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=40)
     parser.add_argument("--time", type=float, default=120.0)
     parser.add_argument("--property", default="P-ROUNDTRIP")
+    parser.add_argument("--launch", default="pool", help="pool (default) or virtual")
     args = parser.parse_args()
-    print(json.dumps({"overhead": overhead(args.sut, args.property, args.ranks, args.cases)}))
+    print(json.dumps({"overhead": overhead(args.sut, args.property, args.ranks, args.cases, args.launch)}))
     if args.time > 0:
         with tempfile.TemporaryDirectory() as tmp:
             got = {mode: campaign(args.sut, args.ranks, args.time, mode, Path(tmp) / mode)
