@@ -30,6 +30,7 @@ from harness.judging.judge import EXHAUSTIVE_BOUND, Judge
 from harness.ranks.runner import PoolFailure
 from harness.ranks.runners import DEVICES, MODES, Runners
 from harness.report.coverage import PROCESSES as COVERAGE_PROCESSES
+from harness.report.coverage import coverage_line
 from harness.report.summary import buckets, buckets_table, write_results
 from harness.sut import REGISTRY, UnknownSut, adapter_class
 from properties import registry as catalogue
@@ -340,6 +341,9 @@ def _report(args: argparse.Namespace, campaign: Campaign) -> int:
         for finding, row in zip(campaign.findings, rows):
             campaign.corpus.keep(campaign.sut, finding.bucket, row)
     print(f"{total} cases, {len(rows)} findings, {campaign.wall:.0f} s ({args.launch}); results in {args.out}")
+    covered = coverage_line(json.loads((args.out / "summary.json").read_text()).get("coverage"))
+    if covered:
+        print(covered)
     for error in campaign.harness_errors[:5] if campaign.fatal is None else ():  # else: one line, from main
         print(f"harness error (a bug of the harness, not a finding): {error}", file=sys.stderr)
     print("\n".join(buckets_table({"buckets": buckets(campaign, rows)})))
@@ -361,6 +365,8 @@ def _fleet(args: argparse.Namespace) -> int:
     fleet = summary["fleet"]
     print(f"{len(summary['shards'])} shard runs, {sum(summary['cases_run'].values())} cases, {fleet['wall_s']} s; "
           f"fleet overhead {fleet['overhead_s']} s (seconds with no shard running); results in {args.out}")
+    if coverage_line(summary.get("coverage")):
+        print(coverage_line(summary.get("coverage")))
     print("\n".join(buckets_table(summary)))
     failed = [s["id"] for s in summary["shards"] if s["status"] != "ok"]
     if failed:

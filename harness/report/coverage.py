@@ -96,6 +96,15 @@ def thinned(timeline: list[tuple[float, int]], points: int = TIMELINE_POINTS) ->
     return [list(timeline[round(i * step)]) for i in range(points)]
 
 
+def coverage_line(block: dict | None) -> str:
+    """One line for the console: each scope's line and branch coverage of what a CPU build can run."""
+    if not block or not block["scopes"]:
+        return ""
+    return "coverage: " + "; ".join(
+        f"{scope} {t['line_percent']}% of lines ({t['covered']}/{t['reachable']}), {t['branch_percent']}% of "
+        f"branches" for scope, t in sorted(block["scopes"].items()))
+
+
 def coverage_lines(block: dict | None) -> list[str]:
     """The report's coverage section (markdown)."""
     if not block:

@@ -10,7 +10,8 @@ every rank reports all of it (the owner of an optimizer slot or master weight sh
 A ``train`` op is a ``Trainer.train`` run to the op's step: resumed from the checkpoint the case last loaded, else
 from the seeds. A job that trained on without a checkpoint in between is run again from that start: the loop is
 deterministic, so that equals training on in place. A ``save`` makes the two calls the loop makes at a save step
-(the EMA callback's save, then ``_save_checkpoint``); a ``load`` is a resume, stopped before its first step.
+(the EMA callback's save, then ``_save_checkpoint``); a ``load`` is a resume, stopped before its first step, of a
+named checkpoint or of the latest (``get_last_checkpoint``, as ``resume_from_checkpoint=True`` picks it).
 
 Where the harness stands in, and why (docs/paddleformers-notes.md, "The Trainer's EMA on CPU"):
 * the model's forward returns the reference loop's loss of the step, so what the Trainer sums, all-reduces and
