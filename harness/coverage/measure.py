@@ -26,14 +26,13 @@ from typing import Any
 
 import coverage
 
-from harness.coverage.scope import installed, relative
+from harness.coverage.scope import FORMAT, installed, relative
 
 COVERAGE_OPTION = "coverage"  # set-up option: {"dir": where every process of the campaign writes}
 COVERAGE_VAR = "CKH_COVERAGE_DIR"  # the same, carried to the processes a framework spawns from a rank
 LABEL_VAR = "CKH_COVERAGE_LABEL"  # the label a spawned writer records under: its rank's case's property then
 SETUP = "setup"  # the label of what a rank runs before its first case (imports, the adapter's set-up)
 WRITERS = "writers"  # the label of a spawned process whose rank had no case yet
-FORMAT = 1
 # A virtual host records one case in this many per label: its ranks are threads running the harness's emulation
 # (pure Python) besides the framework, and tracing them all would double a case's time (bench/coverage_cost.py).
 VIRTUAL_SAMPLE = 4

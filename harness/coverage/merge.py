@@ -15,9 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.coverage.measure import FORMAT
 from harness.coverage.reachability import cpu_only_lines
-from harness.coverage.scope import installed, scope_of
+from harness.coverage.scope import FORMAT, installed, scope_of
 
 Arc = tuple[int, int]
 

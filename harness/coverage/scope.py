@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+FORMAT = 1  # the version of the files recordings of these scopes are written in (measure, merge)
+
 
 @dataclass(frozen=True)
 class Scope:
