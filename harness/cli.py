@@ -286,7 +286,7 @@ def _fuzz(args: argparse.Namespace) -> int:
         else []
     runners = _runners(args, args.sut)
     if args.coverage != "off":
-        campaign.coverage_dir = args.out / COVERAGE_PROCESSES
+        campaign.coverage_dir = (args.out / COVERAGE_PROCESSES).resolve()  # ranks run in other directories
         campaign.coverage_guided = args.coverage == "on"
         shutil.rmtree(campaign.coverage_dir, ignore_errors=True)  # another campaign's, in a reused --out
         runners.coverage = {"dir": str(campaign.coverage_dir)}

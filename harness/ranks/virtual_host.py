@@ -80,8 +80,8 @@ def _world(cls: type[SutAdapter], size: int, options: dict, conns: list[Connecti
     """A fresh virtual world with every rank's adapter set up; None when set-up failed (each rank was told)."""
     world = None
     try:
+        measure.start(options)  # coverage, before fixes import what they patch and the world starts its threads
         prepare(options)  # fixes (and watches) before the world copies the framework's module state for its ranks
-        measure.start(options)  # coverage, before the world starts the threads its ranks run in
         world = cls.virtual_world(size)
         adapters: list[SutAdapter] = [cls() for _ in range(size)]
         setups = world.run([lambda r=r: adapters[r].setup(r, size, options) for r in range(size)])

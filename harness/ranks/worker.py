@@ -59,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     _keep_control_from_children(conn.fileno())
     try:
         options = json.loads(args.options)
+        measure.start(options)  # coverage, from the framework's first line (a fix imports what it patches)
         prepare(options)  # fixes (and watches) before the adapter runs any of the framework's code
-        measure.start(options)  # coverage, from the framework's first line
         adapter = adapter_class(args.sut)()
         shims = adapter.setup(rank, world, options)
     except Exception as exc:  # the adapter does not import or set up here: the controller says why, in one line
