@@ -40,6 +40,7 @@ VIRTUAL_SAMPLE = 4
 Arcs = dict[str, list[tuple[int, int]]]  # file (relative to its install root) -> arcs, as coverage.py counts them
 
 _recorder: Recorder | None = None
+_users = 0  # the starts that asked for this process's recording and have not stopped it
 _threads = threading.local()  # each thread's coverage.py tracer while its tracing is off
 
 
@@ -101,6 +102,9 @@ class Recorder:
             tmp.write_text(json.dumps(doc, separators=(",", ":")))
             os.replace(tmp, self._path)
 
+    def stop(self) -> None:
+        self._cov.stop()
+
     def forked(self) -> None:
         """In a forked child: a file of its own (what the parent recorded is the parent's to write)."""
         self._lock = threading.Lock()
@@ -112,11 +116,12 @@ def start(options: dict | None, label: str = SETUP) -> Recorder | None:
     """Start recording in this process where the set-up ``options`` ask for it (``COVERAGE_OPTION``), under
     ``label`` until a case begins, and carry the request to the processes the framework spawns from here.
     Idempotent."""
-    global _recorder
+    global _recorder, _users
     wanted = (options or {}).get(COVERAGE_OPTION)
     if not wanted:
         os.environ.pop(COVERAGE_VAR, None)
         return _recorder
+    _users += 1
     if _recorder is None:
         Path(wanted["dir"]).mkdir(parents=True, exist_ok=True)
         _recorder = Recorder(wanted["dir"], label)
@@ -126,6 +131,23 @@ def start(options: dict | None, label: str = SETUP) -> Recorder | None:
         atexit.register(_write_quietly)
         _write_at_process_exit()
     return _recorder
+
+
+def stop() -> None:
+    """One user of this process's recording is done (each ``start`` that asked for it is one); after the last,
+    write, stop recording and carry nothing further: a process that lives on after its ranks (the controller that
+    played them in-process) must not trace, nor hand the recording to what it starts next."""
+    global _recorder, _users
+    _users = max(0, _users - 1)
+    if _users or _recorder is None:
+        return
+    recorder, _recorder = _recorder, None
+    with contextlib.suppress(Exception):
+        recorder.write()
+    recorder.stop()
+    os.environ.pop(COVERAGE_VAR, None)
+    os.environ.pop(LABEL_VAR, None)
+    _threads.__dict__.clear()
 
 
 def start_carried() -> None:

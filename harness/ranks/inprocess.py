@@ -22,7 +22,9 @@ class InProcessRunner(Runner):
         # The controller's own process: fixes applied here are taken back when the ranks close.
         self.fixes = [FIXES[f] for f in options.get("fixes", ()) if not FIXES[f].applied()]
         self.unwatch = prepare({**options, "fixes": [f.id for f in self.fixes]})
-        measure.start(options)  # in the controller's own process: traced only while it plays the ranks
+        # Coverage in the controller's own process: traced only while it plays the ranks, stopped with them.
+        self.recording = bool(options.get(measure.COVERAGE_OPTION))
+        measure.start(options)
         measure.thread_tracing(False)
         self.executors = []
         for rank in range(world):
@@ -61,3 +63,5 @@ class InProcessRunner(Runner):
         self.unwatch()
         for fix in reversed(self.fixes):
             fix.revert()
+        if self.recording:
+            measure.stop()
