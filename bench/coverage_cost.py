@@ -9,6 +9,14 @@ Guidance: two campaigns of the same seed and time, one whose turns are weighted 
 (``--coverage on``) and one not (``--coverage unguided``); prints the arcs each reached, and its flex-checkpoint
 line coverage, at each quarter of the time.
 
+Measured on the project's 2-core machine (Paddle 3.3.1 CPU, 2 ranks), 2026-12-02:
+  overhead, 40 P-ROUNDTRIP cases: warm pool 1.07x per case; virtual ranks 1.23x (1.98x before a virtual host
+  traced only every fourth case); in-process reference 1.05x; merge and analysis 1.1-1.4 s.
+  guidance, 120 s of every default property, seed 11: guided 450 cases, unguided 496; both 1688 arcs (22.3% of flex
+  checkpoint's reachable lines, 25.7% of paddle.framework.io), 1615 and 1654 of them in the first quarter. The
+  drawn cases reach one path of flex checkpoint and saturate it within a minute; no property's turns add code
+  later, so weighting them cannot either (the reach of the strategies, not the schedule, is what limits it).
+
 ``--sut`` (default paddle-dcp), ``--launch`` (pool or virtual), ``--cases`` per mode (default 40), ``--time`` per
 campaign (default 120; 0 skips the guidance part), ``--property`` (default P-ROUNDTRIP for the overhead; every
 default property for guidance).
