@@ -198,3 +198,27 @@ def test_a_campaign_reports_coverage_of_flex_checkpoint(tmp_path: Path, launch: 
     assert json.loads((off / "summary.json").read_text())["coverage"] is None
     assert not (off / "coverage.json").exists()
 
+
+
+@needs_paddle
+def test_a_fleet_merges_its_shards_coverage_and_grows_the_corpus_total(tmp_path: Path) -> None:
+    """Two shards of one SUT: the night's block is their union; each shard's grown corpus file is merged into the
+    shared one (never overwritten by the last shard)."""
+    import base64
+
+    from harness.fleet.driver import _fold
+    from harness.report.coverage import corpus_file, fleet_coverage
+
+    flex = "paddle/distributed/flex_checkpoint/dcp/utils.py"
+    for shard, arcs in (("a", [(-1, 1), (1, 2)]), ("b", [(1, 2), (2, 3)])):
+        m = Measured()
+        m.add("P-ROUNDTRIP", flex, arcs)
+        write_file(m, tmp_path / "out" / "shards" / shard / "coverage.json")
+        _fold(tmp_path / "corpus", {"coverage/paddle-dcp.json": base64.b64encode(
+            json.dumps(m.to_json()).encode()).decode()})
+    block = fleet_coverage(tmp_path / "out", [("a", "paddle-dcp"), ("b", "paddle-dcp")], tmp_path / "corpus")
+    assert block is not None and block["arcs"] == 3
+    assert set(block["by_label"]) == {"P-ROUNDTRIP"} and "flex checkpoint" in block["scopes"]
+    assert read_file(corpus_file(tmp_path / "corpus", "paddle-dcp")).arc_count() == 3  # both shards' arcs
+    assert "flex checkpoint" in block["corpus"]
+    assert fleet_coverage(tmp_path / "none", [("a", "paddle-dcp")], None) is None
