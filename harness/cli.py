@@ -9,6 +9,7 @@ variable CKPT_HARNESS_DEBUG=1) re-raises it with its traceback instead, for deve
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -286,6 +287,9 @@ def _fuzz(args: argparse.Namespace) -> int:
         else []
     runners = _runners(args, args.sut)
     if args.coverage != "off":
+        if importlib.util.find_spec("coverage") is None:
+            raise HarnessError("--coverage needs the coverage package (python3 -m pip install coverage), or pass "
+                               "--coverage off")
         campaign.coverage_dir = (args.out / COVERAGE_PROCESSES).resolve()  # ranks run in other directories
         campaign.coverage_guided = args.coverage == "on"
         shutil.rmtree(campaign.coverage_dir, ignore_errors=True)  # another campaign's, in a reused --out

@@ -24,8 +24,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import coverage
-
 from harness.coverage.scope import FORMAT, installed, relative
 
 COVERAGE_OPTION = "coverage"  # set-up option: {"dir": where every process of the campaign writes}
@@ -48,6 +46,8 @@ class Recorder:
     """This process's recording: coverage.py started on the scopes' files, and what was written so far."""
 
     def __init__(self, directory: str, label: str) -> None:
+        import coverage  # (only where a process records: the harness itself runs without it)
+
         self.directory, self.label = Path(directory), label
         include = [f"{scope.root()}/{g}" for scope in installed() for g in scope.globs]
         self._cov = coverage.Coverage(data_file=None, branch=True, include=include, config_file=False)
