@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,7 +31,6 @@ from harness.fleet.plan import PlanError
 from harness.judging.judge import EXHAUSTIVE_BOUND, Judge
 from harness.ranks.runner import PoolFailure
 from harness.ranks.runners import DEVICES, MODES, Runners
-from harness.report.coverage import PROCESSES as COVERAGE_PROCESSES
 from harness.report.coverage import coverage_line
 from harness.report.summary import buckets, buckets_table, write_results
 from harness.sut import REGISTRY, UnknownSut, adapter_class
@@ -290,10 +290,21 @@ def _fuzz(args: argparse.Namespace) -> int:
         if importlib.util.find_spec("coverage") is None:
             raise HarnessError("--coverage needs the coverage package (python3 -m pip install coverage), or pass "
                                "--coverage off")
-        campaign.coverage_dir = (args.out / COVERAGE_PROCESSES).resolve()  # ranks run in other directories
+        # Each process's own recording, until the report merges them (never --out: a campaign whose ranks cannot
+        # start must leave no results behind)
+        campaign.coverage_dir = Path(tempfile.mkdtemp(prefix="ckh-coverage-"))
         campaign.coverage_guided = args.coverage == "on"
-        shutil.rmtree(campaign.coverage_dir, ignore_errors=True)  # another campaign's, in a reused --out
         runners.coverage = {"dir": str(campaign.coverage_dir)}
+    try:
+        return _campaign(args, campaign, cls, caps, runners, known)
+    finally:  # each process's recording was merged into the results, or there are none
+        if campaign.coverage_dir is not None:
+            shutil.rmtree(campaign.coverage_dir, ignore_errors=True)
+
+
+def _campaign(args: argparse.Namespace, campaign: Campaign, cls: type, caps: frozenset[str], runners: Runners,
+              known: list) -> int:
+    """Run the campaign ``_fuzz`` set up, and report it."""
     # A failure no signature explains is replayed with the fixes not applied already: known where it then passes.
     prove = () if args.known is None else tuple(f for f in resolve("all", cls.framework) if f not in runners.fixes)
     judge_case = Judge(runners, exploring=True, known=known, exhaustive=args.exhaustive_bound, prove=prove)

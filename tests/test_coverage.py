@@ -185,7 +185,8 @@ def test_a_campaign_reports_coverage_of_flex_checkpoint(tmp_path: Path, launch: 
     assert set(block["by_label"]) >= {"P-ROUNDTRIP", "setup"}  # importing the framework counts, forked or not
     assert sum(g["new_arcs"] for g in block["gain_by_property"].values()) > 0
     assert block["arcs"] == read_file(out / "coverage.json").arc_count() > 0
-    assert not (out / "coverage-processes").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["coverage.json", "findings", "report.html", "report.md",
+                                                            "summary.json"]
     assert read_file(corpus / "coverage" / "paddle-dcp.json").arc_count() == block["arcs"]  # the first night's
     assert block["corpus"]["flex checkpoint"]["covered"] == flex["covered"]
     assert list((corpus / "covering" / "paddle-dcp").glob("*.json"))  # cases that reached new code, kept

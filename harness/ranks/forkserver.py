@@ -367,10 +367,10 @@ def _zygote(pipe: Connection, fixes: tuple[str, ...]) -> int:
 def serve(sut: str, control: str, zygotes: bool = True) -> int:
     conn = Client(control, family="AF_UNIX")
     try:
-        from harness.coverage import measure
-
         # Where the ranks record coverage, the server records what importing the framework runs (its ranks never
-        # import it again), and its forks go on recording, each into a file of its own.
+        # import it again), and its forks go on recording, each into a file of its own (the worker's recorder,
+        # named, as the zygotes apply fixes).
+        measure = importlib.import_module(WORKER_MAIN).measure
         measure.start_carried()
         for entry in ENTRY_POINTS:  # what every rank or host imports, paid for once
             importlib.import_module(entry)

@@ -16,7 +16,6 @@ from harness.coverage.scope import scope_of
 from harness.sut import REGISTRY, adapter_class
 
 MERGED = "coverage.json"  # in a campaign's --out: its recording, merged
-PROCESSES = "coverage-processes"  # in a campaign's --out while it runs: each process's own recording
 TIMELINE_POINTS = 60
 
 
