@@ -286,7 +286,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     known = read_known(args.known) if args.known is not None and (args.known != KNOWN_DIR or KNOWN_DIR.is_dir()) \
         else []
     runners = _runners(args, args.sut)
-    if args.coverage != "off":
+    if args.coverage != "off" and getattr(cls, "framework", None) is not None:  # (else no framework code to cover)
         if importlib.util.find_spec("coverage") is None:
             raise HarnessError("--coverage needs the coverage package (python3 -m pip install coverage), or pass "
                                "--coverage off")

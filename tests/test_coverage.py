@@ -225,11 +225,12 @@ def test_a_fleet_merges_its_shards_coverage_and_grows_the_corpus_total(tmp_path:
     assert fleet_coverage(tmp_path / "none", [("a", "paddle-dcp")], None) is None
 
 
+@needs_paddle
 def test_coverage_without_its_package_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
     import importlib.util
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "coverage" else real(name, *a))
-    code = main(["fuzz", "--sut", "reference", "--time", "1", "--out", str(tmp_path), "--no-repro"])
+    code = main(["fuzz", "--sut", "paddle-dcp", "--time", "1", "--out", str(tmp_path), "--no-repro"])
     err = capsys.readouterr().err
     assert code == 2 and "--coverage off" in err and "Traceback" not in err
