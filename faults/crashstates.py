@@ -33,9 +33,11 @@ Limitations (by design; each is a reason to read a verdict with care, not a sile
 * No reordering within a file beyond the torn variants, no combinations of faults (one lost file *or* one lost
   directory entry per state), no lost metadata other than names (sizes and modes persist with the data), and no
   block-granular loss: a lost file loses all its unsynced data.
-* File offsets are tracked per open file, keyed by (fd number, path of the open file), because strace ``-f``
-  prints thread ids and threads share one fd table: two processes that independently open the same path at the
-  same fd number would share an offset. An fd opened before the recording has no known offset until an lseek.
+* File offsets are tracked per open file description, reached through a process's fd table by (fd number, path
+  of the open file). strace ``-f`` prints thread ids: a thread uses the table of the process it belongs to (known
+  for the threads a recording started with, ``Recording.processes``, and from the clone that made a later one), a
+  forked child starts with a copy of its parent's table whose fds share the parent's descriptions (and offsets).
+  An fd opened before the recording has no known offset until an lseek.
 * Relative paths of non-``*at`` calls resolve against the process's working directory as last seen (a traced
   ``chdir``/``fchdir`` or an ``AT_FDCWD<dir>`` it printed). Record with ``capture_data=True``, which also traces
   chdir, fchdir and mkdirat (``strace.STATE_SYSCALLS``); without them a program that changes directory can be
@@ -80,7 +82,7 @@ _RES = re.compile(r"^(-?\d+)(?:<(.*)>)?(\(deleted\))?")
 _CWD = re.compile(r"AT_FDCWD<(.*?)>")
 _AT_FDCWD = -100
 #: Calls that touch the root without naming it: syncs of every file system, and the cwd relative paths resolve in.
-_ROOTLESS = frozenset(("sync", "syncfs", "chdir", "fchdir"))
+_ROOTLESS = frozenset(("sync", "syncfs", "chdir", "fchdir", "clone", "clone3", "fork", "vfork"))
 
 
 def _unrooted(args: str) -> bool:
@@ -145,7 +147,7 @@ class _Desc:
 
 
 class _Parser:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, processes: Mapping[int, int] | None = None) -> None:
         r = os.path.normpath(os.path.abspath(root))
         self.roots = tuple(dict.fromkeys((r, os.path.realpath(r))))
         # The root as strace prints it in a path or an fd's annotation: plain, or every byte in hex (``-xx``).
@@ -153,7 +155,9 @@ class _Parser:
                                                                                   os.fsencode(r)))))
         self.cwd: dict[int, str] = {}
         self.last_cwd: str | None = None
-        self.descs: dict[tuple[int, str], _Desc] = {}
+        #: (fd table, fd number, path of the open file) -> its description; a table is named by its process's id
+        self.descs: dict[tuple[int, int, str], _Desc] = {}
+        self.table_of: dict[int, int] = dict(processes or {})  # thread id -> the process whose fd table it uses
         self.ops: list[FsOp] = []
         self.c: Syscall | None = None
         self.seq = -1
@@ -182,6 +186,11 @@ class _Parser:
         fd = _AT_FDCWD if m.group(1) == "AT_FDCWD" else int(m.group(1))
         path = None if m.group(2) is None else os.fsdecode(_unescape(m.group(2)))
         return fd, path, m.group(3) is not None
+
+    def key(self, fd: int, path: str) -> tuple[int, int, str]:
+        """Where the calling thread's fd ``fd`` open on ``path`` is found: in its process's table."""
+        pid = self.c.pid
+        return self.table_of.get(pid, pid), fd, path
 
     def string(self, arg: str) -> tuple[bytes, bool]:
         m = _QSTR.match(arg)
@@ -256,7 +265,7 @@ class _Parser:
         full = self.path(dirarg, patharg)
         fd, fdpath, _ = self.result()
         if fdpath is not None:
-            self.descs.pop((fd, fdpath), None)  # the fd number is reused: a new open file
+            self.descs.pop(self.key(fd, fdpath), None)  # the fd number is reused: a new open file
         rel = self.rel(full)
         if rel is None:
             return
@@ -266,7 +275,7 @@ class _Parser:
             raise self.err("open without the fd's path: record with strace -y")
         idx = self.emit("open", rel, create="O_CREAT" in flags, trunc="O_TRUNC" in flags, excl="O_EXCL" in flags,
                         is_dir="O_DIRECTORY" in flags)
-        self.descs[(fd, fdpath)] = _Desc(idx, 0, "O_APPEND" in flags)
+        self.descs[self.key(fd, fdpath)] = _Desc(idx, 0, "O_APPEND" in flags)
 
     def on_write(self, a: list[str]) -> None:
         name = self.c.name
@@ -284,7 +293,7 @@ class _Parser:
             raise self.err(f"written buffer cut off in the trace ({len(data)} of {ret} bytes printed; more than "
                            f"strace -s {CAPTURE_LIMIT} or not recorded with capture_data=True)")
         data = data[:ret]
-        desc = self.descs.get((fd, fdpath))
+        desc = self.descs.get(self.key(fd, fdpath))
         append = (desc is not None and desc.append) or (name == "pwritev2" and "RWF_APPEND" in a[4])
         positional = name in ("pwrite64", "pwritev") or (name == "pwritev2" and int(a[3]) != -1)
         offset = int(a[3]) if positional else 0
@@ -303,7 +312,7 @@ class _Parser:
     def on_lseek(self, a: list[str]) -> None:
         fd, fdpath, _ = self.fd(a[0])
         if self.rel(fdpath) is not None:
-            self.descs.setdefault((fd, fdpath), _Desc(None, None, False)).offset = self.result()[0]
+            self.descs.setdefault(self.key(fd, fdpath), _Desc(None, None, False)).offset = self.result()[0]
 
     def on_fd_op(self, a: list[str]) -> None:
         """ftruncate, fsync, fdatasync, syncfs."""
@@ -314,7 +323,7 @@ class _Parser:
         if self.c.name == "syncfs":
             self.emit("sync", "")
             return
-        desc = self.descs.get((fd, fdpath))
+        desc = self.descs.get(self.key(fd, fdpath))
         handle = desc.handle if desc is not None else None
         if deleted and handle is None:
             return
@@ -339,11 +348,11 @@ class _Parser:
         exchange = self.c.name == "renameat2" and "RENAME_EXCHANGE" in a[4]
         rs, rd = self.rel(src), self.rel(dst)
         moved = {}
-        for fd, p in list(self.descs):  # open files follow their new name (both ways for an exchange)
+        for table, fd, p in list(self.descs):  # open files follow their new name (both ways for an exchange)
             if p == src or p.startswith(src + "/"):
-                moved[(fd, dst + p[len(src):])] = self.descs.pop((fd, p))
+                moved[(table, fd, dst + p[len(src):])] = self.descs.pop((table, fd, p))
             elif exchange and (p == dst or p.startswith(dst + "/")):
-                moved[(fd, src + p[len(dst):])] = self.descs.pop((fd, p))
+                moved[(table, fd, src + p[len(dst):])] = self.descs.pop((table, fd, p))
         self.descs.update(moved)
         if rs is None and rd is None:
             return
@@ -386,16 +395,29 @@ class _Parser:
     def on_close(self, a: list[str]) -> None:
         fd, fdpath, _ = self.fd(a[0])
         if fdpath is not None:
-            self.descs.pop((fd, fdpath), None)
+            self.descs.pop(self.key(fd, fdpath), None)
+
+    def on_fork(self, a: list[str]) -> None:
+        """A thread (or a clone sharing the fd table) uses its parent's table; a forked child starts with a copy of
+        it whose fds share the parent's open file descriptions."""
+        child = int(self.result()[0])
+        table = self.table_of.get(self.c.pid, self.c.pid)
+        if "CLONE_FILES" in self.c.args or "CLONE_THREAD" in self.c.args:
+            self.table_of[child] = table
+            return
+        self.table_of[child] = child
+        for (owner, fd, path), desc in list(self.descs.items()):
+            if owner == table:  # the child may have run (and opened) before its parent's clone returned
+                self.descs.setdefault((child, fd, path), desc)
 
     def on_dup(self, a: list[str]) -> None:
         if self.c.name == "fcntl" and not a[1].startswith("F_DUPFD"):
             return
         fd, fdpath, _ = self.fd(a[0])
         new, newpath, _ = self.result()
-        desc = self.descs.get((fd, fdpath or ""))
+        desc = self.descs.get(self.key(fd, fdpath or ""))
         if desc is not None and newpath is not None:
-            self.descs[(new, newpath)] = desc
+            self.descs[self.key(new, newpath)] = desc
 
     def on_chdir(self, a: list[str]) -> None:
         where = self.fd(a[0])[1] if self.c.name == "fchdir" else self.path(None, a[0])
@@ -456,6 +478,7 @@ _HANDLERS = {
     **dict.fromkeys(("mmap", "mmap2", "fallocate", "copy_file_range", "sendfile", "sendfile64", "splice"),
                     _Parser.on_unsupported_fd),
     "openat2": _Parser.on_openat2,
+    **dict.fromkeys(("clone", "clone3", "fork", "vfork"), _Parser.on_fork),
 }
 
 
@@ -470,7 +493,7 @@ def fs_ops(recording: Recording | Sequence[Syscall], root: str | os.PathLike[str
     if isinstance(recording, Recording) and key in recording.fs_ops_by_root:
         return list(recording.fs_ops_by_root[key])
     calls = recording.all_calls if isinstance(recording, Recording) else list(recording)
-    parser = _Parser(key)
+    parser = _Parser(key, recording.processes if isinstance(recording, Recording) else None)
     for seq, c in enumerate(calls):
         parser.feed(seq, c)
     ops = parser.finish()

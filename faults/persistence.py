@@ -11,14 +11,15 @@ Two rules, over the op's file-system ops (faults/fsmodel.FsOp, in completion ord
   fsynced and every entry it created (files, directories, renames) its directory fsynced.
 
 ``sync`` makes everything durable. A name shorter than ``MIN_NAME`` characters is not looked for (too many chance
-matches), and a bare name resolves from the record's directory. Files the op writes and later unlinks
-(temporaries) are not required to be durable, and a record the op removes before it returns (a scratch manifest
-in a private directory) vouches for nothing.
+matches), nor one inside a longer word, and a bare name resolves from the record's directory. Files the op writes
+and later unlinks (temporaries) are not required to be durable, and a record the op removes before it returns (a
+scratch manifest in a private directory) vouches for nothing.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -241,12 +242,20 @@ def _named(record: str, content: bytes, path: str) -> bool:
     name in a sibling directory (each family's metadata names its own ``0_0.distcp``); a file elsewhere is named
     by its path from the record's directory, or from the root."""
     name = os.path.basename(path)
-    if len(name) < MIN_NAME or name.encode() not in content:
+    if len(name) < MIN_NAME or not _mentions(content, name):
         return False
     home = os.path.dirname(record)
     if not home or path.startswith(home + "/"):
         return True
-    return os.path.relpath(path, home).encode() in content or path.encode() in content
+    return _mentions(content, os.path.relpath(path, home)) or _mentions(content, path)
+
+
+def _mentions(content: bytes, name: str) -> bool:
+    """Whether ``name`` occurs in ``content`` other than inside a longer word: a directory ``optimizer_state`` is
+    not named by a pickled option ``fuse_optimizer_states``. Wordy on one side only still counts (a pickled
+    string's length byte may be a letter)."""
+    text = re.escape(name.encode())
+    return re.search(rb"(?<![A-Za-z0-9_])" + text + rb"|" + text + rb"(?![A-Za-z0-9_])", content) is not None
 
 
 def _path_of(trace: _Trace, inode: _Inode, fallback: str) -> str:

@@ -150,6 +150,9 @@ class StateFault(Fault):
     state: dict
     schedule: list[int] | None = None
 
+    def __post_init__(self) -> None:
+        _check_schedule(self.schedule)
+
 
 @dataclass(frozen=True, kw_only=True)
 class CorruptFault(Fault):
@@ -216,11 +219,17 @@ class PowerFault(DrawnFault):
 @dataclass(frozen=True, kw_only=True)
 class RecordFault(Fault):
     """No fault: trace the op's IO (with the written bytes when ``capture``; the root as it was before the op kept
-    beside it when ``keep_base``), to enumerate crash points and states from."""
+    beside it when ``keep_base``), to enumerate crash points and states from. A recorded save judged by its IO
+    alone keeps the interleaving its verdict was found under (``schedule``, the rank of each IO op, as a state
+    fault's): ranks and their writers race, and the replay judges a new run's IO rearranged into it."""
 
     kind = "record"
     capture: bool | None = None
     keep_base: bool | None = None
+    schedule: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        _check_schedule(self.schedule)
 
 
 FAULT_TYPES: dict[str, type[Fault]] = {cls.kind: cls for cls in (
@@ -259,6 +268,12 @@ def _params(cls: type[Fault]) -> list:
 def _check_op(op: object, n_ops: int) -> None:
     if not isinstance(op, int) or isinstance(op, bool) or not 0 <= op < n_ops:
         raise FaultSpecError(f"fault op must be the index of one of the case's {n_ops} ops, got {op!r}")
+
+
+def _check_schedule(schedule: object) -> None:
+    if schedule is not None and not (isinstance(schedule, list) and all(
+            isinstance(s, int) and not isinstance(s, bool) for s in schedule)):
+        raise FaultSpecError(f"schedule must be a list of stream numbers (ints), got {str(schedule)[:80]}")
 
 
 def _int(value: object, name: str, low: int = 1) -> int:

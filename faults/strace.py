@@ -49,6 +49,7 @@ STATE_SYSCALLS: tuple[str, ...] = (
     *DEFAULT_SYSCALLS, "creat", "open", "writev", "pwritev", "pwritev2", "lseek", "truncate", "rmdir", "link",
     "linkat", "symlink", "symlinkat", "chdir", "fchdir", "mkdirat",
     "sync", "syncfs", "sync_file_range", "close", "dup", "dup2", "dup3", "fcntl",
+    "clone", "clone3", "fork", "vfork",  # which fd table a thread or child process uses
 )
 ERRNO_NAMES = ("ENOSPC", "EIO", "EDQUOT")
 #: ``-s`` for data capture: strace prints written buffers up to this many bytes (longer ones end in ``...``).
@@ -101,6 +102,9 @@ class Recording:
     #: The file-system ops under a root parsed from ``all_calls`` (faults.crashstates.fs_ops), by root: the crash
     #: states and the persistence-order check of one recording read the same ones.
     fs_ops_by_root: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    #: Thread id -> the process it belongs to, for the threads of processes already running when the recording
+    #: started (an attach); threads started later are known from their clone calls.
+    processes: dict[int, int] = field(default_factory=dict, compare=False)
 
 
 @dataclass
@@ -212,8 +216,10 @@ def _run(argv: list[str], timeout: float, env: Mapping[str, str] | None, cwd: st
     return rc, _tail(out), _tail(err), timed_out, time.monotonic() - t0
 
 
-def _threads(pids: Sequence[int]) -> dict[int, int]:
-    out: dict[int, int] = {}
+def _threads(pids: Sequence[int]) -> dict[int, tuple[int, int]]:
+    """Thread id -> (the pid of ``pids`` whose tree it is in, the process it belongs to), for every thread of those
+    processes and their descendants."""
+    out: dict[int, tuple[int, int]] = {}
     for pid in pids:
         try:
             root = psutil.Process(pid)
@@ -222,10 +228,10 @@ def _threads(pids: Sequence[int]) -> dict[int, int]:
             continue
         for proc in procs:
             try:
-                out.update({t.id: pid for t in proc.threads()})
+                out.update({t.id: (pid, proc.pid) for t in proc.threads()})
             except psutil.Error:
                 continue
-            out[proc.pid] = pid
+            out[proc.pid] = (pid, proc.pid)
     return out
 
 
@@ -307,6 +313,7 @@ class Attached:
         #: thread id -> attached pid, for every thread of the attached processes and their descendants at attach
         #: time (with ``capture_data`` clone/fork calls are traced too, so later children can be placed as well).
         self.initial_tids: dict[int, int] = {}
+        self._processes: dict[int, int] = {}
         self._tmp: tempfile.TemporaryDirectory | None = None
         self._proc: subprocess.Popen | None = None
         self._t0 = 0.0
@@ -314,9 +321,10 @@ class Attached:
     def __enter__(self) -> Attached:
         self._tmp = tempfile.TemporaryDirectory(prefix="ckpt-strace-")
         trace, err = os.path.join(self._tmp.name, "trace"), os.path.join(self._tmp.name, "stderr")
-        syscalls = (*self.syscalls, "clone", "clone3", "fork", "vfork") if self.capture_data else self.syscalls
-        argv = ["strace", "-f", *_trace_options(syscalls, self.capture_data), "-o", trace]
-        self.initial_tids = _threads(self.pids)
+        argv = ["strace", "-f", *_trace_options(self.syscalls, self.capture_data), "-o", trace]
+        threads = _threads(self.pids)
+        self.initial_tids = {tid: root for tid, (root, _) in threads.items()}
+        self._processes = {tid: process for tid, (_, process) in threads.items()}
         if self.inject is not None:
             argv += _inject_options(*self.inject)
         tree = _processes(self.pids)
@@ -330,6 +338,10 @@ class Attached:
         while True:  # strace reports "Process N attached" once each tracee is stopped and traced
             attached = {int(m) for m in re.findall(r"Process (\d+) attached", _read(err))}
             if set(tree) <= attached | {p for p in tree if not _running(p)}:
+                # A thread started between the first look and the attach made no clone strace saw: look again.
+                for tid, (root, process) in _threads(self.pids).items():
+                    self.initial_tids.setdefault(tid, root)
+                    self._processes.setdefault(tid, process)
                 return self
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self._stop()
@@ -371,6 +383,7 @@ class Attached:
         all_calls, self.killed_pids = parse_trace(self._stop())
         self.recording = _recording([f"pid {p}" for p in self.pids], all_calls, self.path_filter, None, "", "", False,
                                     time.monotonic() - self._t0)
+        self.recording.processes = self._processes
         if self.inject is not None:
             syscall, _, action, _ = self.inject
             # The call's own thread may be logged as killed only after the detach: any death in the tree will do.

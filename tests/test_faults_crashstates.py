@@ -279,6 +279,7 @@ def _ops(text: str, root: str = "/r") -> list[FsOp]:
 
 
 SYNTHETIC = """\
+10 clone(child_stack=0x7f, flags=CLONE_VM|CLONE_FS|CLONE_FILES|CLONE_SIGHAND|CLONE_THREAD|CLONE_SYSVSEM) = 11
 10 mkdir("/r/sub", 0777) = 0
 10 chdir("/r/sub") = 0
 10 mkdir("deep", 0777) = 0
@@ -323,6 +324,39 @@ def test_synthetic_trace_offsets_threads_dup_deleted_failed_and_outside_calls(tm
     assert [st for st in states if st.kind == "prefix" or st.prefix == n] == \
         [st for st in limited if st.kind == "prefix" or st.prefix == n]
     assert enumerate_states(ops, limit=10_000) == states and enumerate_states(ops, limit=10_000).dropped == 0
+
+
+# Two writer processes forked from one parent each open the same file at the same fd number: their offsets are
+# their own, and one's close leaves the other's fd open. A forked child shares its parent's open description.
+PROCESSES = """\
+10 openat(AT_FDCWD</r>, "/r/log", O_WRONLY|O_CREAT|O_TRUNC, 0644) = 4</r/log>
+10 write(4</r/log>, "p", 1) = 1
+10 clone(child_stack=NULL, flags=CLONE_CHILD_CLEARTID|CLONE_CHILD_SETTID|SIGCHLD, child_tidptr=0x7f) = 20
+10 clone3({flags=CLONE_VM|CLONE_VFORK, exit_signal=SIGCHLD, stack=0x7f, stack_size=0x9000}, 88) = 30
+20 openat(AT_FDCWD</r>, "/r/f", O_WRONLY|O_CREAT|O_TRUNC, 0644) = 3</r/f>
+30 openat(AT_FDCWD</r>, "/r/f", O_WRONLY|O_CREAT, 0644) = 3</r/f>
+20 write(3</r/f>, "abcd", 4) = 4
+30 write(3</r/f>, "xy", 2) = 2
+20 close(3</r/f>) = 0
+30 write(3</r/f>, "z", 1) = 1
+20 write(4</r/log>, "c", 1) = 1
+10 write(4</r/log>, "P", 1) = 1
+31 write(3</r/f>, "!", 1) = 1
+"""
+
+
+def test_each_process_has_its_own_fd_table_and_a_fork_shares_its_parents_offsets() -> None:
+    ops = fs_ops(strace.parse_trace(PROCESSES.replace("31 write", "30 write"))[0], "/r")
+    assert [op.describe() for op in ops] == [
+        "open log (O_CREAT|O_TRUNC)", "write log @0 +1 bytes", "open f (O_CREAT|O_TRUNC)", "open f (O_CREAT)",
+        "write f @0 +4 bytes", "write f @0 +2 bytes", "write f @2 +1 bytes", "write log @1 +1 bytes",
+        "write log @2 +1 bytes", "write f @3 +1 bytes"]
+    # A thread of process 30 that was running when the recording started: the recording says whose table it uses.
+    recording = strace.Recording([], 0, [], strace.parse_trace(PROCESSES)[0], "", "", False, 0.0)
+    with pytest.raises(FaultSpecError, match="unknown offset"):
+        fs_ops(recording, "/r")
+    recording = strace.Recording([], 0, [], strace.parse_trace(PROCESSES)[0], "", "", False, 0.0, processes={31: 30})
+    assert [op.describe() for op in fs_ops(recording, "/r")][-1] == "write f @3 +1 bytes"
 
 
 @pytest.mark.parametrize(("text", "match"), [

@@ -10,13 +10,16 @@ import dataclasses
 import pytest
 
 from faults import strace
+from faults.errors import FaultSpecError
 from faults.fsmodel import FsOp
 from faults.persistence import NOT_DURABLE, RECORD_BEFORE_DATA, order_violations
 from faults.spec import PowerFault, RecordFault
 from harness.campaign.explore import shape_case
 from harness.judging.judge import Judge
+from harness.judging.persistence_order import found_under, order_judgement
 from harness.ranks.runners import Runners
 from harness.sut import adapter_class
+from properties.model.outcome import Outcome
 
 needs_strace = pytest.mark.skipif(not strace.available(), reason="needs strace with ptrace permitted")
 
@@ -183,6 +186,25 @@ def test_a_bare_name_names_a_file_beside_the_record_not_one_in_a_sibling_directo
         (RECORD_BEFORE_DATA, "step-1/model/0.metadata", "step-1/ema/0_0.distcp")}
 
 
+@pytest.mark.parametrize(("args", "vouches"), [
+    (b"\x8c\x15fuse_optimizer_states\x94\x89", False),  # an option whose name holds the directory's
+    (b"\x8c\x0foptimizer_state\x94", True), (b'"dir": "optimizer_state/"', True),
+    (b"Xoptimizer_state\x94", True),  # a pickled string's length byte may read as a letter
+])
+def test_a_name_inside_a_longer_word_names_nothing(args: bytes, vouches: bool) -> None:
+    """A record of options (a pickled TrainingArguments) written while the ``optimizer_state`` directory's entry
+    is not yet durable vouches for it only if it names it, not where a longer word holds the name."""
+    t = _Ops()
+    t.add("mkdir", "ckpt/optimizer_state")
+    t.file("ckpt/optimizer_state/0_0.distcp", b"\x07" * 16)
+    t.dir_fsync("ckpt/optimizer_state")
+    t.file("ckpt/training_args.bin.tmp", args)
+    t.add("rename", "ckpt/training_args.bin.tmp", new_path="ckpt/training_args.bin")
+    t.dir_fsync("ckpt")
+    found = (RECORD_BEFORE_DATA, "ckpt/training_args.bin", "ckpt/optimizer_state") in _rules(t.ops)
+    assert found == vouches
+
+
 def test_an_entry_never_made_durable_is_reported_at_return() -> None:
     t = _Ops()
     t.file("model.pdparams", b"\x04" * 8)  # data fsynced, but the directory never is
@@ -224,5 +246,46 @@ def test_a_drawn_fault_case_judges_its_recorded_save_apart_from_its_verdict(sut:
         assert outcome.order is None
         return
     record, order = outcome.order
-    assert record.fault == RecordFault(op=0, capture=True) and record.ops == case.ops
+    assert record.fault == RecordFault(op=0, capture=True, schedule=record.fault.schedule) and record.ops == case.ops
+    assert set(record.fault.schedule) <= {-2, 0, 1}  # the interleaving it was found under, by rank
     assert order.verdict.value == "data-loss" and "a power loss may lose it" in order.details[0], order.details
+
+
+# Rank 1's worker writes its shard while rank 0's writes the metadata that names it; nothing orders the two.
+RACE = """\
+10 openat(AT_FDCWD</r>, "/r/ck/1_0.distcp", O_WRONLY|O_CREAT|O_TRUNC, 0644) = 3</r/ck/1_0.distcp>
+10 write(3</r/ck/1_0.distcp>, "\\x01\\x02", 2) = 2
+10 fsync(3</r/ck/1_0.distcp>) = 0
+10 openat(AT_FDCWD</r>, "/r/ck", O_RDONLY|O_DIRECTORY) = 4</r/ck>
+10 fsync(4</r/ck>) = 0
+20 openat(AT_FDCWD</r>, "/r/ck/0.metadata.tmp", O_WRONLY|O_CREAT|O_TRUNC, 0644) = 3</r/ck/0.metadata.tmp>
+20 write(3</r/ck/0.metadata.tmp>, "1_0.distcp", 10) = 10
+20 fsync(3</r/ck/0.metadata.tmp>) = 0
+20 rename("/r/ck/0.metadata.tmp", "/r/ck/0.metadata") = 0
+20 openat(AT_FDCWD</r>, "/r/ck", O_RDONLY|O_DIRECTORY) = 4</r/ck>
+20 fsync(4</r/ck>) = 0
+"""
+
+
+def test_a_recorded_save_is_judged_in_the_interleaving_its_case_keeps() -> None:
+    """Ranks' writers race: a run where the shard happened to come first keeps the contract, the interleaving the
+    finding was made under does not. The case keeps that interleaving and a replay judges any run in it; a run
+    whose IO per rank differs (a fix) is judged as it ran."""
+    case = dataclasses.replace(shape_case("reference", adapter_class("reference").capabilities, 2, "S"),
+                               fault=RecordFault(op=0, capture=True))
+    outcome = Outcome("reference")
+    recording = strace.Recording([], 0, [], strace.parse_trace(RACE)[0], "", "", False, 0.0)
+    outcome.trace = ("/r", recording, {10: 1, 20: 0})
+    assert order_judgement(case, outcome) is None
+    found_on = found_under(case, outcome)
+    ones = found_on.schedule.count(1)
+    assert found_on.schedule == [1] * ones + [0] * (len(found_on.schedule) - ones) and 0 < ones < len(found_on.schedule)
+    reversed_ = sorted(found_on.schedule)  # rank 0's metadata first
+    metadata_first = dataclasses.replace(case, fault=dataclasses.replace(found_on, schedule=reversed_))
+    broken = order_judgement(metadata_first, outcome)
+    assert broken is not None and "ck/N.metadata vouches for ck/N_N.distcp" in broken.details[0], broken.details
+    assert found_under(metadata_first, outcome) is metadata_first.fault
+    other_io = dataclasses.replace(case, fault=dataclasses.replace(found_on, schedule=reversed_[1:]))
+    assert order_judgement(other_io, outcome) is None
+    with pytest.raises(FaultSpecError, match="schedule"):
+        RecordFault(op=0, capture=True, schedule=[0, "1"])

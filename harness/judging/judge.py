@@ -17,7 +17,7 @@ from faults.spec import PowerFault, RecordFault, StateFault
 from harness.fixes import FIXED_BY, FIXES, own_fixes
 from harness.judging.fault_runs import Traced, crashstates, judge_alone, judge_crash_states, judge_points, traced
 from harness.judging.iomap import place, timeline
-from harness.judging.persistence_order import order_judgement
+from harness.judging.persistence_order import found_under, order_judgement
 from harness.judging.run import run_case
 from harness.ranks.runners import Runners
 from harness.sut import REGISTRY
@@ -255,6 +255,7 @@ class Judge:
             order = order_judgement(case, outcome)  # a recorded save: its IO judged against the contract
             if order is not None:
                 judgement = worst([judgement, order]) or order
+                outcome.resolved_fault = found_under(case, outcome)
             faulted = case.fault is not None and not judgement.ok
             return (self._charge_to_fault(case, judgement) if faulted else judgement), outcome
         if checker is Checker.ORACLE:
@@ -274,6 +275,8 @@ class Judge:
         with traced(case, self.runners) as t:
             record = dataclasses.replace(case, fault=RecordFault(op=t.op, capture=True))
             broken = order_judgement(record, t.outcome)
+            if broken is not None:
+                record = dataclasses.replace(record, fault=found_under(record, t.outcome))
             judgement, outcome = self._drawn_traced(case, t)
         outcome.order = (record, broken) if broken is not None else None
         return judgement, outcome

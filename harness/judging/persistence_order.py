@@ -4,9 +4,13 @@ recorded op, so the finding replays like any other."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from faults.crashstates import fs_ops
+from faults.errors import TraceMismatch
+from faults.fsmodel import FsOp
+from faults.interleave import follow, schedule_of
 from faults.persistence import order_violations
 from faults.spec import RecordFault
 from properties.check.anomalies import At, PersistenceOrder, judged
@@ -26,8 +30,7 @@ def order_judgement(case: Case, outcome: Outcome) -> Judgement | None:
     or None where it keeps them all (or nothing was recorded)."""
     if not is_order_case(case) or outcome.trace is None or outcome.trace[1] is None:
         return None
-    root, recording = outcome.trace[0], outcome.trace[1]
-    found = order_violations(fs_ops(recording, root))
+    found = order_violations(judged_ops(case, outcome))
     if not found:
         return None
     op = case.fault.op
@@ -45,3 +48,24 @@ def order_judgement(case: Case, outcome: Outcome) -> Judgement | None:
 def _masked(name: str) -> str:
     """Digits masked: the rule broken and the kind of file, not which step or rank."""
     return re.sub(r"\d+", "N", name)
+
+
+def judged_ops(case: Case, outcome: Outcome) -> list[FsOp]:
+    """The recorded op's IO in the interleaving the case keeps (its ``schedule``), or as this run made it where the
+    case keeps none or this run's IO differs per rank from the one it was found on (a fix changed it)."""
+    root, recording, tid_stream = outcome.trace
+    ops = fs_ops(recording, root)
+    if case.fault.schedule is None:
+        return ops
+    try:
+        return follow(ops, recording, tid_stream, case.fault.schedule)
+    except TraceMismatch:
+        return ops
+
+
+def found_under(case: Case, outcome: Outcome) -> RecordFault:
+    """The case's record fault with the interleaving this run judged (a finding replays under it)."""
+    if case.fault.schedule is not None:
+        return case.fault
+    root, recording, tid_stream = outcome.trace
+    return dataclasses.replace(case.fault, schedule=schedule_of(fs_ops(recording, root), recording, tid_stream))

@@ -170,7 +170,9 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
             for hook in range(manager.pipeline_hooks_steps):
                 manager.zcc_pipeline_hook(hook)
             manager.sync_offload_status()
-        while not handle.signal.exists():  # the worker's last file of the dump: ZCC's own "this rank is done"
+        # The worker's last file of the dump, and then the worker idle again: ZCC's own "this rank is done" (the
+        # dump task has returned, so whatever it does after the signal's write is part of the save).
+        while not handle.signal.exists() or not _idle(manager):
             manager.report_error_worker()  # ZCC's own check: a worker that failed its dump says so
             time.sleep(0.01)
 
@@ -272,15 +274,19 @@ def _job_start(case: Any, index: int) -> int:
     return 0
 
 
-def _settle(manager: Any) -> None:
-    """Until every live worker is idle (or failed), within ``SETTLE_S``: a worker that never gets there is left
-    to the save, whose own wait shows it."""
+def _idle(manager: Any) -> bool:
+    """Whether every live worker is idle or has failed: none is offloading or dumping."""
     from paddleformers.trainer.utils.zero_cost_checkpoint import ZCCWorkerStatus
 
     done = {ZCCWorkerStatus.IDLE.value, ZCCWorkerStatus.ERROR.value}
+    return all(w.status.value in done for w, p in zip(manager.workers, manager.processes) if p.is_alive())
+
+
+def _settle(manager: Any) -> None:
+    """Until every live worker is idle (or failed), within ``SETTLE_S``: a worker that never gets there is left
+    to the save, whose own wait shows it."""
     deadline = time.monotonic() + SETTLE_S
-    while time.monotonic() < deadline and any(
-            w.status.value not in done for w, p in zip(manager.workers, manager.processes) if p.is_alive()):
+    while time.monotonic() < deadline and not _idle(manager):
         time.sleep(0.01)
 
 

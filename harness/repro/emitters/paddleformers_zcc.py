@@ -174,14 +174,19 @@ def save(name, pieces, async_save=False, detach=False):
 def finish(writer):
     """Until the worker has written the save: first the copy out of the buffers, as ZCC's finalize drives it when
     nothing trains on (a job that trains on drives it from its micro-steps), then the dump, until the worker's
-    saved_signal_<rank>, ZCC's own "this rank is done"; a worker that failed says so (ZCC's own check)."""
+    saved_signal_<rank> and the worker idle again, ZCC's own "this rank is done"; a worker that failed says so
+    (ZCC's own check)."""
     job, done = writer
     manager = job.trainer.zcc_manager
     if not job.finished and job.at[0] == BEGIN and manager.current_worker is not None:
         for hook in range(manager.pipeline_hooks_steps):
             manager.zcc_pipeline_hook(hook)
         manager.sync_offload_status()
-    while not os.path.exists(done):
+    from paddleformers.trainer.utils.zero_cost_checkpoint import ZCCWorkerStatus
+
+    idle = (ZCCWorkerStatus.IDLE.value, ZCCWorkerStatus.ERROR.value)
+    while not os.path.exists(done) or any(
+            w.status.value not in idle for w, p in zip(manager.workers, manager.processes) if p.is_alive()):
         manager.report_error_worker()
         time.sleep(0.01)
 
