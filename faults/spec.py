@@ -221,15 +221,21 @@ class RecordFault(Fault):
     """No fault: trace the op's IO (with the written bytes when ``capture``; the root as it was before the op kept
     beside it when ``keep_base``), to enumerate crash points and states from. A recorded save judged by its IO
     alone keeps the interleaving its verdict was found under (``schedule``, the rank of each IO op, as a state
-    fault's): ranks and their writers race, and the replay judges a new run's IO rearranged into it."""
+    fault's): ranks and their writers race, and the replay judges a new run's IO rearranged into it. Where a
+    rank's IO depends on its peers' progress (a writer that walks the directory), no other run has the same IO: a
+    ``lead`` rank's long-lived writers then run first, the other ranks' are held until its op has returned (within
+    a grace), so the interleaving is made, not replayed."""
 
     kind = "record"
     capture: bool | None = None
     keep_base: bool | None = None
     schedule: list[int] | None = None
+    lead: int | None = None
 
     def __post_init__(self) -> None:
         _check_schedule(self.schedule)
+        if self.lead is not None:
+            _int(self.lead, "lead", low=0)
 
 
 FAULT_TYPES: dict[str, type[Fault]] = {cls.kind: cls for cls in (

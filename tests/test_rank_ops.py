@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
 import psutil
 import pytest
 
+from faults.spec import RecordFault
 from harness.ranks import rankops
 from harness.ranks.rankops import RankExecutor
 from properties.model.case import Op
@@ -82,6 +84,7 @@ class _OneStalledSave:
         self.training = None
         self.options: dict = {}
         self.ops = [Op("save", "step-1", 1, use_async=True, detach=True, stall=True)]
+        self.fault: RecordFault | None = None
 
     def op_layouts(self, index: int) -> str:
         return "save"
@@ -129,6 +132,41 @@ def test_a_save_that_waited_out_the_grace_leaves_its_writer_held_by_the_case(mon
         assert record["ok"], record
         executor.release()  # what the case's wait does
         assert executor.holds == []
+        time.sleep(0.5)  # a SIGSTOP sent now would show by then
+        assert psutil.Process(writer.pid).status() != psutil.STATUS_STOPPED
+    finally:
+        writer.kill()
+        writer.wait(timeout=30)
+
+
+class _OneRecordedSave(_OneStalledSave):
+    """A sync save whose recording makes rank ``lead``'s writers run first."""
+
+    def __init__(self, lead: int) -> None:
+        super().__init__()
+        self.ops = [Op("save", "step-1", 1)]
+        self.fault = RecordFault(op=0, capture=True, lead=lead)
+
+
+def test_a_lead_ranks_writers_run_first_and_the_others_wait_for_its_op(monkeypatch, tmp_path) -> None:
+    """A record fault's ``lead``: another rank's standing writer is held from before its save until the lead rank's
+    op has returned (its mark beside the root), not for a grace; the lead leaves that mark, even when its save
+    raises, and holds nothing of its own."""
+    monkeypatch.setattr(rankops, "LEAD_GRACE", 60.0)
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        follower = RankExecutor(_JobThatWaitsForItsWriter(writer), 1, 2)  # type: ignore[arg-type]
+        follower.case, follower.root = _OneRecordedSave(lead=0), root  # type: ignore[assignment]
+        lead = RankExecutor(_Writers(), 0, 2)  # type: ignore[arg-type]  # it cannot save: its call raises
+        lead.case, lead.root = _OneRecordedSave(lead=0), root  # type: ignore[assignment]
+        threading.Timer(1.0, lead.op, (0,)).start()
+        start = time.monotonic()
+        record = follower.op(0)
+        assert record["ok"], record
+        assert 1.0 <= time.monotonic() - start < 30  # let go by the lead's mark, not the grace
+        assert (tmp_path / ".lead-returned-0").exists() and not lead.holds and not follower.holds
         time.sleep(0.5)  # a SIGSTOP sent now would show by then
         assert psutil.Process(writer.pid).status() != psutil.STATUS_STOPPED
     finally:

@@ -123,6 +123,8 @@ def _injected_call(armed: ArmedFault, injector: Attached) -> None:
 
 
 def _recording(armed: ArmedFault, fault: RecordFault) -> Attached:
+    if fault.lead is not None:
+        armed.targets(fault.lead)  # a rank of the case
     if fault.keep_base:
         armed.keep_base()
     return Attached(armed.targets(), capture_data=bool(fault.capture))

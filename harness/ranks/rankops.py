@@ -28,6 +28,7 @@ from reference.training import initial_pieces, seen_live, train
 # CheckpointException derives from BaseException, so `except Exception` would let a clear load error kill the rank.
 FATAL = (SystemExit, KeyboardInterrupt)
 TRAIN_GRACE = 3.0  # seconds a train op runs with its job's writers held before they go on
+LEAD_GRACE = 10.0  # seconds a save holds its writers for the lead rank's op (a record fault's ``lead``) to return
 
 
 class RankExecutor:
@@ -86,16 +87,26 @@ class RankExecutor:
                 self.release()  # a SUT may let only one async save run at a time: a held one must go on first
                 tensors = self._live_tensors(index) if self.case.training else self.rank_tensors(
                     self.case.op_layouts(index), op.version, zeros=False)
+                lead = self._lead(index)
+                follows = lead not in (None, self.rank)
                 hold = WriterHold() if op.stall else None  # the writers the save starts, and names after it
-                standing = WriterHold() if op.stall else None  # long-lived writers, held before the call
-                if hold is not None and standing is not None:
-                    self.holds += [standing, hold]  # before the call: a save that raises must not leave one held
+                standing = WriterHold() if op.stall or follows else None  # long-lived writers, held before the call
+                if standing is not None:
+                    # before the call: a save that raises must not leave one held
+                    self.holds += [standing, *([hold] if hold is not None else [])]
                     standing.stop(self.adapter.standing_writers())  # held before the save hands them its work
-                with hold.capture() if hold is not None else contextlib.nullcontext(), \
-                        self._holds_yield_to_a_waiting_job(standing):
-                    handle = self.adapter.save(
-                        self.root, op.name, tensors, use_async=op.use_async, options=self._save_options(index)
-                    )
+                try:
+                    with hold.capture() if hold is not None else contextlib.nullcontext(), \
+                            self._holds_yield_to_a_waiting_job(standing, self._lead_done(index) if follows else None):
+                        handle = self.adapter.save(
+                            self.root, op.name, tensors, use_async=op.use_async, options=self._save_options(index)
+                        )
+                finally:
+                    if lead == self.rank:
+                        self._lead_done(index).touch()
+                if follows and not op.stall:
+                    self.holds.remove(standing)
+                    standing.release()
                 if hold is not None:
                     hold.stop(self.adapter.writer_pids(handle))
                 if op.use_async:
@@ -176,23 +187,44 @@ class RankExecutor:
             except BaseException:
                 pass
 
+    def _lead(self, index: int) -> int | None:
+        """The rank whose writers run first in op ``index``: a record fault's ``lead``."""
+        fault = self.case.fault if self.case is not None else None
+        return getattr(fault, "lead", None) if fault is not None and fault.op == index else None
+
+    def _lead_done(self, index: int) -> Path:
+        """The mark the lead rank leaves when its op ``index`` has returned: beside the root, in the case's own
+        directory (never judged as the op's IO, never met by another case)."""
+        assert self.root is not None
+        return self.root.parent / f".lead-returned-{index}"
+
     @contextlib.contextmanager
-    def _holds_yield_to_a_waiting_job(self, standing: WriterHold | None = None) -> Iterator[None]:
+    def _holds_yield_to_a_waiting_job(self, standing: WriterHold | None = None,
+                                      lead_done: Path | None = None) -> Iterator[None]:
         """Train (or save) with writers held: a job that goes on without waiting for its writer (the race a stalled
         save decides) is done long before ``TRAIN_GRACE``; one that waits for it (Zero-Cost Checkpointing's offload
         barrier, a worker's first update) gets it back then, so a correct wait is slow, never a hang. A save lets
         only its ``standing`` writers go: the writers it starts are stopped once it returns, so it cannot wait for
-        them, and a slow call must not free them early (the race the stall decides would be lost)."""
+        them, and a slow call must not free them early (the race the stall decides would be lost). A save that
+        follows a lead rank lets its writers go once the lead's op has returned (``lead_done``), or after
+        ``LEAD_GRACE``: a lead that waits for them is slow, never hung."""
         if not self.holds:
             yield
             return
-        timer = threading.Timer(TRAIN_GRACE, self.release if standing is None else standing.release)
+        done = threading.Event()
+        if lead_done is None:
+            timer = threading.Timer(TRAIN_GRACE, self.release if standing is None else standing.release)
+        else:
+            assert standing is not None
+            timer = threading.Thread(target=_release_when, args=(lead_done, standing, done))
         timer.daemon = True
         timer.start()
         try:
             yield
         finally:
-            timer.cancel()
+            done.set()
+            if isinstance(timer, threading.Timer):
+                timer.cancel()
 
     def release(self, kill: bool = False) -> None:
         """Let held writers go on (``kill``: SIGKILL held processes first; threads cannot be killed)."""
@@ -228,6 +260,16 @@ class RankExecutor:
                 error = error or exc
         if error is not None:
             raise error
+
+
+def _release_when(mark: Path, hold: WriterHold, done: threading.Event) -> None:
+    """Release ``hold`` once ``mark`` exists, or after ``LEAD_GRACE``; ``done``: the call returned (its caller
+    decides about the hold then)."""
+    deadline = time.monotonic() + LEAD_GRACE
+    while not mark.exists() and time.monotonic() < deadline:
+        if done.wait(0.01):
+            return
+    hold.release()
 
 
 def _pack(t: Tensor) -> tuple[str, tuple[int, ...], bytes]:
