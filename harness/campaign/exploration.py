@@ -183,12 +183,14 @@ class Exploration:
         concrete = dataclasses.replace(case, fault=RecordFault(op=op, capture=True))
         self.orders += 1
         try:
-            judgement, _ = judge(concrete)
+            judgement, outcome = judge(concrete)
         except Exception as exc:  # the op could not be recorded: the check stays undone, and says why
             self.errors.append(f"op {self.place.op} persistence order: {type(exc).__name__}: {exc}")
             return []
         if judgement.ok:
             return []
+        if outcome.resolved_fault is not None:  # with the interleaving it was found under
+            concrete = dataclasses.replace(concrete, fault=outcome.resolved_fault)
         return [(concrete, CrashResult(concrete.fault, "persistence order", judgement, confirmed=True))]
 
     def _control(self, shape: str, runners: Runners) -> tuple[Case, Judgement]:
