@@ -10,7 +10,7 @@ import contextlib
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,19 +212,13 @@ class RankExecutor:
             yield
             return
         done = threading.Event()
-        if lead_done is None:
-            timer = threading.Timer(TRAIN_GRACE, self.release if standing is None else standing.release)
-        else:
-            assert standing is not None
-            timer = threading.Thread(target=_release_when, args=(lead_done, standing, done))
-        timer.daemon = True
-        timer.start()
+        release = self.release if standing is None else standing.release
+        grace = TRAIN_GRACE if lead_done is None else LEAD_GRACE
+        threading.Thread(target=_release_after, args=(release, grace, done, lead_done), daemon=True).start()
         try:
             yield
         finally:
             done.set()
-            if isinstance(timer, threading.Timer):
-                timer.cancel()
 
     def release(self, kill: bool = False) -> None:
         """Let held writers go on (``kill``: SIGKILL held processes first; threads cannot be killed)."""
@@ -262,14 +256,18 @@ class RankExecutor:
             raise error
 
 
-def _release_when(mark: Path, hold: WriterHold, done: threading.Event) -> None:
-    """Release ``hold`` once ``mark`` exists, or after ``LEAD_GRACE``; ``done``: the call returned (its caller
-    decides about the hold then)."""
-    deadline = time.monotonic() + LEAD_GRACE
+def _release_after(release: Callable[[], None], grace: float, done: threading.Event, mark: Path | None) -> None:
+    """Call ``release`` after ``grace`` seconds, or once ``mark`` exists; never once ``done`` is set (the call
+    returned: its caller decides about the hold then)."""
+    if mark is None:
+        if not done.wait(grace):
+            release()
+        return
+    deadline = time.monotonic() + grace
     while not mark.exists() and time.monotonic() < deadline:
         if done.wait(0.01):
             return
-    hold.release()
+    release()
 
 
 def _pack(t: Tensor) -> tuple[str, tuple[int, ...], bytes]:
