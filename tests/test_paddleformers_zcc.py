@@ -81,11 +81,26 @@ def test_a_train_record_of_a_job_whose_ema_lives_elsewhere_is_judged_without_it(
     (lambda c: dataclasses.replace(c, options={**c.options, "format": "sharding_io"}), "format"),
     (lambda c: dataclasses.replace(c, ops=(Op("train", None, 1), Op("save", "step-1", 1), Op("load", "step-1", 1),
                                            Op("save", "step-1", 1))), "before the job has trained a step"),
+    (lambda c: dataclasses.replace(c, options={**c.options, "gradient_accumulation_steps": 3}), "micro-batches"),
+    (lambda c: dataclasses.replace(c, options={**c.options, "gradient_accumulation_steps": True}), "micro-batches"),
 ])
 def test_a_case_no_zcc_job_is_refused_before_any_launch(change, said: str) -> None:
     case = _case((Op("train", None, 2), Op("save", "step-2", 2), Op("load", "step-2", 2)), "P-EMA")
     assert PaddleFormersZccSut.refuses(case) is None
     assert said in (PaddleFormersZccSut.refuses(change(case)) or "")
+
+
+def test_the_micro_batches_a_step_accumulates_are_drawn_and_reach_the_job() -> None:
+    """One micro-batch per step is where ZCC's EMA offload is never sent (a finding): both counts are drawn, and the
+    Trainer's arguments carry the case's."""
+    from properties.generate.cases import Caps
+
+    assert Caps(PaddleFormersZccSut.capabilities).choices["gradient_accumulation_steps"] == [1, 2]
+    case = _case((Op("train", None, 2), Op("save", "step-2", 2), Op("load", "step-2", 2)), "P-EMA")
+    for micro in (1, 2):
+        args = PaddleFormersZccSut()._arguments(Path("r"), case.spec(), tuple(case.params()),
+                                                {"gradient_accumulation_steps": micro}, 2, 10)
+        assert args["gradient_accumulation_steps"] == micro
 
 
 def test_every_recorded_zcc_case_is_one_the_adapter_runs() -> None:

@@ -797,3 +797,45 @@ def test_a_repro_run_leaves_no_process_behind(tmp_path: Path) -> None:
             and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def _unbound_globals(text: str) -> set[str]:
+    """The names a script reads as globals that neither it (at module level, or through ``global`` in a function)
+    nor Python's builtins bind: each is a NameError when that line runs."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(text, "repro.py", "exec")
+    tables, bound, read = [top], set(dir(builtins)) | {"__file__"}, set()
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        for sym in table.get_symbols():
+            name = sym.get_name()
+            binds = sym.is_assigned() or sym.is_imported() or sym.is_namespace()
+            if binds and (table is top or sym.is_declared_global()):
+                bound.add(name)
+            if sym.is_referenced() and (table is top or sym.is_global()):
+                read.add(name)
+    return read - bound
+
+
+def test_every_script_binds_every_global_it_reads() -> None:
+    """A script is text put together from parts (an emitter's settings, another emitter's helpers): a name one part
+    reads and no part defines passes ``compile`` and fails only when the script runs. Every regression case that
+    scripts is checked, so a part that moves breaks here, not in a maintainer's hands."""
+    checked = 0
+    for path in sorted(REGRESSIONS.glob("*.json")):
+        case = read_case_file(path)[0]
+        try:
+            text = repro_py(script_case(case), "t", "s")
+        except ReproUnsupported:
+            continue
+        assert _unbound_globals(text) == set(), path.stem
+        checked += 1
+    assert checked >= 40
+
+
+def test_an_unbound_global_is_named() -> None:
+    text = "import os\nX = 1\n\ndef f():\n    global Y\n    Y = os.sep\n    return X + Z + len(Y)\n"
+    assert _unbound_globals(text) == {"Z"}

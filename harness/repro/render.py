@@ -100,12 +100,13 @@ def returned(writer, tensors, mutate_after, detach):
     writer unless the step leaves it running."""
     if writer is not None:
         PENDING.append(writer)
-    if mutate_after:
-        for t in tensors:
-            scribble(t)
-    if not detach:
+{mutate}    if not detach:
         wait()
 '''
+MUTATE = '''    if mutate_after:
+        for t in tensors:
+            scribble(t)
+'''  # in ``returned`` where a step overwrites its tensors (the script then has ``scribble``)
 
 
 CRASH = '''import errno  # noqa: E402
@@ -341,6 +342,7 @@ def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = F
     ``needs``: the bug shows only with known bugs' fixes applied first (needs.py), which it always applies."""
     module = emitter(scripted.sut, scripted.training is not None)
     text = module.TEXT
+    helpers = module.helpers(scripted)  # a save() that can go async calls returned() even in a sync-only script
     dtypes = {p.dtype for table in scripted.tables.values() for pieces in table.values() for p in pieces.values()}
     parts = [
         f'"""{title}\n\nStandalone reproduction written by ckpt-harness from {source}. Run ``bash run.sh``: it starts '
@@ -360,8 +362,9 @@ def repro_py(scripted: ScriptedCase, title: str, source: str, with_fix: bool = F
         _tables(scripted),
         text.TENSORS,
         text.SCRIBBLE if scripted.uses("mutate_after") else "",
-        RETURNED if scripted.uses("use_async") or scripted.has("wait") else "",
-        module.helpers(scripted),
+        RETURNED.format(mutate=MUTATE if scripted.uses("mutate_after") else "")
+        if scripted.uses("use_async") or scripted.has("wait") or "returned(" in helpers else "",
+        helpers,
         _optional(module, scripted.sut, scripted.has("kill"), "KILL_WRITERS",
                   "a kill of async writers (the {} script cannot find its writers yet)"),
         _optional(module, scripted.sut, scripted.has("resume") or scripted.uses("hold"), "HOLD",

@@ -19,8 +19,10 @@ What the harness reads, and where:
 Where the harness stands in (docs/paddleformers-notes.md, "Zero-Cost Checkpointing on CPU ranks"): the CUDA
 mechanisms on ZCC's path are harness.sut.zcc_shims; AdamW's update is the reference loop's Adam step on this rank's
 slice, written in place so the moments and master weights stay views of the fused buffer ZCC's worker reads;
-the model's forward returns the reference loss (the Trainer SUT's model). The job accumulates two micro-batches
-per step: with one, ZCC's EMA hangs (FINDINGS.md).
+the model's forward returns the reference loss (the Trainer SUT's model). The job accumulates one or two
+micro-batches per step (``gradient_accumulation_steps``, drawn): ZCC sizes its offload in steps of the
+accumulation, and with one micro-batch an EMA step that is no save step never asks for its offload
+(``paddleformers-zcc-ema-step-offload-never-sent``).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from reference.training import (
 
 FORMAT = "flex_checkpoint"
 HORIZON = 10_000  # max_steps of a live job: the case's ops, not the loop, decide where it stops
+ACCUMULATIONS = (1, 2)  # micro-batches per step; more would sum the reference loss in rounded quarters
 SETTLE_S = 30.0  # how long a stall waits for ZCC's workers to finish what they hold from before the save
 
 
@@ -88,6 +91,7 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
         {"trains", "replicated", "async", "kill_writer", "master_init:param", "ema_seen:saved", "ema_every:1",
          "dtype:I64", "dtype:F32", "dtype:BF16", f"format:{FORMAT}"}
         | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}
+        | {f"choice:gradient_accumulation_steps={n}" for n in ACCUMULATIONS}
     )
 
     def __init__(self) -> None:
@@ -101,6 +105,11 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
         fmt = case.options.get("format", FORMAT)
         if fmt != FORMAT:
             return f"format {fmt!r}: this SUT runs Zero-Cost Checkpointing in {FORMAT}"
+        micro = case.options.get("gradient_accumulation_steps", ACCUMULATIONS[-1])
+        if micro not in ACCUMULATIONS or isinstance(micro, bool):
+            kept = " or ".join(map(str, ACCUMULATIONS))
+            return f"gradient_accumulation_steps {micro!r}: the job accumulates {kept} micro-batches per step " \
+                   "(the reference loss sums exactly in halves)"
         if case.training is not None:
             spec = case.spec()
             if spec.ema_seen != "saved":
@@ -240,12 +249,13 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
                    max_steps: int) -> dict[str, Any]:
         """The Trainer's arguments, with ZCC on: sharding stage 1 V2 with fused optimizer states (ZCC asserts
         them), one worker (ZCC's EMA asserts it), the case's saves (save_steps = the EMA interval, so that ZCC
-        writes a save the loop is told to make to output_dir) and two micro-batches per step."""
+        writes a save the loop is told to make to output_dir) and the case's micro-batches per step."""
         return {
             **super()._arguments(root, spec, params, options, world, max_steps),
             "save_steps": spec.ema_every, "split_param": True, "amp_master_grad": True,
             "enable_zero_cost_checkpoint": True, "fuse_optimizer_states": True, "zcc_workers_num": 1,
-            "gradient_accumulation_steps": 2, "save_tokenizer": False, "bf16": True, "fp16_opt_level": "O2",
+            "gradient_accumulation_steps": int(options.get("gradient_accumulation_steps", ACCUMULATIONS[-1])),
+            "save_tokenizer": False, "bf16": True, "fp16_opt_level": "O2",
             "sharding": "stage1", "sharding_parallel_size": world,
         }
 

@@ -30,9 +30,7 @@ STEPS = frozenset({"train", "save", "load", "wait"})
 
 def settings(scripted: ScriptedCase) -> str:
     check_steps(scripted, STEPS, async_saves=bool(scripted.options.get("use_async_save")))
-    return loop_settings(scripted) + (
-        f"USE_ASYNC_SAVE = {bool(scripted.options.get('use_async_save'))}  # the optimizer goes to AsyncSaver's "
-        "writer\n")
+    return loop_settings(scripted)
 
 
 def check_steps(scripted: ScriptedCase, steps: frozenset[str], async_saves: bool = False) -> None:
@@ -44,10 +42,11 @@ def check_steps(scripted: ScriptedCase, steps: frozenset[str], async_saves: bool
                                        "yet)")
 
 
-def loop_settings(scripted: ScriptedCase) -> str:
-    """The reference loop as data: its spec, each step's loss and each parameter's gradient; the Trainer's options."""
+def loop_settings(scripted: ScriptedCase, rendered: frozenset[str] = RENDERED) -> str:
+    """The reference loop as data: its spec, each step's loss and each parameter's gradient; the Trainer's options
+    (``rendered``: those the script says, here or, for a script built on this one, in its own settings)."""
     options, spec = scripted.options, scripted.training
-    unknown = sorted(set(options) - INERT - RENDERED)
+    unknown = sorted(set(options) - INERT - rendered)
     if unknown:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
     if spec is None:
@@ -62,6 +61,7 @@ def loop_settings(scripted: ScriptedCase) -> str:
     values = ", ".join(f"{f}={getattr(spec, f)!r}" for f in SPEC_FIELDS)
     return (f"FORMAT = {options.get('format', 'flex_checkpoint')!r}  # TrainingArguments.save_checkpoint_format\n"
             f"LOGGING_STEPS = {int(options.get('logging_steps', 1))}\n"
+            f"USE_ASYNC_SAVE = {bool(options.get('use_async_save'))}  # the optimizer goes to AsyncSaver's writer\n"
             f'TrainingSpec = namedtuple("TrainingSpec", {" ".join(SPEC_FIELDS)!r})\n'
             f"SPEC = TrainingSpec({values})  # zcc_save_ema_coef = ema_decay, zcc_ema_interval = ema_every, "
             "zcc_ema_loss_threshold = loss_threshold\n"

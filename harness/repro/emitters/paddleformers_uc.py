@@ -31,7 +31,7 @@ def helpers(scripted: ScriptedCase) -> str:
     """The script's functions, leaving out UC's async writers where no step saves asynchronously or waits."""
     waits = scripted.uses("use_async") or any(s.kind in ("wait", "kill")
                                               for phase in scripted.phases for s in phase.steps)
-    return "".join((IMPORTS, MODEL, SAVE, ASYNC if waits else "", LOAD))
+    return "".join((IMPORTS, MODEL, SAVE, *((SAVE_RETURNS, "\n\n", ASYNC) if waits else ("\n\n",)), LOAD))
 
 
 IMPORTS = '''from paddleformers.trainer import Trainer, TrainingArguments  # noqa: E402
@@ -139,11 +139,11 @@ SAVE = '''def save(name, pieces, async_save=False, mutate_after=False, detach=Fa
         trainer._save_checkpoint(trainer.model, metrics=None)
     finally:
         trainer.args.unified_checkpoint_config = config
-    if async_save:
-        returned(None, list(live.values()), mutate_after, detach)
-
-
 '''
+
+SAVE_RETURNS = '''    if async_save:
+        returned(None, list(live.values()), mutate_after, detach)
+'''  # the end of save() in a script whose saves can be async (returned() waits through UC's writers)
 
 ASYNC = '''# UC's async writers: (what each saves, its shared flag, 1 while it writes a file, and its process)
 WRITERS = (("model_weight", "_shared_save_model_flag", "_process_model_weight"),

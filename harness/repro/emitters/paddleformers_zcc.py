@@ -27,15 +27,16 @@ TEXT = zcc_text
 TRAINS = True  # its scripts render train steps (harness.repro.scripted_case)
 STEPS = frozenset({"train", "save", "load", "wait", "resume"})
 RANK_SHIMS = [name for name in zcc_shims.SHIMS if name != "adamw-inplace"]  # the adapter's: its Adam step is ours
+RENDERED = trainer.RENDERED | {"gradient_accumulation_steps"}  # the adapter reads it: ZCC_ARGUMENTS says it
 
 
 def settings(scripted: ScriptedCase) -> str:
     """The Trainer script's settings (spec, losses, gradients), and ZCC's arguments beyond the Trainer's."""
     trainer.check_steps(scripted, STEPS, async_saves=True)
-    return trainer.loop_settings(scripted) + (
+    return trainer.loop_settings(scripted, RENDERED) + (
         f"HORIZON = {adapter.HORIZON}  # max_steps of a live job: the steps, not the loop, decide where it stops\n"
         f"# Zero-Cost Checkpointing on, beyond the Trainer's arguments: sharding stage 1 V2 with fused optimizer\n"
-        f"# states (ZCC asserts them), one worker (ZCC's EMA asserts it), two micro-batches per step\n"
+        f"# states (ZCC asserts them), one worker (ZCC's EMA asserts it), the case's micro-batches per step\n"
         f"ZCC_ARGUMENTS = {zcc_arguments(scripted)!r}\n")
 
 
@@ -72,7 +73,8 @@ def _shims() -> str:
     parts.sort(key=lambda o: inspect.getsourcelines(o)[1])  # type: ignore[arg-type]
     return ("\n\n# CPU stand-ins for the CUDA mechanisms on ZCC's path (nothing is installed on a CUDA build)\n"
             "WHY = {}\n_INSTALLERS = {}\n_installed = []\n" + _source(zcc_shims.shim, *parts)
-            + f"\n\nRANK_SHIMS = {RANK_SHIMS!r}\nWORKER_SHIMS = {zcc_shims.WORKER_SHIMS!r}\n" + WORKER_SIDE)
+            + "\n\nSHIMS = list(_INSTALLERS)  # every shim carried, in the order a run meets them\n"
+            + f"RANK_SHIMS = {RANK_SHIMS!r}\nWORKER_SHIMS = {zcc_shims.WORKER_SHIMS!r}\n" + WORKER_SIDE)
 
 
 WORKER_SIDE = '''
@@ -88,10 +90,11 @@ if __name__ == "__mp_main__":  # this file, imported again in a spawned ZCC work
 
 
 def _job() -> str:
-    """trainer_job's live job, and the adapter's reading of the stage-1 V2 slices, as text."""
+    """trainer_job's live job, and the adapter's reading of the stage-1 V2 slices and of its workers' state, as
+    text."""
     return (f"\n\nBEGIN, END = {trainer_job.BEGIN!r}, {trainer_job.END!r}"
             + _source(trainer_job.JobStopped, trainer_job.TrainerJob, trainer_job._gate, _optimizers,
-                      adapter._sharding, adapter._slices))
+                      adapter._sharding, adapter._slices, adapter._idle))
 
 
 IMPORTS = '''import contextlib  # noqa: E402
@@ -182,11 +185,7 @@ def finish(writer):
         for hook in range(manager.pipeline_hooks_steps):
             manager.zcc_pipeline_hook(hook)
         manager.sync_offload_status()
-    from paddleformers.trainer.utils.zero_cost_checkpoint import ZCCWorkerStatus
-
-    idle = (ZCCWorkerStatus.IDLE.value, ZCCWorkerStatus.ERROR.value)
-    while not os.path.exists(done) or any(
-            w.status.value not in idle for w, p in zip(manager.workers, manager.processes) if p.is_alive()):
+    while not os.path.exists(done) or not _idle(manager):
         manager.report_error_worker()
         time.sleep(0.01)
 
