@@ -12,7 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from harness.campaign.guidance import HIGH, LOW, slice_factor
+from harness.campaign.guidance import (
+    HIGH,
+    KEEP_HIGH,
+    KEEP_LOW,
+    LOW,
+    arms,
+    keep_odds,
+    leave_out_weight,
+    note_turn,
+    slice_factor,
+)
 from harness.campaign.results import Campaign
 from harness.cli import main
 from harness.coverage.merge import CoverageDataError, FileFigures, Measured, read_dir, read_file, summarise, write_file
@@ -167,6 +177,30 @@ def test_turns_that_add_coverage_get_longer_slices_within_bounds() -> None:
     assert slice_factor(campaign, "P-A") == 1.0
 
 
+def test_a_feature_or_fix_that_paid_off_is_drawn_more_and_unguided_choices_stay_even() -> None:
+    """A swarm feature whose batches added coverage is kept more often, one whose absence paid off less often; a
+    fix whose rounds without it reached more is left out more. Until an arm was seen both ways, or without
+    guidance, every choice is the unguided one."""
+    campaign = Campaign("reference", 2, ["P-A"], 60.0, 0)
+    campaign.coverage_dir = Path("unused")
+    note_turn(campaign, "P-A", 300, 10.0, ["zero_size", "fix:f1"], ["flag:x"])
+    assert keep_odds(campaign, "zero_size") == 0.5 and leave_out_weight(campaign, "f1") == 1.0  # one way only
+    note_turn(campaign, "P-A", 0, 10.0, ["flag:x"], ["zero_size", "fix:f1"])
+    assert keep_odds(campaign, "zero_size") > 0.5 > keep_odds(campaign, "flag:x") >= KEEP_LOW
+    assert leave_out_weight(campaign, "f1") == LOW
+    for _ in range(5):
+        note_turn(campaign, "P-A", 0, 10.0, ["zero_size"], [])
+        note_turn(campaign, "P-A", 900, 1.0, [], ["zero_size", "fix:f1"])
+    assert keep_odds(campaign, "zero_size") == KEEP_LOW and leave_out_weight(campaign, "f1") == HIGH
+    assert len(campaign.feature_turns["zero_size"][True]) == 3  # the window only
+    assert arms(campaign) == {"keep_odds": {"flag:x": keep_odds(campaign, "flag:x"), "zero_size": KEEP_LOW},
+                              "leave_out_weight": {"f1": HIGH}}
+    assert len(campaign.coverage_turns["P-A"]) == 12  # a property keeps every turn (the report sums them)
+    campaign.coverage_guided = False
+    assert keep_odds(campaign, "zero_size") == 0.5 and leave_out_weight(campaign, "f1") == 1.0
+    assert KEEP_HIGH < 1
+
+
 @needs_paddle
 @pytest.mark.slow
 @pytest.mark.parametrize("launch", ["pool", "virtual"])
@@ -184,6 +218,7 @@ def test_a_campaign_reports_coverage_of_flex_checkpoint(tmp_path: Path, launch: 
     assert flex["covered"] > 0 and 0 < flex["line_percent"] <= 100 and flex["covered_branches"] > 0
     assert set(block["by_label"]) >= {"P-ROUNDTRIP", "setup"}  # importing the framework counts, forked or not
     assert sum(g["new_arcs"] for g in block["gain_by_property"].values()) > 0
+    assert set(block["guidance"]) == {"keep_odds", "leave_out_weight"}
     assert block["arcs"] == read_file(out / "coverage.json").arc_count() > 0
     assert sorted(p.name for p in out.iterdir()) == ["coverage.json", "findings", "report.html", "report.md",
                                                             "summary.json"]

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.sut import REGISTRY
-from properties.generate.swarm import FLOATS, GROUPS, swarm, swarm_fixes
+from properties.generate.swarm import FLOATS, GROUPS, swarm, swarm_fixes, swarmable
 from properties.registry import REGISTRY as PROPERTIES
 from properties.registry import drawable_properties, property_cases
 
@@ -64,3 +64,23 @@ def test_a_round_leaves_out_a_few_fixes_with_what_requires_them() -> None:
         assert ("f3" not in left or {"f7", "f11"} <= set(left)) and ("f7" not in left or "f11" in left)
         assert len(set(left) - {"f7", "f11"}) <= 2
     assert swarm_fixes([], "9|1", lambda f: []) == ()
+
+
+def test_the_values_of_a_choice_are_a_group_and_odds_steer_what_stays() -> None:
+    """A multi-valued option's values are alternatives (one at least stays); a single-valued one is not swarmed.
+    Keep odds move what stays: a feature kept at odds 0.8 stays far more often than one at 0.2."""
+    caps = {"choice:k=1", "choice:k=2", "choice:solo=3", "zero_size", "flag:f", "dtype:F32", "reshard"}
+    assert swarmable(caps) == ("choice:k=1", "choice:k=2", "flag:f", "zero_size")
+    configs = [swarm(caps, seed)[0] for seed in range(200)]
+    assert all({"choice:k=1", "choice:k=2"} & kept and {"choice:solo=3", "reshard"} <= kept for kept in configs)
+    assert any("choice:k=1" not in kept for kept in configs) and any("choice:k=2" not in kept for kept in configs)
+    odds = {"zero_size": 0.8, "flag:f": 0.2}
+    steered = [swarm(caps, seed, keep=lambda c: odds.get(c, 0.5))[0] for seed in range(400)]
+    assert sum("zero_size" in k for k in steered) > 260 and sum("flag:f" in k for k in steered) < 140
+
+
+def test_a_heavier_fix_is_left_out_more_often() -> None:
+    fixes = ["a", "b", "c"]
+    rounds = [swarm_fixes(fixes, f"7|{n}", lambda f: [], lambda f: 2.0 if f == "a" else 0.5) for n in range(400)]
+    counts = {f: sum(f in r for r in rounds) for f in fixes}
+    assert counts["a"] > 2 * counts["b"] and counts["a"] > 2 * counts["c"]

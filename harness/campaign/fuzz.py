@@ -30,7 +30,7 @@ from hypothesis.errors import Flaky
 from hypothesis.internal.observability import with_observability_callback
 
 from harness.campaign.corpus import replay_corpus, replay_covering
-from harness.campaign.guidance import slice_factor
+from harness.campaign.guidance import arms, keep_odds, leave_out_weight, note_turn, slice_factor
 from harness.campaign.reduce import reduce_case
 from harness.campaign.results import Campaign, Finding
 from harness.coverage.merge import Tracker
@@ -40,7 +40,7 @@ from harness.judging.fidelity import REAL_MAX, max_world
 from harness.judging.judge import Judge
 from harness.ranks.runner import PoolFailure
 from harness.ranks.runners import Runners
-from properties.generate.swarm import swarm, swarm_fixes
+from properties.generate.swarm import swarm, swarm_fixes, swarmable
 from properties.model.case import Case
 from properties.model.outcome import Outcome
 from properties.model.verdicts import Judgement
@@ -97,6 +97,7 @@ class _Run:
     hits_before: Counter = field(default_factory=Counter)  # the judge's known hits as the round began
     orders: set[str] = field(default_factory=set)  # persistence-order buckets of drawn cases judged so far
     gained: Counter = field(default_factory=Counter)  # prop -> arcs its cases added, read case by case (a corpus)
+    features: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())  # the last batch's swarm features kept, left out
 
     def covered(self) -> int:
         """Read what the processes wrote since the last look: the arcs it adds (0 without coverage)."""
@@ -221,6 +222,7 @@ def fuzz(judge_case: Judge, campaign: Campaign, capabilities: frozenset[str], pr
         turn += 1
     if exploration is not None:
         campaign.exploration = exploration.summary()
+    campaign.guidance = arms(campaign)
     campaign.wall = time.monotonic() - start
     run.close()
     run.covered()  # (what processes still running write as they end, the caller reads once it closed them)
@@ -299,7 +301,8 @@ def _round_fixes(campaign: Campaign, runners: Runners, turn: int) -> tuple[str, 
     if not (campaign.swarm and turn and runners.fixes):
         return ()
     return swarm_fixes(runners.fixes, f"{campaign.seed}|fixes|{turn}",
-                       lambda fix_id: [k for k, f in FIXES.items() if fix_id in f.requires])
+                       lambda fix_id: [k for k, f in FIXES.items() if fix_id in f.requires],
+                       lambda fix_id: leave_out_weight(campaign, fix_id))
 
 
 def _left_out_hits(judge_case: Judge, left_out: tuple[str, ...], before: Counter) -> int:
@@ -381,6 +384,7 @@ def _turn(run: _Run, prop: str, seed: int, reuse: bool) -> None:
     """One turn of ``prop``, as many cases as fit its slice; its findings join the campaign's."""
     campaign = run.campaign
     began = time.monotonic()
+    fixes_out = run.left_out
     examples = campaign.examples_for(prop, _slice(campaign, prop))
     # Bounded by cases, a property's turn runs them all: no time slice decides which cases are drawn.
     turn_end = run.deadline if campaign.cases_per_property else min(run.deadline, began + _slice(campaign, prop))
@@ -390,7 +394,11 @@ def _turn(run: _Run, prop: str, seed: int, reuse: bool) -> None:
     campaign.prop_seconds[prop] += time.monotonic() - began
     if campaign.coverage is not None:
         gained = run.covered() + run.gained.pop(prop, 0)
-        campaign.coverage_turns.setdefault(prop, []).append((gained, time.monotonic() - began))
+        kept, left_out = run.features
+        fixes = run.judge_case.runners.fixes
+        note_turn(campaign, prop, gained, time.monotonic() - began,
+                  (*kept, *(f"fix:{f}" for f in fixes if f not in fixes_out)),
+                  (*left_out, *(f"fix:{f}" for f in fixes_out)))
 
 
 def _batch(run: _Run, prop: str, seed: int, examples: int, turn_end: float, reuse: bool = False) -> list[Finding]:
@@ -404,6 +412,7 @@ def _batch(run: _Run, prop: str, seed: int, examples: int, turn_end: float, reus
     what is not yet explained. Later turns do not replay it (each would drop what the first one counted)."""
     campaign = run.campaign
     drawable, left_out = _configured(campaign, prop, run.capabilities, seed)
+    run.features = (tuple(f for f in swarmable(run.capabilities) if f in drawable), left_out)
     left_out += tuple(f"fix:{f}" for f in run.judge_case.suspects)
     turn = _Turn(prop, left_out, turn_end, time.monotonic(), campaign.cases_run[prop])
     database = campaign.corpus.database() if campaign.corpus is not None else None
@@ -632,7 +641,9 @@ def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str], virtu
 def _configured(campaign: Campaign, prop: str, capabilities: frozenset[str], seed: int
                 ) -> tuple[frozenset[str], tuple]:
     """The batch's swarm configuration (properties.generate.swarm): what it may draw, and what it leaves out."""
-    return swarm(capabilities, seed, REGISTRY[prop].drawable) if campaign.swarm else (capabilities, ())
+    if not campaign.swarm:
+        return capabilities, ()
+    return swarm(capabilities, seed, REGISTRY[prop].drawable, lambda feature: keep_odds(campaign, feature))
 
 
 def _progress(campaign: Campaign, prop: str, start: float) -> None:

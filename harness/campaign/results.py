@@ -86,6 +86,9 @@ class Campaign:
     coverage_dir: Path | None = None
     coverage_guided: bool = True
     coverage_turns: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # prop -> (new arcs, seconds)
+    # swarm feature or "fix:<id>" -> kept (True) or left out (False) -> what those turns added (new arcs, seconds)
+    feature_turns: dict[str, dict[bool, list[tuple[int, float]]]] = field(default_factory=dict)
+    guidance: dict[str, dict[str, float]] = field(default_factory=dict)  # where it ended (guidance.arms)
     coverage_timeline: list[tuple[float, int]] = field(default_factory=list)  # (seconds in, arcs so far)
     coverage: Tracker | None = None  # the campaign's recording as read so far (harness.coverage.merge)
 

@@ -50,6 +50,8 @@ def keep_coverage(campaign: Campaign, out: Path) -> dict | None:
                "seconds": round(sum(s for _, s in turns), 1)}
         for prop, turns in sorted(campaign.coverage_turns.items())}
     block["timeline"] = thinned(campaign.coverage_timeline)
+    if campaign.coverage_guided:
+        block["guidance"] = campaign.guidance
     if campaign.corpus is not None:
         path = corpus_file(campaign.corpus.root, campaign.sut)
         total = read_file(path)
