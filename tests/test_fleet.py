@@ -143,6 +143,9 @@ def test_a_shard_killed_mid_run_is_reported_and_retried(tmp_path: Path, capsys) 
         ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfaults = true\nexplore = 'all'\n", "field 'explore': 'all'"),
         ("[[shard]]\nsut = 'reference'\nseeds = [1]\nfaults = true\nexplore = 'only'\nproperties = ['P-ATOMIC']\n",
          "an exploration shard (explore = 'only') runs no property"),
+        ("[[shard]]\nsut = 'reference'\nseeds = [1]\npython = 3\n", "field 'python': expected the path"),
+        ("[[shard]]\nsut = 'reference'\nseeds = [1]\npython = 'no/such/python'\n",
+         "reference-1: python 'no/such/python' is not an executable file"),
     ],
 )
 def test_a_bad_plan_is_one_line_exit_2(tmp_path: Path, capsys, plan: str | None, message: str) -> None:
@@ -227,6 +230,27 @@ def test_a_shard_hands_back_the_explorer_place_it_moved_and_the_night_keeps_the_
     _fold(night, {**back, "buckets/b.json": base64.b64encode(b"new").decode()})
     assert (night / "explore" / "reference-2-stock-kill.json").read_text() == '{"shape": 3}'
     assert (night / "buckets" / "b.json").read_text() == "old"
+
+
+def test_a_shard_with_an_interpreter_of_its_own_runs_under_it_with_only_this_harness_added(tmp_path: Path) -> None:
+    """A SUT whose framework lives in an environment of its own (PaddleFormers) runs its shard under that
+    environment's interpreter, whose packages must win: the shard's PYTHONPATH is this harness alone."""
+    import sys
+
+    from harness.fleet.plan import read_plan
+    from harness.fleet.shard import run_shard
+    from harness.ranks.launch import REPO_ROOT
+
+    seen = tmp_path / "seen"
+    wrapper = tmp_path / "python"
+    wrapper.write_text(f'#!/bin/sh\necho "$PYTHONPATH" > {seen}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    plan = _plan(tmp_path / "plan.toml", [{"sut": "reference", "seeds": [1], "launch": "in-process",
+                                           "properties": ["P-ROUNDTRIP"], "python": str(wrapper)}])
+    run = read_plan(plan).runs[0]
+    result = run_shard(run, 2.0, 60.0, 0, {}, pythonpath=os.pathsep.join(sys.path))
+    assert result["status"] == "ok", result["error"]
+    assert seen.read_text().strip() == str(REPO_ROOT)
 
 
 def test_the_night_report_has_a_line_per_shard_explorer() -> None:

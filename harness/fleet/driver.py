@@ -29,9 +29,9 @@ import psutil
 from harness.campaign.corpus import record_night, trends
 from harness.coverage.merge import Measured, read_file, write_file
 from harness.fleet.merge import busy_seconds, merge_buckets, merged_summary, pick_findings, write_fleet, write_shard
-from harness.fleet.plan import Plan, ShardRun
+from harness.fleet.plan import Plan, PlanError, ShardRun, missing_interpreters
 from harness.fleet.shard import FLEET_VAR, TERM_GRACE, is_coverage, is_place, pack_corpus, run_shard, sweep
-from harness.ranks.launch import rank_pythonpath, short_tempdir
+from harness.ranks.launch import REPO_ROOT, rank_pythonpath, short_tempdir
 from harness.report.coverage import fleet_coverage
 
 DRIVER_GRACE = TERM_GRACE + 30.0  # past a shard's own bound: the task's own termination had its chance
@@ -162,6 +162,9 @@ def run_fleet(plan: Plan, seconds: float, out: Path, address: str | None = None,
     """Run the night; write ``out``/shards/<id>/, the merged findings, summary.json, report.md and report.html;
     return the merged summary. ``on_event`` sees a line per shard attempt as it ends."""
     began = time.time()
+    missing = missing_interpreters(plan, REPO_ROOT) if address is None else []
+    if missing:  # checked before any cluster is started: on this machine alone they could never run
+        raise PlanError(f"{plan.path}: {'; '.join(missing)}")
     out.mkdir(parents=True, exist_ok=True)
     token = uuid.uuid4().hex
     shipped = pack_corpus(corpus)

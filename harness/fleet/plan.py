@@ -20,11 +20,14 @@ time = 300           # optional: this shard's seconds instead of --time
 fixes = "all"        # optional: fuzz --fixes for this shard (all | none | ids), instead of fleet --fixes
 explore = "share"    # with faults: the explorer's share of the time (share), none (off), or all of it (only:
                      # an exploration shard); the seeds split the explorer's shapes, each keeping its place
+python = ""          # optional: the interpreter the campaign runs under, where the SUT's framework lives in an
+                     # environment of its own (PaddleFormers: .ci/paddleformers-env); relative to the checkout
 ```
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -43,7 +46,7 @@ else:  # Python 3.10: the fleet extra installs tomli, tomllib's origin
 
 FLEET_KEYS = {"slack": float, "retries": int}
 SHARD_KEYS = ("name", "sut", "ranks", "device", "launch", "faults", "properties", "seeds", "cpus", "time",
-              "op_timeout", "fixes", "explore")
+              "op_timeout", "fixes", "explore", "python")
 EXPLORE = ("share", "off", "only")
 _EXTERNAL = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -73,6 +76,7 @@ class ShardRun:
     fixes: str = "all"  # fuzz --fixes
     explore: str = "share"  # the explorer's time in a fault shard: share, off or only (EXPLORE)
     explore_part: tuple[int, int] = (0, 1)  # the explorer's part of the shapes: this seed's, of the shard's seeds
+    python: str = ""  # the campaign's interpreter (an environment with the SUT's framework); "": the driver's
 
     def gpus(self) -> int:
         """GPUs to reserve on one node: one per rank for a GPU shard (docs/gpu.md)."""
@@ -185,8 +189,22 @@ def _shard(path: Path, n: int, raw: Any, fixes: str) -> list[ShardRun]:
     # The seeds of a fault shard split its explorer's shapes, each run keeping its own place in the corpus (the
     # explorer's order is fixed: two runs of one part would judge the same points).
     parts = len(seeds) if faults and explore != "off" else 1
+    python = raw.get("python", "")
+    if not isinstance(python, str) or "\0" in python:
+        raise PlanError(f"{where}: field 'python': expected the path of an interpreter, got {python!r}")
     return [ShardRun(f"{name}-{seed}", name, sut, ranks, device, launch, faults, tuple(props), seed, cpus, time,
-                     op_timeout, fixes, explore, (n % parts, parts)) for n, seed in enumerate(seeds)]
+                     op_timeout, fixes, explore, (n % parts, parts), python) for n, seed in enumerate(seeds)]
+
+
+def missing_interpreters(plan: Plan, root: Path) -> list[str]:
+    """The shards whose ``python`` is no interpreter here (relative paths from ``root``, the checkout): on a
+    cluster of this machine alone, they could never run."""
+    return [f"{run.id}: python {run.python!r} is not an executable file under {root}" for run in plan.runs
+            if run.python and not _executable(root / run.python)]
+
+
+def _executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
 
 
 def _fixes(value: Any, where: str) -> str:

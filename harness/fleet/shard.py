@@ -26,7 +26,7 @@ import psutil
 from faults.procs import kill_tree, popen
 from harness.campaign.corpus import NIGHTS
 from harness.fleet.plan import ShardRun
-from harness.ranks.launch import child_env, short_tempdir
+from harness.ranks.launch import REPO_ROOT, child_env, short_tempdir
 
 SHARD_VAR = "CKPT_HARNESS_SHARD"  # every process of one shard attempt carries it (ranks too: child_env copies it)
 FLEET_VAR = "CKPT_HARNESS_FLEET"  # every process of one fleet carries it: the driver's last sweep
@@ -50,13 +50,16 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
         shared = _unpack(work / "shared", corpus)
         # --no-repro: a shard's bound is its campaign's time; repros of the night's new buckets are written
         # afterwards, from the merged findings (`ckpt-harness repro`), not inside a shard that would overrun
-        argv = [sys.executable, "-m", "harness.cli", *run.fuzz_argv(seconds, str(work / "out")),
+        python = str(REPO_ROOT / run.python) if run.python else sys.executable
+        argv = [python, "-m", "harness.cli", *run.fuzz_argv(seconds, str(work / "out")),
                 "--corpus", str(work / "corpus"), "--no-repro"]
         if shared is not None:
             argv += ["--corpus-readonly", str(shared)]
         token = f"{run.id}#{attempt}:{os.getpid()}:{time.time_ns()}"
         env = child_env({SHARD_VAR: token, FLEET_VAR: fleet_token, "CKPT_HARNESS_DEBUG": "0", "TMPDIR": scratch})
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env["PYTHONPATH"]) if p)  # the driver's first
+        if run.python:  # an environment of its own: its packages, not the driver's, with this harness first
+            env["PYTHONPATH"] = str(REPO_ROOT)
         log = (work / "fuzz.log").open("wb")
         proc = popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), preexec_fn=_die_with_parent)
         bound = (run.time or seconds) + slack
