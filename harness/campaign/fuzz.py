@@ -412,7 +412,7 @@ def _batch(run: _Run, prop: str, seed: int, examples: int, turn_end: float, reus
     what is not yet explained. Later turns do not replay it (each would drop what the first one counted)."""
     campaign = run.campaign
     drawable, left_out = _configured(campaign, prop, run.capabilities, seed)
-    run.features = (tuple(f for f in swarmable(run.capabilities) if f in drawable), left_out)
+    run.features = (tuple(f for f in swarmable(run.capabilities) if f in drawable), left_out)  # fixes: by _turn
     left_out += tuple(f"fix:{f}" for f in run.judge_case.suspects)
     turn = _Turn(prop, left_out, turn_end, time.monotonic(), campaign.cases_run[prop])
     database = campaign.corpus.database() if campaign.corpus is not None else None
