@@ -269,3 +269,20 @@ def test_coverage_without_its_package_is_one_line_and_exit_2(tmp_path: Path, mon
     code = main(["fuzz", "--sut", "paddle-dcp", "--time", "1", "--out", str(tmp_path), "--no-repro"])
     err = capsys.readouterr().err
     assert code == 2 and "--coverage off" in err and "Traceback" not in err
+
+
+def test_a_process_that_records_again_registers_its_exit_and_fork_hooks_once(tmp_path: Path, monkeypatch) -> None:
+    """An in-process controller starts and stops recording with each run of its ranks: the recorder's own exit
+    and fork hooks are one set however often it does."""
+    import atexit
+
+    from harness.coverage import measure
+
+    ours = []
+    register = atexit.register
+    monkeypatch.setattr(atexit, "register", lambda f, *a, **k: (ours.append(f), register(f, *a, **k))[1])
+    options = {measure.COVERAGE_OPTION: {"dir": str(tmp_path)}}
+    for _ in range(3):
+        measure.start(options)
+        measure.stop()
+    assert ours.count(measure._write_quietly) <= 1 and measure._hooked and not measure.recording()

@@ -40,6 +40,7 @@ Arcs = dict[str, list[tuple[int, int]]]  # file (relative to its install root) -
 _recorder: Recorder | None = None
 _users = 0  # the starts that asked for this process's recording and have not stopped it
 _threads = threading.local()  # each thread's coverage.py tracer while its tracing is off
+_hooked = False  # the fork and exit hooks are registered (once a process: they read ``_recorder``)
 
 
 class Recorder:
@@ -116,7 +117,7 @@ def start(options: dict | None, label: str = SETUP) -> Recorder | None:
     """Start recording in this process where the set-up ``options`` ask for it (``COVERAGE_OPTION``), under
     ``label`` until a case begins, and carry the request to the processes the framework spawns from here.
     Idempotent."""
-    global _recorder, _users
+    global _recorder, _users, _hooked
     wanted = (options or {}).get(COVERAGE_OPTION)
     if not wanted:
         os.environ.pop(COVERAGE_VAR, None)
@@ -127,9 +128,11 @@ def start(options: dict | None, label: str = SETUP) -> Recorder | None:
         _recorder = Recorder(wanted["dir"], label)
         os.environ[LABEL_VAR] = label
         os.environ[COVERAGE_VAR] = wanted["dir"]
-        os.register_at_fork(after_in_child=_after_fork)
-        atexit.register(_write_quietly)
-        _write_at_process_exit()
+        if not _hooked:  # a process that stops and starts again (an in-process controller) keeps one set
+            os.register_at_fork(after_in_child=_after_fork)
+            atexit.register(_write_quietly)
+            _write_at_process_exit()
+            _hooked = True
     return _recorder
 
 
