@@ -220,8 +220,8 @@ def test_a_campaign_reports_coverage_of_flex_checkpoint(tmp_path: Path, launch: 
     assert sum(g["new_arcs"] for g in block["gain_by_property"].values()) > 0
     assert set(block["guidance"]) == {"keep_odds", "leave_out_weight"}
     assert block["arcs"] == read_file(out / "coverage.json").arc_count() > 0
-    assert sorted(p.name for p in out.iterdir()) == ["coverage.json", "findings", "report.html", "report.md",
-                                                            "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["coverage-figures.json", "coverage.json", "findings",
+                                                     "report.html", "report.md", "summary.json"]
     assert read_file(corpus / "coverage" / "paddle-dcp.json").arc_count() == block["arcs"]  # the first night's
     assert block["corpus"]["flex checkpoint"]["covered"] == flex["covered"]
     assert list((corpus / "covering" / "paddle-dcp").glob("*.json"))  # cases that reached new code, kept
@@ -258,6 +258,29 @@ def test_a_fleet_merges_its_shards_coverage_and_grows_the_corpus_total(tmp_path:
     assert read_file(corpus_file(tmp_path / "corpus", "paddle-dcp")).arc_count() == 3  # both shards' arcs
     assert "flex checkpoint" in block["corpus"]
     assert fleet_coverage(tmp_path / "none", [("a", "paddle-dcp")], None) is None
+
+
+def test_a_fleet_counts_a_shards_files_its_own_environment_cannot_analyse(tmp_path: Path) -> None:
+    """A shard that ran in an environment of its own (PaddleFormers) hands back its analysis beside its recording:
+    the night counts that framework's files by it, where the driver's environment has no such files to analyse."""
+    from harness.coverage.merge import FileFigures, read_figures, write_figures
+    from harness.report.coverage import FIGURES, fleet_coverage
+
+    uc = "paddleformers/trainer/unified_checkpoint/check_completion.py"
+    shard = tmp_path / "out" / "shards" / "uc-1"
+    m = Measured()
+    m.add("P-ROUNDTRIP", uc, [(-1, 1), (1, 2), (2, 4)])
+    write_file(m, shard / "coverage.json")
+    analysed = {uc: FileFigures(uc, "unified checkpoint", {1, 2, 3, 4}, {(2, 3), (2, 4)}, {3: "is_compiled_with_cuda"})}
+    write_figures(analysed, shard / FIGURES)
+    assert read_figures(shard / FIGURES) == analysed
+    block = fleet_coverage(tmp_path / "out", [("uc-1", "paddleformers-uc")], None)
+    assert block is not None and block["scopes"]["unified checkpoint"] == {
+        "files": 1, "statements": 4, "reachable": 3, "covered": 3, "cpu_only": 1, "branches": 2,
+        "covered_branches": 1, "line_percent": 100.0, "branch_percent": 50.0}
+    (shard / FIGURES).write_text("{}")
+    with pytest.raises(CoverageDataError, match="not a coverage analysis"):
+        fleet_coverage(tmp_path / "out", [("uc-1", "paddleformers-uc")], None)
 
 
 @needs_paddle

@@ -198,6 +198,34 @@ def analyse_files(framework: str | None = None) -> dict[str, FileFigures]:
     return figures
 
 
+def write_figures(figures: dict[str, FileFigures], path: Path) -> None:
+    """The analysis behind a campaign's figures, for a reader whose environment lacks the framework (a fleet's
+    driver merging a shard that ran in an environment of its own)."""
+    data = {"format": FORMAT, "files": {
+        name: {"scope": f.scope, "statements": sorted(f.statements), "branches": sorted(map(list, f.branches)),
+               "cpu_only": {str(n): why for n, why in sorted(f.cpu_only.items())}}
+        for name, f in sorted(figures.items())}}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def read_figures(path: Path) -> dict[str, FileFigures]:
+    """``write_figures``'s file; none where it is absent; a typed error where it is not one."""
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, not {FORMAT}")
+        return {name: FileFigures(name, entry["scope"], set(entry["statements"]),
+                                  {(a, b) for a, b in entry["branches"]},
+                                  {int(n): why for n, why in entry["cpu_only"].items()})
+                for name, entry in data["files"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CoverageDataError(f"{path}: not a coverage analysis the harness wrote ({exc})") from None
+
+
 def summarise(measured: Measured, figures: dict[str, FileFigures]) -> dict:
     """The figures reports show (``figures``: ``analyse_files``): per scope and per file (lines and branches,
     covered of reachable on CPU, what stays missing and what needs a device), and per label (property) per scope."""

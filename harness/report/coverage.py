@@ -11,11 +11,20 @@ from html import escape
 from pathlib import Path
 
 from harness.campaign.results import Campaign
-from harness.coverage.merge import Measured, analyse_files, read_file, summarise, write_file
+from harness.coverage.merge import (
+    Measured,
+    analyse_files,
+    read_figures,
+    read_file,
+    summarise,
+    write_figures,
+    write_file,
+)
 from harness.coverage.scope import scope_of
 from harness.sut import REGISTRY, adapter_class
 
 MERGED = "coverage.json"  # in a campaign's --out: its recording, merged
+FIGURES = "coverage-figures.json"  # ... and the analysis of the files it counts against (merge.write_figures)
 TIMELINE_POINTS = 60
 
 
@@ -42,6 +51,7 @@ def keep_coverage(campaign: Campaign, out: Path) -> dict | None:
     measured = campaign.coverage.measured
     write_file(measured, out / MERGED)
     figures = analyse_files(framework)
+    write_figures(figures, out / FIGURES)
     block = summarise(measured, figures)
     block["guided"] = campaign.coverage_guided
     block["arcs"] = measured.arc_count()
@@ -78,6 +88,9 @@ def fleet_coverage(out: Path, shards: list[tuple[str, str]], corpus: Path | None
     figures = {}
     for framework in {framework_of(sut) for sut in suts} - {None}:
         figures.update(analyse_files(framework))
+    for shard, _ in shards:  # files of a framework this environment lacks, as the shard that ran them analysed them
+        for name, analysed in read_figures(out / "shards" / shard / FIGURES).items():
+            figures.setdefault(name, analysed)
     block = summarise(measured, figures)
     block["arcs"] = measured.arc_count()
     if corpus is not None:
