@@ -16,6 +16,10 @@ Measured on the project's 2-core machine (Paddle 3.3.1 CPU, 2 ranks), 2026-12-02
   checkpoint's reachable lines, 25.7% of paddle.framework.io), 1615 and 1654 of them in the first quarter. The
   drawn cases reach one path of flex checkpoint and saturate it within a minute; no property's turns add code
   later, so weighting them cannot either (the reach of the strategies, not the schedule, is what limits it).
+  guidance over properties, swarm features and left-out fixes, 300 s each, seed 11 (--cases 10): guided 1556
+  cases, 1899 arcs (24.9% of flex checkpoint's reachable lines), unguided 1101 cases, 1771 arcs (23.6%): 1.072x
+  the arcs; at the quarters guided 1675/1838/1841/1899, unguided 1633/1680/1771/1771. One seed: the gap is the
+  size of the code a few swarm features reach, not yet a measured effect across seeds.
 
 ``--sut`` (default paddle-dcp), ``--launch`` (pool or virtual), ``--cases`` per mode (default 40), ``--time`` per
 campaign (default 120; 0 skips the guidance part), ``--property`` (default P-ROUNDTRIP for the overhead; every
