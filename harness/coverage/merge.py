@@ -130,12 +130,15 @@ def read_file(path: str | Path) -> Measured:
 
 
 def write_file(measured: Measured, path: str | Path) -> None:
+    _write_whole(measured.to_json(), Path(path))
+
+
+def _write_whole(doc: dict, path: Path) -> None:
     """Write whole, then rename into place (a corpus must never hold half a file)."""
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     with os.fdopen(fd, "w") as out:
-        json.dump(measured.to_json(), out, separators=(",", ":"))
+        json.dump(doc, out, separators=(",", ":"))
     os.replace(tmp, path)
 
 
@@ -201,13 +204,10 @@ def analyse_files(framework: str | None = None) -> dict[str, FileFigures]:
 def write_figures(figures: dict[str, FileFigures], path: Path) -> None:
     """The analysis behind a campaign's figures, for a reader whose environment lacks the framework (a fleet's
     driver merging a shard that ran in an environment of its own)."""
-    data = {"format": FORMAT, "files": {
+    _write_whole({"format": FORMAT, "files": {
         name: {"scope": f.scope, "statements": sorted(f.statements), "branches": sorted(map(list, f.branches)),
                "cpu_only": {str(n): why for n, why in sorted(f.cpu_only.items())}}
-        for name, f in sorted(figures.items())}}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+        for name, f in sorted(figures.items())}}, path)
 
 
 def read_figures(path: Path) -> dict[str, FileFigures]:
