@@ -7,6 +7,8 @@ rank). Every other mesh dim (data parallel) holds replicas, which are saved once
 
 from __future__ import annotations
 
+import re
+
 from .errors import LayoutError
 from .layout import Mesh, Replicate, Shard, Sharded
 
@@ -62,3 +64,28 @@ def local_expert_ids(mesh: Mesh, ep_dim: int | str, num_experts: int, rank: int)
     ep_rank = mesh.coord(rank)[dim]
     per = experts_per_rank(num_experts, mesh.shape[dim])
     return [global_expert_id(ep_rank, j, num_experts, mesh.shape[dim]) for j in range(per)]
+
+
+EXPERT_ID = re.compile(r"(?:^|\.)experts\.(\d+)\.")  # a keyed expert's structured name: ``….experts.<id>.…``
+
+
+def keyed_expert_id(name: str) -> int | None:
+    """The global expert id a keyed expert's name carries (the first ``experts.<id>.``), else None."""
+    match = EXPERT_ID.search(name)
+    return None if match is None else int(match.group(1))
+
+
+def expert_parallel_degree(layouts: dict[str, object]) -> int:
+    """How many expert-parallel ranks the keyed experts of ``layouts`` are spread over (1: none are)."""
+    for name, layout in layouts.items():
+        if keyed_expert_id(name) is not None and whole_on_its_ep_ranks(layout):
+            return layout.mesh.shape[layout.owner[0][0]]
+    return 1
+
+
+def whole_on_its_ep_ranks(layout: object) -> bool:
+    """A keyed expert's layout: whole on every rank of one expert-parallel coordinate (owner on the "ep" mesh dim
+    only), replicated over every other dim."""
+    if not isinstance(layout, Sharded) or not all(isinstance(p, Replicate) for p in layout.placements):
+        return False
+    return len(layout.owner) == 1 and layout.mesh.dim_names[layout.owner[0][0]] == "ep"

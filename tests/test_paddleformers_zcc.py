@@ -12,17 +12,20 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 
 from harness.fixes import resolve
 from harness.sut import REGISTRY, framework_available
+from harness.sut.paddleformers_trainer import TrainerCaseError, expert_parallel
 from harness.sut.paddleformers_zcc import PaddleFormersZccSut
 from properties.check.oracle import tensor_differences
 from properties.model.case import Case, Op, TensorCase
 from properties.model.outcome import OpRecord
 from properties.registry import drawable_properties, property_cases
 from properties.triage.known import read_known
+from reference.engine import local_tensors
 from reference.layout import Mesh, replicated
+from reference.moe import expert_layouts, expert_parallel_degree, keyed_expert_id, whole_on_its_ep_ranks
 from reference.namespaces import STEP_KEY
 from reference.training import RNG_KEY, family_keys
 
@@ -145,6 +148,94 @@ def test_an_async_zcc_save_written_while_the_job_trains_on_loads_as_its_step(zcc
     judgement, outcome = zcc_judge(_case(ops))
     assert judgement.ok, judgement.details
     assert all(rec.ok for rec in outcome.records)
+
+
+def _moe_case(ops: tuple[Op, ...], save_ep: int, load_ep: int, experts: int = 2) -> Case:
+    """A dense BF16 parameter replicated everywhere, and keyed BF16 and FP32 experts on their expert-parallel ranks
+    of a (dp, ep) mesh of 2 ranks: EP ``save_ep`` until the first load, ``load_ep`` after it."""
+    dense = TensorCase("w", "BF16", (3, 2), 1)
+    layouts = []
+    for ep in (save_ep, load_ep):
+        mesh = Mesh((2 // ep, ep), ("dp", "ep"))
+        keyed = {**expert_layouts(mesh, "ep", experts, "moe", "w1", stacked=False),
+                 **expert_layouts(mesh, "ep", experts, "moe", "b1", stacked=False)}
+        layout = {k: v.to_json() for name, v in keyed.items() for k in family_keys(name).values()}
+        layout |= {k: replicated(mesh).to_json() for k in (*family_keys(dense.name).values(), RNG_KEY, STEP_KEY)}
+        layouts.append(dict(sorted(layout.items())))
+    names = sorted(f"moe.experts.{i}.{leaf}" for i in range(experts) for leaf in ("w1", "b1"))
+    params = (dense, *(TensorCase(n, "F32", (2,), 10 + i) if n.endswith("b1") else TensorCase(n, "BF16", (2, 3), 10 + i)
+                       for i, n in enumerate(names)))
+    spec = {"seed": 7, "ema_decay": 0.5, "ema_every": 1, "master_init": "param", "ema_seen": "saved"}
+    return Case("P-RESUME", SUT, params, layouts[0], layouts[1], ops,
+                {"format": "flex_checkpoint", "logging_steps": 1}, 7, training=spec)
+
+
+RESUME_ELSEWHERE = (Op("train", None, 2), Op("save", "step-2", 2), Op("restart"), Op("load", "step-2", 2),
+                    Op("train", None, 3), Op("save", "step-3", 3), Op("load", "step-3", 3))
+
+
+def test_a_moe_case_runs_each_expert_parallel_degree_on_processes_of_its_own() -> None:
+    """``fleet.init`` makes a process's groups once: ops on another EP degree get other processes; dense ops and
+    EP 1 any warm ones."""
+    case = _moe_case(RESUME_ELSEWHERE, 2, 1)
+    assert PaddleFormersZccSut.refuses(case) is None
+    shapes = [PaddleFormersZccSut.process_shape(case, i) for i in range(len(case.ops))]
+    assert shapes[:2] == ["ep=2", "ep=2"] and set(shapes[3:]) == {""}
+    assert PaddleFormersZccSut.process_shape(_case(RESUME_ELSEWHERE), 0) == ""
+
+
+def test_a_rank_holds_the_dense_parameters_and_its_own_experts() -> None:
+    case = _moe_case(RESUME_ELSEWHERE, 2, 2, experts=4)
+    params = tuple(case.params())
+    for rank, ids in ((0, {0, 1}), (1, {2, 3})):
+        held = set(local_tensors(case.state(0), case.layouts("save"), rank))
+        ep, mine = expert_parallel(params, held)
+        assert ep == 2 and {p.name for p in mine} == {"w"} | {f"moe.experts.{i}.{leaf}" for i in ids
+                                                           for leaf in ("w1", "b1")}
+    assert expert_parallel(params, set(local_tensors(case.state(0), case.layouts("load"), 1)))[0] == 2
+    with pytest.raises(TrainerCaseError, match="holds 3 of 4 experts"):
+        expert_parallel(params, {"model/w", *(f"model/moe.experts.{i}.w1" for i in range(3))})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@given(property_cases("P-RESUME", SUT, 2, CAPS))
+def test_moe_cases_are_drawn_keyed_and_may_change_the_expert_parallel_degree(case: Case) -> None:
+    experts = [layout for name, layout in case.layouts("save").items() if keyed_expert_id(name) is not None]
+    assert all(whole_on_its_ep_ranks(layout) for layout in experts)  # never stacked: one parameter per expert
+    assert case.world_size("load") == 2
+    assert PaddleFormersZccSut.refuses(case) is None
+
+
+def test_strategies_reach_a_resume_on_another_expert_parallel_degree() -> None:
+    changed = find(property_cases("P-RESUME", SUT, 2, CAPS),
+                   lambda c: expert_parallel_degree(c.layouts("save")) != expert_parallel_degree(c.layouts("load")),
+                   settings=settings(max_examples=500, database=None))
+    assert {PaddleFormersZccSut.process_shape(changed, i) for i in range(len(changed.ops))} == {"", "ep=2"}
+
+
+def test_a_stacked_expert_is_refused_before_any_launch() -> None:
+    mesh = Mesh((1, 2), ("dp", "ep"))
+    case = _moe_case(RESUME_ELSEWHERE, 2, 2)
+    stacked = {k: expert_layouts(mesh, "ep", 2, "moe", "w1", stacked=True)["moe.w1"].to_json()
+               for k in family_keys("moe.w1").values()}
+    odd = dataclasses.replace(case, tensors=(*case.tensors, TensorCase("moe.w1", "F32", (2, 3), 5)),
+                              save_layout={**case.save_layout, **stacked}, load_layout={**case.load_layout, **stacked})
+    assert "is not replicated" in PaddleFormersZccSut.refuses(odd)
+
+
+@needs_pf
+@pytest.mark.multirank
+@pytest.mark.parametrize(("save_ep", "load_ep"), [(2, 2), (2, 1), (1, 2)])
+def test_a_moe_job_resumed_on_another_expert_parallel_degree_keeps_each_experts_ema(save_ep, load_ep,
+                                                                                    zcc_judge) -> None:
+    """Experts live on their expert-parallel ranks under their global ids (ZCC filters their no-sync optimizer
+    state per rank). A job saved on one EP degree and resumed on another, where the Trainer reshards ZCC's EMA
+    through flex checkpoint into shared memory for the worker, equals the uninterrupted run: each expert's
+    parameters, master weights, moments and EMA."""
+    judgement, outcome = zcc_judge(_moe_case(RESUME_ELSEWHERE, save_ep, load_ep))
+    assert judgement.ok, judgement.details
+    loaded = next(rec for rec in outcome.records if rec.kind == "load")
+    assert any(k.startswith("ema/moe.experts.") for k in loaded.loaded[0])  # the EMA was read, not skipped
 
 
 @needs_pf

@@ -87,7 +87,8 @@ class _Job:
                 raise FaultSpecError(f"fault op {i} is a {op.kind}: a fault needs an op that runs on the ranks")
             return self.listed(self.harness_op(op, i)), False
         world = self.case.world_size(self.case.op_layouts(i))
-        runner = self.runners.get(world, self.case.options, launched=faulted, fault_case=self.case.fault is not None)
+        runner = self.runners.get(world, self.case.options, launched=faulted, fault_case=self.case.fault is not None,
+                                  shape=self.runners.cls.process_shape(self.case, i))
         rec = OpRecord(i, op.kind, op.name)
         self.ran.append((runner, rec))
         try:

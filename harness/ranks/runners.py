@@ -77,11 +77,15 @@ class Runners:
         # replaying many findings on warm ranks; fresh launches are its nightly run).
         self.fork_pools = False
 
-    def get(self, world: int, options: dict, launched: bool = False, fault_case: bool = False) -> Runner:
+    def get(self, world: int, options: dict, launched: bool = False, fault_case: bool = False,
+            shape: str = "") -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids).
         ``fault_case``: the op belongs to a case with a fault, which virtual ranks never play (the job its fault
-        restarts and the state it leaves are those of real processes)."""
+        restarts and the state it leaves are those of real processes). ``shape``: the adapter's process shape of
+        the op (SutAdapter.process_shape), whose processes are kept apart from other shapes'."""
         setup = {"shims": options.get("shims", True), "device": self.device}
+        if shape:
+            setup["shape"] = shape
         if self.fixes:
             setup["fixes"] = list(self.fixes)
         if self.reach:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 from reference.engine import LocalTensor
 from reference.layout import Region, TensorLayout, whole_on_every_rank
+from reference.moe import keyed_expert_id, whole_on_its_ep_ranks
 from reference.tensor import Tensor
 
 
@@ -62,14 +63,24 @@ class SutAdapter:
     def refuses(cls, case: Any) -> str | None:
         """Why this SUT cannot run ``case`` at all (None: it can), read from the case alone before any launch: a
         hand-written case outside what the adapter models is bad input to the harness, not a finding. Here: a
-        layout other than whole tensors on every rank, for a SUT that claims only those ("replicated")."""
+        layout other than whole tensors on every rank, for a SUT that claims only those ("replicated"); one that
+        also claims "moe" holds keyed experts whole on their expert-parallel ranks too."""
         if "replicated" in cls.capabilities:
+            moe = "moe" in cls.capabilities
             for which in ("save", "load"):
                 for key, layout in sorted(case.layouts(which).items()):
-                    if not whole_on_every_rank(layout):
+                    expert = moe and keyed_expert_id(key) is not None and whole_on_its_ep_ranks(layout)
+                    if not (whole_on_every_rank(layout) or expert):
                         return (f"the {which} layout of {key!r} is not replicated: {cls.name} holds whole tensors "
                                 "on every rank (capability 'replicated')")
         return None
+
+    @classmethod
+    def process_shape(cls, case: Any, index: int) -> str:
+        """What of op ``index``'s job a rank process keeps for its whole life, where ops differ in it (e.g. the
+        framework's process groups, made once per process): ops of another shape run on other processes, as a
+        real job of that shape is another launch. "" (the default): any warm process will do."""
+        return ""
 
     @classmethod
     def preload(cls) -> None:

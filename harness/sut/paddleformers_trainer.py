@@ -53,6 +53,7 @@ from harness.sut._paddle_common import (
 from harness.sut.base import RankTensor
 from harness.sut.paddleformers_uc import checkpoint_to_resume
 from reference.dtypes import dtype
+from reference.moe import keyed_expert_id
 from reference.namespaces import STEP_KEY
 from reference.tensor import Tensor
 from reference.training import (
@@ -111,6 +112,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         self._params: tuple[Param, ...] = ()
         self._died: BaseException | None = None  # the error a run ended with: the job is dead until a resume
         self._savers: list[Any] = []  # the AsyncSavers of the case's Trainers: their pools end with the case
+        self._ep = 1  # the job's expert-parallel degree (keyed experts spread over this many ranks)
 
     @classmethod
     def refuses(cls, case: Any) -> str | None:
@@ -261,7 +263,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
         if fmt not in FORMATS:
             raise TrainerCaseError(f"format {fmt!r}: the Trainer saves an EMA in {', '.join(FORMATS)}")
         args = TrainingArguments(**self._arguments(root, spec, params, options, world, max_steps))
-        model = _build_model(spec, params)
+        model = _build_model(spec, params, experts_apart=self._ep > 1)
         samples = max_steps * max(world, 1) * args.gradient_accumulation_steps + 8
         trainer = Trainer(model=model, args=args, train_dataset=_Steps(samples))
         saver = _saver(trainer)
@@ -349,10 +351,26 @@ def _fresh_names() -> Any:
     return paddle.utils.unique_name.guard()
 
 
-def _build_model(spec: TrainingSpec, params: tuple[Param, ...]) -> Any:
+def expert_parallel(params: tuple[Param, ...], held: set[str]) -> tuple[int, tuple[Param, ...]]:
+    """(expert-parallel degree, the parameters a rank's model holds) from the keys of the state it holds: every
+    dense parameter, and the keyed experts (``….experts.<global id>.…``) of its expert-parallel rank. The degree is
+    how many ranks the experts are spread over; 1 where the rank holds them all (or there are none)."""
+    mine = tuple(p for p in params if keyed_expert_id(p.name) is None or held & set(family_keys(p.name).values()))
+    experts = {i for p in params if (i := keyed_expert_id(p.name)) is not None}
+    own = {i for p in mine if (i := keyed_expert_id(p.name)) is not None}
+    if experts and (not own or len(experts) % len(own)):
+        raise TrainerCaseError(f"this rank holds {len(own)} of {len(experts)} experts: expert parallelism gives "
+                               "every rank the same number")
+    return (len(experts) // len(own) if experts else 1), mine
+
+
+def _build_model(spec: TrainingSpec, params: tuple[Param, ...], experts_apart: bool = False) -> Any:
     """A PretrainedModel holding the case's parameters at their step-0 values; its forward returns the reference
     loop's loss of the step the Trainer is about to take, and gives every parameter a gradient (zero: the AdamW shim
-    applies the reference's)."""
+    applies the reference's). ``experts_apart``: the keyed experts live on their expert-parallel ranks only, and
+    are marked as PaddleFormers' expert-parallel MoE layers (DeepSeek-V3's) mark them: ``expert``, ``no_sync`` and
+    ``is_distributed`` (no data-parallel gradient sync; each rank saves its own), and the ``moe_expert`` color over
+    the MoE sharding group (stage 1 V2 fuses them apart from the dense parameters, sharded over that group)."""
     import paddle
     from paddleformers.transformers import PretrainedConfig, PretrainedModel
 
@@ -375,6 +393,11 @@ def _build_model(spec: TrainingSpec, params: tuple[Param, ...]) -> Any:
     for p in params:
         param = add_nested_parameter(model, p.name, p.shape, p.dtype)
         param.set_value(to_paddle(start[family_keys(p.name)["model"]]))
+        if experts_apart and keyed_expert_id(p.name) is not None:
+            param.expert = param.no_sync = param.is_distributed = param.is_moe_param = True
+            param.color = {"color": "moe_expert",
+                           "group": paddle.distributed.fleet.get_hybrid_communicate_group()
+                           .get_moe_sharding_parallel_group()}
     return model
 
 

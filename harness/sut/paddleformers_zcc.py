@@ -47,11 +47,13 @@ from harness.sut.paddleformers_trainer import (
     _optimizers,
     _pack,
     _unpack,
+    expert_parallel,
     optimizer_slot,
 )
 from harness.sut.paddleformers_uc import checkpoint_to_resume
 from harness.sut.trainer_job import BEGIN, END, TrainerJob
 from reference.dtypes import dtype
+from reference.moe import expert_parallel_degree, keyed_expert_id
 from reference.namespaces import STEP_KEY
 from reference.tensor import Tensor
 from reference.training import (
@@ -88,7 +90,8 @@ class _Save:
 class PaddleFormersZccSut(PaddleFormersTrainerSut):
     name = "paddleformers-zcc"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"trains", "replicated", "async", "kill_writer", "master_init:param", "ema_seen:saved", "ema_every:1",
+        {"trains", "replicated", "moe", "moe:keyed", "ep_change", "async", "kill_writer", "master_init:param",
+         "ema_seen:saved", "ema_every:1",
          "dtype:I64", "dtype:F32", "dtype:BF16", f"format:{FORMAT}"}
         | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}
         | {f"choice:gradient_accumulation_steps={n}" for n in ACCUMULATIONS}
@@ -121,6 +124,14 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
                        f"{spec.ema_every} must divide save_steps)"
         return super().refuses(case) or _save_without_a_step(case)
 
+    @classmethod
+    def process_shape(cls, case: Any, index: int) -> str:
+        """The expert-parallel degree: ``fleet.init`` makes a process's hybrid groups once (a job's
+        ``TrainingArguments`` make them only where none exist), so a job on another EP degree runs on other
+        processes, as it is another launch in real use."""
+        ep = expert_parallel_degree(case.layouts(case.op_layouts(index)))
+        return f"ep={ep}" if ep > 1 else ""
+
     def setup(self, rank: int, world_size: int, options: dict) -> list[str]:
         import paddle
 
@@ -141,7 +152,7 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
         self._alive()
         try:
             if self._job is None:
-                self._job = self._start_job(root, spec, params, options, self._start.path)
+                self._job = self._start_job(root, spec, params, options, self._start.path, set(live))
             job = self._job
             if job.at[1] > to_step:
                 raise TrainerCaseError(f"the job is at step {job.at[1]}, past step {to_step}")
@@ -206,7 +217,7 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
         self._end_job(finalize=True)
         path = str(checkpoint_to_resume(root, name))
         try:
-            self._job = self._start_job(root, spec, params, options, path)
+            self._job = self._start_job(root, spec, params, options, path, set(targets))
         except Exception:
             self._drop_job()
             raise
@@ -221,9 +232,13 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
         super().end_case()
 
     def _start_job(self, root: Path, spec: TrainingSpec, params: tuple[Param, ...], options: dict,
-                   resume: str | None) -> TrainerJob:
+                   resume: str | None, held: set[str]) -> TrainerJob:
+        """A job over the parameters this rank holds (``held``: its keys of the case's state): every dense one,
+        and the experts of its expert-parallel rank."""
+        self._ep, mine = expert_parallel(params, held)
         with _fresh_names():
-            trainer = self._trainer_for(root, spec, params, options, max_steps=HORIZON)
+            trainer = self._trainer_for(root, spec, mine, options, max_steps=HORIZON)
+        _check_expert_ranks(trainer, mine, self._ep)
         return TrainerJob(trainer, resume, scope=_fresh_names)
 
     def _end_job(self, finalize: bool) -> None:
@@ -257,7 +272,22 @@ class PaddleFormersZccSut(PaddleFormersTrainerSut):
             "gradient_accumulation_steps": int(options.get("gradient_accumulation_steps", ACCUMULATIONS[-1])),
             "save_tokenizer": False, "bf16": True, "fp16_opt_level": "O2",
             "sharding": "stage1", "sharding_parallel_size": world,
+            # experts over more than one rank: expert parallelism (its optimizer needs stage 1 V2, as ZCC does)
+            **({"use_expert_parallel": True, "expert_model_parallel_size": self._ep} if self._ep > 1 else {}),
         }
+
+
+def _check_expert_ranks(trainer: Any, mine: tuple[Param, ...], ep: int) -> None:
+    """The experts this rank holds are those of its expert-parallel rank in the job's groups: global id // (experts
+    per rank) = the rank's EP index, as PaddleFormers' MoE layers place them."""
+    if ep <= 1:
+        return
+    import paddle.distributed as dist
+
+    ep_rank = dist.fleet.get_hybrid_communicate_group().get_expert_parallel_rank()
+    ids = sorted({i for p in mine if (i := keyed_expert_id(p.name)) is not None})
+    if any(i // len(ids) != ep_rank for i in ids):
+        raise TrainerCaseError(f"this rank holds experts {ids}, but its expert-parallel rank is {ep_rank} of {ep}")
 
 
 def _save_without_a_step(case: Any) -> str | None:
@@ -354,6 +384,8 @@ def _local_pieces(trainer: Any, params: tuple[Param, ...]) -> dict[str, Any]:
     named = dict(trainer.model.named_parameters())
     out: dict[str, Any] = {}
     for p in params:
+        if p.name not in named:  # an expert of another expert-parallel rank
+            continue
         keys, param = family_keys(p.name), named[p.name]
         out[keys["model"]] = _pack(from_paddle(param))
         if p.dtype == "F32":
@@ -404,33 +436,41 @@ def _assemble(gathered: list[dict[str, Any]], params: tuple[Param, ...]) -> dict
 
 
 def _handed_ema(trainer: Any, spec: TrainingSpec, params: tuple[Param, ...]) -> dict[str, Tensor]:
-    """The EMA the resumed job hands its worker: the file ``set_ema_state_dict`` was given (this rank's part of
-    the flex checkpoint's ``ema_state``), read as the worker reads it, its ranks' parts put together; zeros where
-    no rank was handed one (the worker's EMA then starts at zero)."""
-    import paddle
+    """The EMA the resumed job hands its worker, its ranks' parts put together: the file ``set_ema_state_dict``
+    was given (this rank's part of the flex checkpoint's ``ema_state``, read as the worker reads it), or, where the
+    job's parallelism changed, what the Trainer's own reshard of that EMA put in shared memory for the worker
+    (``set_ema_shared_memory``); zeros where no rank was handed one (the worker's EMA then starts at zero)."""
     import paddle.distributed as dist
 
-    path = getattr(trainer.zcc_manager, "_ckpt_harness_ema", None)
-    if getattr(trainer.zcc_manager, "_ckpt_harness_ema_shm", False):
-        raise TrainerCaseError("the resume handed its EMA over shared memory (a reshard), which is not observed")
+    held = _handed(trainer.zcc_manager)
     slices = _slices(trainer)
     static = {name: prm.name for name, prm in trainer.model.named_parameters()}
     mine: dict[str, Any] = {}
-    if path is not None:
-        held = paddle.load(path)
-        for p in params:
-            key = family_keys(p.name)["ema"]
-            value = held.get(p.name if p.dtype == "F32" else f"{p.name}.w_0")
-            if value is None:
-                continue
-            values = value.astype("float32").numpy().reshape(-1)
-            lo = 0 if values.size == int(np.prod(p.shape)) else slices[static[p.name]][0]
-            mine[key] = (lo, _pack(Tensor.from_array(values, "F32")))
+    for p in params:
+        key = family_keys(p.name)["ema"]
+        value = held.get(p.name if p.dtype == "F32" else f"{p.name}.w_0")
+        if value is None or p.name not in static:
+            continue
+        values = np.asarray(value, np.float32).reshape(-1)
+        lo, hi = (0, values.size) if values.size == int(np.prod(p.shape)) else slices[static[p.name]]
+        mine[key] = (lo, _pack(Tensor.from_array(values[:hi - lo], "F32")))
     gathered: list = []
     dist.all_gather_object(gathered, mine)
     state = _assemble(gathered, params)
     zeros = {p.name: Tensor.from_array(np.zeros(p.shape, np.float32), "F32") for p in params}
     return {key: state.get(key, zeros[p.name]) for p in params for key in [family_keys(p.name)["ema"]]}
+
+
+def _handed(manager: Any) -> dict[str, Any]:
+    """What a resume handed ZCC's worker as its EMA, by the key the worker reads (nothing: an empty dict)."""
+    import paddle
+
+    shared = getattr(manager, "_ckpt_harness_ema_shm", None)
+    if shared is not None:
+        return shared
+    path = getattr(manager, "_ckpt_harness_ema", None)
+    return {} if path is None else {k: v.astype("float32").numpy() for k, v in paddle.load(path).items()
+                                    if hasattr(v, "astype")}
 
 
 # --- CPU shims of the job -------------------------------------------------------------------------------------
@@ -466,9 +506,10 @@ def _install_zcc_job_shims() -> list[str]:
         self._ckpt_harness_ema = path
         return set_path(self, path)
 
-    def set_ema_shared_memory(self: Any, *args: Any, **kwargs: Any) -> Any:
-        self._ckpt_harness_ema_shm = True
-        return set_shm(self, *args, **kwargs)
+    def set_ema_shared_memory(self: Any, metas: Any, tensor_refs: Any = None, **kwargs: Any) -> Any:
+        # copied now: the refs go once the worker has read them
+        self._ckpt_harness_ema_shm = {k: t.numpy().copy() for k, t in (tensor_refs or {}).items()}
+        return set_shm(self, metas, tensor_refs=tensor_refs, **kwargs)
 
     zcc.ZeroCostCheckpointManager.set_ema_state_dict = set_ema_state_dict
     zcc.ZeroCostCheckpointManager.set_ema_shared_memory = set_ema_shared_memory

@@ -104,12 +104,14 @@ def _layouts(draw, caps: Caps, ranks: int, moe: bool):
         return dense, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh)
 
     save_mesh = draw(ep_meshes(save_world))
-    load_mesh = draw(ep_meshes(load_world)) if caps.reshard else save_mesh
+    # "ep_change": the load may run on another EP degree of the same world (a SUT that cannot change world size)
+    ep_change = caps.reshard or "ep_change" in caps.caps
+    load_mesh = draw(ep_meshes(load_world)) if ep_change else save_mesh
     experts = save_mesh.shape[1] * load_mesh.shape[1] * draw(st.integers(1, 2))
     dtype = draw(st.sampled_from([d for d in caps.dtypes if d in PARAM_DTYPES]))
     inner = draw(st.lists(st.integers(1, 3), min_size=0, max_size=2).map(tuple))
     seed = draw(st.integers(0, 2**16))
-    stacked = draw(st.booleans())
+    stacked = "moe:keyed" not in caps.caps and draw(st.booleans())  # "moe:keyed": one parameter per expert
     save_experts, load_experts = (expert_layouts(m, "ep", experts, "moe", "w1", stacked=stacked)
                                   for m in (save_mesh, load_mesh))
     shape = (experts, *inner) if stacked else inner
