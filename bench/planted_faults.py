@@ -16,12 +16,12 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import reference.stio
+import reference.disk.stio
 from harness.sut.reference import COMMIT_TIMEOUT, ReferenceSut, agreed_save_id
 from reference import commit, save_rank
-from reference.commit import STAGING_PREFIX, protocol
+from reference.disk.commit import STAGING_PREFIX, protocol
+from reference.disk.fsutil import fsync_dir, write_durable
 from reference.engine import _manifest_file, rank_file
-from reference.fsutil import fsync_dir, write_durable
 
 
 class _NoFsync:
@@ -78,7 +78,7 @@ class SwallowsWriteErrorReference(_PlantedSave):
     index says and returns as if it had succeeded."""
 
     def write_part(self, root, name, save_id, local):
-        with _patched(reference.stio, "_write_all", _swallowing(reference.stio._write_all)):
+        with _patched(reference.disk.stio, "_write_all", _swallowing(reference.disk.stio._write_all)):
             super().write_part(root, name, save_id, local)
 
 
@@ -87,7 +87,7 @@ class SkipsDataFsyncReference(_PlantedSave):
     may not be, even after the save returned."""
 
     def write_part(self, root, name, save_id, local):
-        with _patched(reference.stio, "os", _NoFsync()):
+        with _patched(reference.disk.stio, "os", _NoFsync()):
             super().write_part(root, name, save_id, local)
 
 
@@ -138,7 +138,7 @@ class VotesBeforeDataReference(_PlantedSave):
             vote = staging / f".{_manifest_file(self.rank)}.tmp"
             write_durable(vote, (prepared / _manifest_file(self.rank)).read_bytes())
             os.replace(vote, staging / _manifest_file(self.rank))
-            reference.stio._write_all(fd, memoryview(data))
+            reference.disk.stio._write_all(fd, memoryview(data))
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -5,7 +5,7 @@ async save, typed errors.
 """
 
 from .async_save import AsyncSave, AsyncSaver, async_save
-from .commit import Scan, checkpoint_dir, committed_checkpoints, read_latest, scan_checkpoints
+from .disk.commit import Scan, checkpoint_dir, committed_checkpoints, read_latest, scan_checkpoints
 from .dtypes import DTYPES, DType, dtype
 from .engine import (
     CheckpointInfo,

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
+from .disk.index import check_safe_name
+from .disk.stio import DEFAULT_BLOCK
 from .engine import CheckpointInfo, LocalTensor, new_save_id, per_rank
 from .errors import ERROR_TYPES, AsyncWriterError
-from .index import check_safe_name
 from .layout import TensorLayout
-from .stio import DEFAULT_BLOCK
 from .tensor import Tensor
 
 _ALIGN = 64

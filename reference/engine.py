@@ -18,7 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .commit import collect_garbage, committed_checkpoints, open_committed, protocol, rotate, set_latest
+from .disk.commit import collect_garbage, committed_checkpoints, open_committed, protocol, rotate, set_latest
+from .disk.fsutil import read_small_file, write_durable
+from .disk.index import FORMAT, INDEX_NAME, VERSION, Index, SliceRecord, check_safe_name, encode_index, parse_index
+from .disk.stio import DEFAULT_BLOCK, Entry, SafetensorsReader, write_file
+from .disk.strictjson import Record, loads, seal, unseal
 from .dtypes import DType, dtype
 from .errors import (
     CheckpointIncomplete,
@@ -30,12 +34,8 @@ from .errors import (
     SliceOutOfRange,
     TargetMismatch,
 )
-from .fsutil import read_small_file, write_durable
-from .index import FORMAT, INDEX_NAME, VERSION, Index, SliceRecord, check_safe_name, encode_index, parse_index
 from .layout import Box, FlatRange, Region, TensorLayout
 from .regions import check_in_range, copy_between, intersect_boxes, needed_runs, strides
-from .stio import DEFAULT_BLOCK, Entry, SafetensorsReader, write_file
-from .strictjson import Record, loads, seal, unseal
 from .tensor import Tensor
 
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 import reference as R
-from reference.commit import pointer_text
-from reference.index import encode_index
+from reference.disk.commit import pointer_text
+from reference.disk.index import encode_index
 
 MESH = R.Mesh((2,))
 RANKS = 2

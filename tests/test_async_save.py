@@ -24,7 +24,7 @@ from reference import (
     Tensor,
     async_save,
 )
-from reference.commit import committed_checkpoints, read_latest
+from reference.disk.commit import committed_checkpoints, read_latest
 from reference.engine import local_tensors
 
 MESH2 = Mesh((2,))

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import reference as R
 from reference import CheckpointExists, CheckpointIncomplete, CheckpointNotFound, Mesh, Replicate, Shard, Sharded
-from reference.commit import PROTOCOLS, committed_checkpoints, pointer_text, read_latest, rotate, set_latest
+from reference.disk.commit import PROTOCOLS, committed_checkpoints, pointer_text, read_latest, rotate, set_latest
 
 MESH4 = Mesh((2, 2), ("dp", "tp"))
 LAYOUTS4 = {

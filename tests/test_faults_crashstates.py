@@ -218,7 +218,7 @@ EXCHANGE = r'''
 import os, sys
 sys.path.insert(0, sys.argv[2])
 from pathlib import Path
-from reference.fsutil import exchange
+from reference.disk.fsutil import exchange
 d = sys.argv[1]
 os.mkdir(os.path.join(d, "new"))
 fd = os.open(os.path.join(d, "new", "data"), os.O_WRONLY | os.O_CREAT, 0o644)

@@ -196,7 +196,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
     assert _against("properties.model.case", {"harness.judging.run", "reference.tensor"}) == ["harness.judging.run"]
-    assert _against("faults.corrupt", {"reference.stio", "faults.errors"}) == ["reference.stio"]
+    assert _against("faults.corrupt", {"reference.disk.stio", "faults.errors"}) == ["reference.disk.stio"]
     assert _against("properties.generate.cases", {"properties.check.oracle"}) == ["properties.check.oracle"]
     assert _against("harness.ranks.virtual.scheduler", {"harness.sut.base"}) == ["harness.sut.base"]
     assert _against("harness.report.summary", {"harness.campaign.fuzz", "harness.sut"}) == []

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import reference.stio as stio
+import reference.disk.stio as stio
 from properties.model.case import seeded_tensor
 from reference import DTYPES, Box, FlatRange, Mesh, Shard, Sharded, Target, load, save
 

@@ -46,9 +46,9 @@ from reference import (
     UnsupportedFormatVersion,
     flat_group,
 )
-from reference.commit import pointer_text
-from reference.index import encode_index
-from reference.stio import SafetensorsReader
+from reference.disk.commit import pointer_text
+from reference.disk.index import encode_index
+from reference.disk.stio import SafetensorsReader
 
 MESH2 = Mesh((2,))
 LAYOUTS = {"w": Sharded(MESH2, (Shard(0),)), "b": Sharded(MESH2, (Replicate(),))}

@@ -29,8 +29,8 @@ from reference import (
     read_meta,
     save,
 )
+from reference.disk.index import read_index
 from reference.engine import local_tensors
-from reference.index import read_index
 from reference.layout import FlatRange, flat_group, replicated
 from reference.moe import keyed_layouts, local_expert_ids, stacked_layout
 from reference.namespaces import TrainingState

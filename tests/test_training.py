@@ -23,8 +23,8 @@ from properties.generate.cases import Caps
 from properties.generate.training_cases import _layouts, specs, training_cases
 from properties.model.case import Case, CaseError, Op, TensorCase
 from properties.model.outcome import Outcome
+from reference.disk.index import read_index
 from reference.engine import local_tensors, rank_file
-from reference.index import read_index
 from reference.layout import Mesh, Shard, Sharded, replicated
 from reference.moe import keyed_layouts
 from reference.namespaces import STEP_KEY

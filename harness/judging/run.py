@@ -17,6 +17,7 @@ from harness.ranks.rankops import unpack
 from harness.ranks.runner import PoolFailure, Runner, RunnerSet
 from properties.model.case import HARNESS_KINDS, Case, Op
 from properties.model.outcome import OpRecord, Outcome
+from reference import nesting
 
 T = TypeVar("T")
 
@@ -139,7 +140,10 @@ class _Job:
             self.drop(runner)
             return True
         if op.kind == "save" and rec.ok:
-            rec.written = _unless_unreadable(lambda: self.runners.cls.written(self.root, op.name)) or {}
+            written = _unless_unreadable(lambda: self.runners.cls.written(self.root, op.name)) or {}
+            # a nested state dict's leaves are listed under their stored keys: by the case's names again
+            rec.written = nesting.by_name(written, [t.name for t in self.case.tensors],
+                                          self.case.options.get(nesting.NESTED))
         if self.case.fault is not None and not rec.ok and runner.launched and not (
                 self.runners.keep_failed and rec.symmetric and runner.healthy()):
             # After a fault every op is judged on its own: a failed op may leave the group wedged

@@ -29,6 +29,7 @@ from harness.sut._paddle_common import (
     zeros,
 )
 from harness.sut.base import RankTensor
+from reference import nesting
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
 from reference.namespaces import NAMESPACES
 from reference.tensor import Tensor
@@ -57,7 +58,7 @@ class PaddleDcpSut(PaddleAdapter):
     name = "paddle-dcp"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state",
-         "split_families", "virtual"}
+         "split_families", "virtual", "nested"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -77,12 +78,12 @@ class PaddleDcpSut(PaddleAdapter):
             state = {}
             kind, meshes = _kind(group, options, sub), {}
             for tname, rt in group.items():
-                value, local = _wrap(tname, rt, to_paddle(rt.local.tensor), kind, meshes)
+                value, local = _wrap(_key(tname, options), rt, to_paddle(rt.local.tensor), kind, meshes)
                 if value is not None:
                     state[tname] = value
                     handle.tensors.append(local)
             dist.save_state_dict(
-                state,
+                _nested(state, options, sub),
                 str(path / sub if sub else path),
                 unique_id=unique_id,
                 async_save=use_async,
@@ -140,19 +141,27 @@ class PaddleDcpSut(PaddleAdapter):
         state, read_back, out, meshes = {}, {}, {}, {}
         for tname, rt in targets.items():
             lt = rt.local
-            value, local = _wrap(tname, rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind, meshes)
+            value, local = _wrap(_key(tname, options), rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind, meshes)
             if value is None:  # a zero-length flat slice: nothing to ask Paddle for
                 out[tname] = Tensor(lt.tensor.dtype, np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype))
                 continue
             state[tname] = value
             read_back[tname] = local
+        given = _nested(state, options, path.name if options.get("split_families") else "")
         dist.load_state_dict(
-            state,
+            given,
             str(path),
             unique_id=unique_id,
             safetensors=options.get("format") == "safetensors",
             comm_method=options.get("comm_method", "broadcast"),
         )
+        sep = options.get(nesting.NESTED)
+        if sep:  # what the caller's dict holds after the load, read where a training script reads it
+            state = {tname: nesting.leaf(given, tname, sep) for tname in state}
+            lost = nesting.empty_dicts_kept(given, _empty_dicts(options, path.name if options.get("split_families")
+                                                                else ""), sep)
+            if lost:
+                raise RuntimeError(f"load_state_dict left the empty sub-dicts {lost} of the state dict changed")
         for tname, local in read_back.items():
             lt = targets[tname].local
             out[tname] = from_paddle(_loaded_local(state[tname], local), lt.tensor.shape)
@@ -297,6 +306,26 @@ def _loaded_local(value: Any, fallback: Any) -> Any:
     if hasattr(value, "is_dist") and value.is_dist():
         return value._local_value()
     return value if value is not None else fallback
+
+
+def _key(name: str, options: dict) -> str:
+    """The key a ShardedWeight carries: the tensor's name, or in a nested state dict its path joined as Paddle
+    joins it (the key a model's ``sharded_state_dict`` gives the same tensor)."""
+    sep = options.get(nesting.NESTED)
+    return nesting.stored_key(name, sep) if sep else name
+
+
+def _empty_dicts(options: dict, family: str) -> list[str]:
+    """The case's empty sub-dicts of one save_state_dict call (a family's under ``split_families``)."""
+    empty = options.get(nesting.EMPTY_DICTS, ())
+    return [e for e in empty if not family or e.partition(options[nesting.NESTED])[0] == family]
+
+
+def _nested(state: dict[str, Any], options: dict, family: str) -> dict:
+    """The state dict as the case gives it to Paddle: flat, or nested at ``options["nested"]`` with its empty
+    sub-dicts."""
+    sep = options.get(nesting.NESTED)
+    return nesting.build(state, sep, _empty_dicts(options, family)) if sep else state
 
 
 def _wrap(name: str, rt: RankTensor, local: Any, kind: str, meshes: dict) -> tuple[Any, Any]:

@@ -25,9 +25,9 @@ from reference import (
     new_save_id,
     save_rank,
 )
-from reference.commit import rotate as rotate_checkpoints
+from reference.disk.commit import rotate as rotate_checkpoints
+from reference.disk.index import read_index
 from reference.dtypes import DTYPES
-from reference.index import read_index
 
 COMMIT_TIMEOUT = 60.0
 

@@ -14,11 +14,16 @@ from hypothesis import strategies as st
 
 from properties.generate.layouts import DTYPE_NAMES, factorizations, shapes, sharded_layouts, state_layouts
 from properties.model.case import SPECIAL_BITS, Case, Op, TensorCase
+from reference import nesting
 from reference.layout import Mesh, TensorLayout, flat_group, replicated
 from reference.moe import expert_layouts
+from reference.nesting import EMPTY_DICTS, NESTED
 from reference.training import PARAM_DTYPES, family_keys
 
 NAMES = ("model/w", "model/b", "model/emb", "optimizer/w.m1", "optimizer/w.m2", "master/w", "ema/w", "rng/state")
+# With nesting ("/" splits a name into dict keys): deeper paths, dicts beside tensors, "." inside keys
+NESTED_NAMES = ("model/layers/0/w", "model/layers.1/b", "model/layers/2.w", "optimizer/state/w/m1", "buffers/step")
+EMPTY_DICTS_DRAWN = ("model/unused", "buffers/none", "extra", "optimizer/state/empty")
 PARAMS = ("w", "b", "emb", "layers.0.qkv")  # parameter names of a trainer's state ("trainer_state" SUTs)
 MAX_VERSIONS = 16  # versions in one root: ids such as 1 and 11 coexist (a suffix match tells them apart wrongly)
 KEEP_LAST = (1, 2)  # rotation limits drawn for SUTs that rotate inside every save ("keep_last")
@@ -75,6 +80,8 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
     for flag in caps.flags:
         if draw(st.booleans()):
             out[flag] = True
+    if "nested" in caps.caps and draw(st.booleans()):
+        out[NESTED] = "/"
     for key, values in caps.choices.items():
         out[key] = draw(st.sampled_from(values))
     return out
@@ -107,17 +114,36 @@ def trainer_state_cases(draw, caps: Caps, max_params: int = 3, min_params: int =
 
 
 @st.composite
-def tensor_cases(draw, caps: Caps, max_tensors: int = 4, min_tensors: int = 0, edge: bool = False):
+def tensor_cases(draw, caps: Caps, max_tensors: int = 4, min_tensors: int = 0, edge: bool = False,
+                 opts: dict | None = None):
+    """Tensors under drawn names; where ``opts`` ask for nesting, names of deeper paths too, and the empty
+    sub-dicts beside them (drawn into ``opts``)."""
     if caps.trainer_state:
         return draw(trainer_state_cases(caps, max_params=max(1, max_tensors // 2), min_params=min(min_tensors, 1),
                                         edge=edge))
-    names = draw(st.lists(st.sampled_from(NAMES), min_size=min_tensors, max_size=max_tensors, unique=True))
+    sep = (opts or {}).get(NESTED)
+    pool = NAMES + NESTED_NAMES if sep else NAMES
+    names = draw(st.lists(st.sampled_from(pool), min_size=min_tensors, max_size=max_tensors, unique=True)
+                 .filter(lambda ns: not sep or _nests(ns, sep)))
+    if sep:
+        empty = draw(st.lists(st.sampled_from(EMPTY_DICTS_DRAWN), max_size=2, unique=True)
+                     .filter(lambda es: _nests(names, sep, es)))
+        if empty:
+            opts[EMPTY_DICTS] = sorted(empty)
     out = []
     for name in names:
         dtype = draw(st.sampled_from(caps.dtypes))
         shape = draw(shapes(max_side=6).filter(lambda s: caps.zero_size or 0 not in s))
         out.append(TensorCase(name, dtype, shape, draw(st.integers(0, 2**16)), _bits(draw, dtype, shape, edge)))
     return tuple(out)
+
+
+def _nests(names: list[str], sep: str, empty: list[str] = ()) -> bool:
+    try:
+        nesting.check(names, sep, empty)
+    except nesting.NestingError:
+        return False
+    return True
 
 
 @st.composite
@@ -162,7 +188,7 @@ def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (
 
     if prop == "P-MOE":
         return draw(_moe_case(sut, ranks, caps, seed, opts))
-    tensors = draw(tensor_cases(caps, edge=prop == "P-EDGE", min_tensors=0 if prop == "P-EDGE" else 1))
+    tensors = draw(tensor_cases(caps, edge=prop == "P-EDGE", min_tensors=0 if prop == "P-EDGE" else 1, opts=opts))
     if prop == "P-ROUNDTRIP":
         layout = draw(_layouts_for(tensors, save_mesh, caps))
         return Case(prop, sut, tensors, layout, layout, _save_load(), opts, seed)

@@ -31,9 +31,11 @@ import numpy as np
 from faults.corrupt import KINDS as CORRUPTIONS
 from faults.errors import FaultSpecError
 from faults.spec import CorruptFault, Fault, parse_fault
+from reference import nesting
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
 from reference.layout import TensorLayout, layout_from_json
+from reference.nesting import EMPTY_DICTS, NESTED
 from reference.tensor import Tensor
 from reference.training import Param, TrainingSpec, check_params, state_keys, trained_state
 
@@ -349,6 +351,8 @@ class Case:
                     case = replace(case, fault=fault)
                 except FaultSpecError as exc:
                     raise CaseError(f"{source}: bad fault: {exc}") from None
+            if NESTED in case.options:
+                nesting.check([t.name for t in tensors], case.options[NESTED], case.options.get(EMPTY_DICTS, ()))
             if case.training is not None:
                 _check_training(case)
             elif any(op.kind == "train" for op in ops):

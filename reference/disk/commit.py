@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from .errors import (
+from ..errors import (
     CheckpointError,
     CheckpointExists,
     CheckpointIncomplete,

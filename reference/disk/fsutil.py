@@ -8,7 +8,7 @@ import os
 import stat
 from pathlib import Path
 
-from .errors import MalformedMetadata, UnsafePath
+from ..errors import MalformedMetadata, UnsafePath
 
 SMALL_FILE_LIMIT = 16 * 1024 * 1024  # index and manifests; larger is hostile (decoding it would cost ~10x in RAM)
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from .dtypes import DTYPES, DType
-from .errors import MalformedMetadata, UnsafePath, UnsupportedFormatVersion
+from ..dtypes import DTYPES, DType
+from ..errors import MalformedMetadata, UnsafePath, UnsupportedFormatVersion
+from ..layout import Box, FlatRange, Region
+from ..regions import check_exact_cover
 from .fsutil import read_small_file
-from .layout import Box, FlatRange, Region
-from .regions import check_exact_cover
 from .strictjson import MAX_INT, Record, as_int, kind, loads, seal, unseal
 
 FORMAT = "ckpt-harness-reference"

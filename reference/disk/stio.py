@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .dtypes import DTYPES, DType
-from .errors import ChecksumMismatch, CorruptCheckpoint, HeaderTooLarge
+from ..dtypes import DTYPES, DType
+from ..errors import ChecksumMismatch, CorruptCheckpoint, HeaderTooLarge
 from .fsutil import SMALL_FILE_LIMIT, open_regular
 from .index import checked_shape
 from .strictjson import Record, as_int, loads

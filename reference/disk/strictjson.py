@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MalformedMetadata
+from ..errors import MalformedMetadata
 
 MAX_DEPTH = 32  # deepest legitimate nesting: index → slices → slice → region → box → offsets (6) plus free meta
 MAX_DIGITS = 20  # a uint64 has 20 digits; longer digit runs are never a size, offset, checksum or step

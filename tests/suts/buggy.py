@@ -16,7 +16,7 @@ import numpy as np
 from harness.sut.paddle_dcp import PaddleDcpSut
 from harness.sut.reference import COMMIT_TIMEOUT, ReferenceSut, agreed_save_id
 from reference import commit, committed_checkpoints, save_rank
-from reference.commit import set_latest
+from reference.disk.commit import set_latest
 
 
 class FlipsLastElementSut(ReferenceSut):

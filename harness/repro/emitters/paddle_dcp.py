@@ -15,7 +15,8 @@ FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
 # Options that only shaped the case's layouts or the harness's own bounds: nothing for the script to do.
 INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
-RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method"})
+RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method", "nested",
+                      "empty_dicts"})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -31,7 +32,10 @@ def settings(scripted: ScriptedCase) -> str:
             f"SAME_DIR = {bool(options.get('same_dir', False))}  # every name a version (unique_id) of one directory\n"
             f"SAVE_REPLICAS = {bool(options.get('save_replicas', False))}\n"
             f"UNIQUE_ID = {options.get('unique_id')!r}\n"
-            f"COMM_METHOD = {options.get('comm_method', 'broadcast')!r}\n")
+            f"COMM_METHOD = {options.get('comm_method', 'broadcast')!r}\n"
+            + (f"NESTED = {options['nested']!r}  # a name's parts at this separator are nested dict keys\n"
+               f"EMPTY_DICTS = {list(options.get('empty_dicts', ()))!r}  # sub-dicts with nothing in them\n"
+               if options.get("nested") else ""))
 
 
 def helpers(scripted: ScriptedCase) -> str:
@@ -40,9 +44,11 @@ def helpers(scripted: ScriptedCase) -> str:
     if scripted.has_flat():
         blocks.append(ENTRY_FLAT)
     blocks.append(ENTRY_DIST if scripted.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
-    blocks.append(STATE_DICT)
+    nested = bool(scripted.options.get("nested"))
+    blocks.append(NESTING if nested else "")
+    blocks.append(STATE_DICT_NESTED if nested else STATE_DICT)
     blocks.append(SAVE_ASYNC if scripted.uses("use_async") else SAVE)
-    blocks.append(LOAD)
+    blocks.append(LOAD_NESTED if nested else LOAD)
     return "".join(blocks)
 
 
@@ -101,6 +107,55 @@ STATE_DICT = '''def state_dict(pieces, zero=False):
     return state, dense
 
 
+'''
+
+NESTING = '''def nest(flat):
+    """The nested dict: each name's parts at NESTED are its keys; EMPTY_DICTS are there, empty."""
+    root = {}
+    for name in EMPTY_DICTS:
+        node = root
+        for part in name.split(NESTED):
+            node = node.setdefault(part, {})
+    for name, value in flat.items():
+        *parents, last = name.split(NESTED)
+        node = root
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return root
+
+
+def at(tree, name):
+    for part in name.split(NESTED):
+        tree = tree[part]
+    return tree
+
+
+'''
+
+STATE_DICT_NESTED = '''def state_dict(pieces, zero=False):
+    """(nested state dict, the dense tensors behind it) for this rank. A piece's key is its path joined with ".",
+    the key a model's sharded_state_dict gives it."""
+    dist_tensors = DIST_TENSORS and not any(p.flat is not None for p in pieces.values())
+    state, dense = {}, {}
+    for name, p in pieces.items():
+        t = tensor(p, zero)
+        value = entry(".".join(name.split(NESTED)), p, t, dist_tensors)
+        if value is not None:
+            state[name], dense[name] = value, t
+    return nest(state), dense
+
+
+'''
+
+LOAD_NESTED = '''def load(name, pieces):
+    state, dense = state_dict(pieces, zero=True)
+    path, unique_id = location(name)
+    dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD)
+    for empty in EMPTY_DICTS:
+        if at(state, empty) != {}:
+            raise Failed(f"the load changed the empty sub-dict {empty!r}")
+    return {key: getattr(at(state, key), "local_tensor", at(state, key)) for key in dense}
 '''
 
 SAVE = '''def save(name, pieces):
