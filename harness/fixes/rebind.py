@@ -25,12 +25,14 @@ def source_digest(text: str) -> str:
 
 
 def target(module: str, qualname: str) -> tuple[object, str, Callable]:
-    """Where the function is bound in its own module (the module or the class), its name, and the function."""
+    """Where the function is bound in its own module (the module or the class), its name, and the function (a
+    static method's own function: rebinding keeps it static)."""
     owner: object = importlib.import_module(module)
     *path, name = qualname.split(".")
     for part in path:
         owner = getattr(owner, part)
-    return owner, name, inspect.getattr_static(owner, name)
+    func = inspect.getattr_static(owner, name)
+    return owner, name, func.__func__ if isinstance(func, staticmethod) else func
 
 
 def compiled(original: Callable, source: str, owner: object, filename: str) -> Callable:
@@ -77,7 +79,7 @@ def rebind(old: Callable, new: Callable, owner: object = None, name: str = "") -
         _rebind_all([(old, new)])
         return
     namespace = vars(owner) if isinstance(owner, types.ModuleType) else _ClassNamespace(owner)
-    if namespace.get(name) is old:
+    if _bound(namespace.get(name)) is old:
         _set(namespace, name, new)
     _pending.append((old, new))
 
@@ -93,8 +95,8 @@ def _rebind_all(pairs: list) -> None:
         final[id(old)] = new
     for namespace in _namespaces():
         for name, value in list(namespace.items()):
-            new = final.get(id(value))
-            if new is not None and new is not value:
+            new = final.get(id(_bound(value)))
+            if new is not None and new is not _bound(value):
                 _set(namespace, name, new)
 
 
@@ -121,8 +123,14 @@ class _ClassNamespace(dict):
         self.cls = cls
 
 
+def _bound(value: object) -> object:
+    """The function a name holds: a static method's own function, anything else as it is."""
+    return value.__func__ if isinstance(value, staticmethod) else value
+
+
 def _set(namespace: dict, name: str, value: object) -> None:
     if isinstance(namespace, _ClassNamespace):
-        setattr(namespace.cls, name, value)
+        held = inspect.getattr_static(namespace.cls, name, None)
+        setattr(namespace.cls, name, staticmethod(value) if isinstance(held, staticmethod) else value)
     else:
         namespace[name] = value

@@ -88,8 +88,10 @@ class _Job:
                 raise FaultSpecError(f"fault op {i} is a {op.kind}: a fault needs an op that runs on the ranks")
             return self.listed(self.harness_op(op, i)), False
         world = self.case.world_size(self.case.op_layouts(i))
-        runner = self.runners.get(world, self.case.options, launched=faulted, fault_case=self.case.fault is not None,
-                                  shape=self.runners.cls.process_shape(self.case, i))
+        cls = self.runners.cls
+        real_only = self.case.fault is not None or not cls.virtual_plays(self.case)
+        runner = self.runners.get(world, self.case.options, launched=faulted, fault_case=real_only,
+                                  shape=cls.process_shape(self.case, i))
         rec = OpRecord(i, op.kind, op.name)
         self.ran.append((runner, rec))
         try:

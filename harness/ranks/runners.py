@@ -81,7 +81,8 @@ class Runners:
             shape: str = "") -> Runner:
         """A runner for ``world`` ranks; ``launched`` insists on real rank processes (a fault needs their pids).
         ``fault_case``: the op belongs to a case with a fault, which virtual ranks never play (the job its fault
-        restarts and the state it leaves are those of real processes). ``shape``: the adapter's process shape of
+        restarts and the state it leaves are those of real processes), or to one the virtual world cannot play
+        (SutAdapter.virtual_plays). ``shape``: the adapter's process shape of
         the op (SutAdapter.process_shape), whose processes are kept apart from other shapes'."""
         setup = {"shims": options.get("shims", True), "device": self.device}
         if shape:

@@ -76,6 +76,12 @@ class SutAdapter:
         return None
 
     @classmethod
+    def virtual_plays(cls, case: Any) -> bool:
+        """Capability "virtual": whether the virtual world emulates every call ``case`` makes (else its ops run on
+        real ranks, as a fault case's do)."""
+        return True
+
+    @classmethod
     def process_shape(cls, case: Any, index: int) -> str:
         """What of op ``index``'s job a rank process keeps for its whole life, where ops differ in it (e.g. the
         framework's process groups, made once per process): ops of another shape run on other processes, as a

@@ -54,11 +54,18 @@ class DcpHandle:
     waited: bool = field(default=False)
 
 
+# load_state_dict's communicators: every one must load the same bits. parallel_broadcast (a horizontal, vertical and
+# parallel group of a 3-D job) is not drawn: the harness has no model of which 3-D decomposition it expects.
+COMM_METHODS = ("broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast")
+VIRTUAL_COMM = ("broadcast",)  # the virtual world emulates collectives, not point-to-point sends or sub-groups
+
+
 class PaddleDcpSut(PaddleAdapter):
     name = "paddle-dcp"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state",
          "split_families", "virtual", "nested"}
+        | {f"choice:comm_method={m}" for m in COMM_METHODS}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -154,6 +161,7 @@ class PaddleDcpSut(PaddleAdapter):
             unique_id=unique_id,
             safetensors=options.get("format") == "safetensors",
             comm_method=options.get("comm_method", "broadcast"),
+            worker_groups=_worker_groups(options.get("comm_method", "broadcast")),
         )
         sep = options.get(nesting.NESTED)
         if sep:  # what the caller's dict holds after the load, read where a training script reads it
@@ -184,6 +192,10 @@ class PaddleDcpSut(PaddleAdapter):
             module._metadata_manager.clear()
 
     # --- controller side -------------------------------------------------------------------------------------
+
+    @classmethod
+    def virtual_plays(cls, case: Any) -> bool:
+        return case.options.get("comm_method", "broadcast") in VIRTUAL_COMM
 
     @classmethod
     def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
@@ -306,6 +318,16 @@ def _loaded_local(value: Any, fallback: Any) -> Any:
     if hasattr(value, "is_dist") and value.is_dist():
         return value._local_value()
     return value if value is not None else fallback
+
+
+def _worker_groups(comm_method: str) -> list[Any] | None:
+    """``multi_group_broadcast`` broadcasts within groups the caller names (a trainer passes its parallel groups);
+    the job here has one, the world's."""
+    if comm_method != "multi_group_broadcast":
+        return None
+    from paddle.distributed.communication.group import _get_global_group
+
+    return [_get_global_group()]
 
 
 def _key(name: str, options: dict) -> str:

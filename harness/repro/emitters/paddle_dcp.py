@@ -40,7 +40,7 @@ def settings(scripted: ScriptedCase) -> str:
 
 def helpers(scripted: ScriptedCase) -> str:
     """The script's functions, leaving out the branches this case never takes."""
-    blocks = [LOCATION, ENTRY_HEAD]
+    blocks = [LOCATION, WORKER_GROUPS, ENTRY_HEAD]
     if scripted.has_flat():
         blocks.append(ENTRY_FLAT)
     blocks.append(ENTRY_DIST if scripted.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
@@ -59,6 +59,17 @@ LOCATION = '''def location(name):
     if SAME_DIR:
         return os.path.join(ROOT, "dcp"), int(name.rsplit("-", 1)[-1])
     return os.path.join(ROOT, name), UNIQUE_ID
+
+
+'''
+
+WORKER_GROUPS = '''def worker_groups():
+    """multi_group_broadcast broadcasts within the groups the caller names: here the world's, the job's one group."""
+    if COMM_METHOD != "multi_group_broadcast":
+        return None
+    from paddle.distributed.communication.group import _get_global_group
+
+    return [_get_global_group()]
 
 
 '''
@@ -151,7 +162,8 @@ STATE_DICT_NESTED = '''def state_dict(pieces, zero=False):
 LOAD_NESTED = '''def load(name, pieces):
     state, dense = state_dict(pieces, zero=True)
     path, unique_id = location(name)
-    dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD)
+    dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD,
+                         worker_groups=worker_groups())
     for empty in EMPTY_DICTS:
         if at(state, empty) != {}:
             raise Failed(f"the load changed the empty sub-dict {empty!r}")
@@ -193,7 +205,8 @@ def wait():
 LOAD = '''def load(name, pieces):
     state, _ = state_dict(pieces, zero=True)
     path, unique_id = location(name)
-    dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD)
+    dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD,
+                         worker_groups=worker_groups())
     return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
 '''
 
