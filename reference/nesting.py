@@ -82,7 +82,7 @@ def leaf(tree: Mapping, name: str, sep: str) -> Any:
     return node
 
 
-def empty_dicts_kept(tree: Mapping, empty: Iterable[str], sep: str) -> list[str]:
+def empty_dicts_lost(tree: Mapping, empty: Iterable[str], sep: str) -> list[str]:
     """The empty sub-dicts that are no longer empty dicts after a load (none: the load kept them)."""
     lost = []
     for name in empty:

@@ -21,9 +21,9 @@ def test_a_leaf_is_stored_under_its_path_joined_with_a_dot_and_read_back_at_its_
                     "rng": 4, "extra": {}}
     assert [nesting.stored_key(n, "/") for n in leaves] == ["model.layers.0.w", "model.layers.1.b", "model.w", "rng"]
     assert all(nesting.leaf(tree, n, "/") == v for n, v in leaves.items())
-    assert nesting.empty_dicts_kept(tree, ["model/unused", "extra"], "/") == []
+    assert nesting.empty_dicts_lost(tree, ["model/unused", "extra"], "/") == []
     tree["extra"]["x"] = 5
-    assert nesting.empty_dicts_kept(tree, ["model/unused", "extra"], "/") == ["extra"]
+    assert nesting.empty_dicts_lost(tree, ["model/unused", "extra"], "/") == ["extra"]
 
 
 @pytest.mark.parametrize(("names", "empty", "said"), [

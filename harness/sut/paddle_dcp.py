@@ -154,7 +154,8 @@ class PaddleDcpSut(PaddleAdapter):
                 continue
             state[tname] = value
             read_back[tname] = local
-        given = _nested(state, options, path.name if options.get("split_families") else "")
+        family = path.name if options.get("split_families") else ""  # _families names each call's directory so
+        given = _nested(state, options, family)
         dist.load_state_dict(
             given,
             str(path),
@@ -166,8 +167,7 @@ class PaddleDcpSut(PaddleAdapter):
         sep = options.get(nesting.NESTED)
         if sep:  # what the caller's dict holds after the load, read where a training script reads it
             state = {tname: nesting.leaf(given, tname, sep) for tname in state}
-            lost = nesting.empty_dicts_kept(given, _empty_dicts(options, path.name if options.get("split_families")
-                                                                else ""), sep)
+            lost = nesting.empty_dicts_lost(given, _empty_dicts(options, family), sep)
             if lost:
                 raise RuntimeError(f"load_state_dict left the empty sub-dicts {lost} of the state dict changed")
         for tname, local in read_back.items():
