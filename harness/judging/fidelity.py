@@ -74,12 +74,14 @@ def run_sides(case: Case, real: RunnerSet, virtual: RunnerSet) -> tuple[Side, Si
 
 
 def normalise(text: str, root: Path) -> str:
-    """A message as both sides can agree on it: the root's path (each side has its own) as <root>, and a peer's
-    port in gloo's messages (a real pool's are free ports, the virtual world's made up) as <port>."""
-    return _PORT.sub(r"\1<port>", text.replace(str(root), "<root>"))
+    """A message as both sides can agree on it: the root's path (each side has its own) as <root>, a peer's
+    port in gloo's messages (a real pool's are free ports, the virtual world's made up) as <port>, and an object's
+    address in its repr (where the allocator put it) as <address>."""
+    return _ADDRESS.sub(r"\1<address>", _PORT.sub(r"\1<port>", text.replace(str(root), "<root>")))
 
 
 _PORT = re.compile(r"(\[127\.0\.0\.1\]:)\d+")
+_ADDRESS = re.compile(r"(object at )0x[0-9a-f]+")
 
 
 #: Names Paddle makes up from a per-process counter (``unique_name``-style): the number is history, not state.
