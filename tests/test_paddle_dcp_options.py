@@ -1,11 +1,14 @@
-"""The load parameters paddle-dcp draws (issue: every public parameter judged against the reference): which are
-claimed, that strategies reach each, and which the virtual world leaves to real ranks."""
+"""The save and load parameters paddle-dcp draws (issue: every public parameter judged against the reference): which
+are claimed, that strategies reach each, and which the virtual world leaves to real ranks."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import find, settings
 
-from harness.sut.paddle_dcp import COMM_METHODS, VIRTUAL_COMM, PaddleDcpSut
+from harness.sut.paddle_dcp import COMM_METHODS, LOAD_APIS, MW_NAMES, VIRTUAL_COMM, PaddleDcpSut, state_key
+from properties.generate.cases import in_same_dir
+from properties.model.case import Case
 from properties.registry import property_cases
 
 
@@ -27,3 +30,44 @@ def test_a_nested_state_dict_is_drawn_for_paddle_dcp() -> None:
                 lambda c: "nested" in c.options and any(t.name.count("/") > 1 for t in c.tensors),
                 settings=settings(max_examples=400, database=None))
     assert case.options["nested"] == "/"
+
+
+def _drawn(prop: str, want) -> Case:
+    return find(property_cases(prop, "paddle-dcp", 2, PaddleDcpSut.capabilities), want,
+                settings=settings(max_examples=600, database=None))
+
+
+def test_strategies_reach_every_other_load_and_save_parameter() -> None:
+    """coordinator_rank off rank 0, offload, an explicit unique_id, a merged load, and each master-weight naming
+    with a master weight to rename."""
+    assert _drawn("P-RESHARD", lambda c: c.options.get("load_api") == LOAD_APIS[1])
+    assert _drawn("P-RESHARD", lambda c: c.options.get("coordinator_rank") == -1)
+    assert _drawn("P-RESHARD", lambda c: c.options.get("offload") is True)
+    assert _drawn("P-ROUNDTRIP", lambda c: isinstance(c.options.get("unique_id"), int))
+    for naming in MW_NAMES:
+        assert _drawn("P-RESHARD", lambda c, n=naming: c.options.get("mw_names") == n and "nested" not in c.options
+                      and any(t.name.startswith("master/") for t in c.tensors))
+
+
+def test_versions_of_one_directory_carry_no_explicit_unique_id() -> None:
+    """Under same_dir a name's number is its id: a drawn unique_id would be a second, unused one."""
+    case = _drawn("P-REPEAT", lambda c: c.options.get("same_dir") is True)
+    assert "unique_id" not in case.options
+    assert "unique_id" not in in_same_dir({"unique_id": 3, "format": "pickle"})
+
+
+@pytest.mark.parametrize("naming", ["to_static", "to_dynamic"])
+def test_a_renamed_master_weight_is_one_paddle_maps_back(naming: str) -> None:
+    """The two names a case gives a master weight are the pair Paddle's mw_name_compatibility maps: its own mapping
+    turns the load's key into the saved one."""
+    pytest.importorskip("paddle")
+    from paddle.distributed.flex_checkpoint.dcp.load_state_dict import _modify_mw_name_for_compatibility
+
+    options = {"mw_names": naming}
+    saved, asked = (state_key("master/w", options, side) for side in ("save", "load"))
+    assert saved != asked and state_key("model/w", options, "load") == "model/w"
+    missing = {asked}
+    mapping = _modify_mw_name_for_compatibility({asked: object()}, missing, [saved])
+    assert mapping == {asked: saved} and not missing
+    assert state_key("master/w", {"mw_names": "off"}, "load") == "master/w"
+    assert state_key("master/w", {"mw_names": naming, "nested": "/"}, "load") == "master.w"  # nested: no rename

@@ -76,8 +76,8 @@ def covering(stem: str) -> tuple[str, ...]:
 
 
 def in_order(ids: tuple[str, ...] | list[str]) -> list[str]:
-    """``ids`` in the order they apply: each after those of them it requires (a fix that requires another may edit
-    a function as that one leaves it); revert in the reverse order."""
+    """``ids`` in the order they apply: each after those of them it requires or names in ``after`` (a fix that
+    requires another may edit a function as that one leaves it); revert in the reverse order."""
     unknown = [i for i in ids if i not in FIXES]
     if unknown:
         raise FixError(f"unknown fix {unknown[0]!r}")
@@ -85,7 +85,7 @@ def in_order(ids: tuple[str, ...] | list[str]) -> list[str]:
 
     def after_requirements(fix_id: str) -> None:
         if fix_id not in order:
-            for required in FIXES[fix_id].requires:
+            for required in (*FIXES[fix_id].requires, *FIXES[fix_id].after):
                 if required in ids:
                     after_requirements(required)
             order.append(fix_id)

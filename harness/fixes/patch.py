@@ -134,6 +134,8 @@ class Fix:
     hunks: tuple[Hunk, ...]
     covers: tuple[str, ...]  # regression case stems (tests/regressions/<stem>.json) it makes pass
     requires: tuple[str, ...] = ()  # fixes that must be applied with it (its covered cases fail without them)
+    # fixes that, applied with it, edit first: its edits fit the function either way, theirs only the original
+    after: tuple[str, ...] = ()
 
     def applied(self) -> bool:
         return all(h.carries(self.id) for h in self.hunks)

@@ -30,6 +30,7 @@ from harness.sut._paddle_common import (
 )
 from harness.sut.base import RankTensor
 from reference import nesting
+from reference.engine import extract
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
 from reference.namespaces import NAMESPACES
 from reference.tensor import Tensor
@@ -58,6 +59,16 @@ class DcpHandle:
 # parallel group of a 3-D job) is not drawn: the harness has no model of which 3-D decomposition it expects.
 COMM_METHODS = ("broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast")
 VIRTUAL_COMM = ("broadcast",)  # the virtual world emulates collectives, not point-to-point sends or sub-groups
+# coordinator_rank of both calls: Paddle's default, and the world's last rank (-1, resolved per op's world).
+COORDINATORS = (0, -1)
+# How a load names a master weight ("master/<p>" in a flat case) against the save, and mw_name_compatibility:
+# "off" the same name, compatibility off; "to_static" saved under the dynamic-graph name
+# (``optimizer.master_weights.<p>``), loaded under the static-graph one (``optimizer.<p>_fp32_master_0``);
+# "to_dynamic" the reverse. Both renames rely on the default, compatibility on.
+MW_NAMES = ("off", "to_static", "to_dynamic")
+# How a load reads: load_state_dict into the rank's layout, or load_merged_state_dict, every tensor whole (as a
+# conversion script reads a checkpoint), the rank's region then cut from it; either must give the saved bits.
+LOAD_APIS = ("load_state_dict", "load_merged_state_dict")
 
 
 class PaddleDcpSut(PaddleAdapter):
@@ -66,6 +77,10 @@ class PaddleDcpSut(PaddleAdapter):
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state",
          "split_families", "virtual", "nested"}
         | {f"choice:comm_method={m}" for m in COMM_METHODS}
+        | {f"choice:coordinator_rank={r}" for r in COORDINATORS}
+        | {f"choice:mw_names={m}" for m in MW_NAMES}
+        | {f"choice:load_api={a}" for a in LOAD_APIS}
+        | {"flag:offload", "unique_id"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -85,17 +100,18 @@ class PaddleDcpSut(PaddleAdapter):
             state = {}
             kind, meshes = _kind(group, options, sub), {}
             for tname, rt in group.items():
-                value, local = _wrap(_key(tname, options), rt, to_paddle(rt.local.tensor), kind, meshes)
+                value, local = _wrap(state_key(tname, options, "save"), rt, to_paddle(rt.local.tensor), kind, meshes)
                 if value is not None:
                     state[tname] = value
                     handle.tensors.append(local)
             dist.save_state_dict(
-                _nested(state, options, sub),
+                _given(state, options, sub, "save"),
                 str(path / sub if sub else path),
                 unique_id=unique_id,
                 async_save=use_async,
                 safetensors=options.get("format") == "safetensors",
                 save_replicas=bool(options.get("save_replicas", False)),
+                coordinator_rank=_coordinator(options),
             )
             if use_async:
                 queue = sys.modules[_SAVE_MODULE].async_save_queue  # Paddle keeps its writer processes here
@@ -129,10 +145,12 @@ class PaddleDcpSut(PaddleAdapter):
         _watch_read_plans()
         _reads, self._plan = [], None
         try:
+            merged = options.get("load_api") == "load_merged_state_dict"
             for sub, group in _families(targets, options):
-                out.update(self._load_group(path / sub if sub else path, unique_id, group,
-                                            _kind(group, options, sub), options))
-            self._plan = _plan_rows(_reads)
+                where = path / sub if sub else path
+                out.update(_load_merged(where, unique_id, group, options) if merged
+                           else self._load_group(where, unique_id, group, _kind(group, options, sub), options))
+            self._plan = None if merged else _plan_rows(_reads)  # a merged load plans whole tensors, not the case's
         finally:
             _reads = None
         return out
@@ -148,14 +166,15 @@ class PaddleDcpSut(PaddleAdapter):
         state, read_back, out, meshes = {}, {}, {}, {}
         for tname, rt in targets.items():
             lt = rt.local
-            value, local = _wrap(_key(tname, options), rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind, meshes)
+            value, local = _wrap(state_key(tname, options, "load"), rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind,
+                                 meshes)
             if value is None:  # a zero-length flat slice: nothing to ask Paddle for
                 out[tname] = Tensor(lt.tensor.dtype, np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype))
                 continue
             state[tname] = value
             read_back[tname] = local
         family = path.name if options.get("split_families") else ""  # _families names each call's directory so
-        given = _nested(state, options, family)
+        given = _given(state, options, family, "load")
         dist.load_state_dict(
             given,
             str(path),
@@ -163,6 +182,9 @@ class PaddleDcpSut(PaddleAdapter):
             safetensors=options.get("format") == "safetensors",
             comm_method=options.get("comm_method", "broadcast"),
             worker_groups=_worker_groups(options.get("comm_method", "broadcast")),
+            coordinator_rank=_coordinator(options),
+            offload=bool(options.get("offload", False)),
+            mw_name_compatibility=options.get("mw_names") != "off",
         )
         sep = options.get(nesting.NESTED)
         if sep:  # what the caller's dict holds after the load, read where a training script reads it
@@ -170,6 +192,8 @@ class PaddleDcpSut(PaddleAdapter):
             lost = nesting.empty_dicts_lost(given, _empty_dicts(options, family), sep)
             if lost:
                 raise RuntimeError(f"load_state_dict left the empty sub-dicts {lost} of the state dict changed")
+        else:  # read at the key the load was given (a master weight's other name)
+            state = {tname: given[state_key(tname, options, "load")] for tname in state}
         for tname, local in read_back.items():
             lt = targets[tname].local
             out[tname] = from_paddle(_loaded_local(state[tname], local), lt.tensor.shape)
@@ -330,11 +354,47 @@ def _worker_groups(comm_method: str) -> list[Any] | None:
     return [_get_global_group()]
 
 
-def _key(name: str, options: dict) -> str:
-    """The key a ShardedWeight carries: the tensor's name, or in a nested state dict its path joined as Paddle
-    joins it (the key a model's ``sharded_state_dict`` gives the same tensor)."""
+def _load_merged(path: Path, unique_id: int | None, targets: dict[str, RankTensor], options: dict) -> dict[str, Tensor]:
+    """Each target's piece of the tensor ``load_merged_state_dict`` gives whole under its stored key (a master
+    weight under the name it was saved with)."""
+    import paddle.distributed as dist
+
+    merged = dist.load_merged_state_dict(str(path), unique_id=unique_id, offload=bool(options.get("offload", False)),
+                                         safetensors=options.get("format") == "safetensors")
+    out = {}
+    for tname, rt in targets.items():
+        key = state_key(tname, options, "save")
+        if key not in merged:
+            raise KeyError(f"load_merged_state_dict gave no {key!r} (it gave {sorted(merged)})")
+        out[tname] = extract(from_paddle(merged[key], tuple(rt.local.global_shape)), rt.local.region)
+    return out
+
+
+def _coordinator(options: dict) -> int:
+    """``coordinator_rank`` of a save or load: the option's rank, a negative one counted from the world's end."""
+    import paddle.distributed as dist
+
+    rank = int(options.get("coordinator_rank", 0))
+    return rank % dist.get_world_size() if rank < 0 else rank
+
+
+def state_key(name: str, options: dict, side: str) -> str:
+    """The key a ShardedWeight carries on the ``side`` ("save" or "load"): the tensor's name, in a nested state dict
+    its path joined as Paddle joins it (the key a model's ``sharded_state_dict`` gives the same tensor), and a flat
+    case's master weight under the naming ``options["mw_names"]`` gives that side (MW_NAMES)."""
     sep = options.get(nesting.NESTED)
-    return nesting.stored_key(name, sep) if sep else name
+    if sep:
+        return nesting.stored_key(name, sep)
+    style = _MW_STYLES.get((options.get("mw_names"), side))
+    family, _, param = name.partition("/")
+    if style is None or family != "master" or not param:
+        return name
+    return f"optimizer.master_weights.{param}" if style == "dynamic" else f"optimizer.{param}_fp32_master_0"
+
+
+# (mw_names, side) -> the graph mode whose master-weight naming that side uses
+_MW_STYLES = {("to_static", "save"): "dynamic", ("to_static", "load"): "static",
+              ("to_dynamic", "save"): "static", ("to_dynamic", "load"): "dynamic"}
 
 
 def _empty_dicts(options: dict, family: str) -> list[str]:
@@ -343,11 +403,13 @@ def _empty_dicts(options: dict, family: str) -> list[str]:
     return [e for e in empty if not family or e.partition(options[nesting.NESTED])[0] == family]
 
 
-def _nested(state: dict[str, Any], options: dict, family: str) -> dict:
-    """The state dict as the case gives it to Paddle: flat, or nested at ``options["nested"]`` with its empty
-    sub-dicts."""
+def _given(state: dict[str, Any], options: dict, family: str, side: str) -> dict:
+    """The state dict as the case gives it to Paddle on ``side``: flat under each tensor's key (``_key``), or
+    nested at ``options["nested"]`` with its empty sub-dicts."""
     sep = options.get(nesting.NESTED)
-    return nesting.build(state, sep, _empty_dicts(options, family)) if sep else state
+    if sep:
+        return nesting.build(state, sep, _empty_dicts(options, family))
+    return {state_key(tname, options, side): value for tname, value in state.items()}
 
 
 def _wrap(name: str, rt: RankTensor, local: Any, kind: str, meshes: dict) -> tuple[Any, Any]:

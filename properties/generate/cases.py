@@ -73,6 +73,8 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
         out["tensor_kind"] = draw(st.sampled_from(caps.tensor_kinds))
     if caps.save_replicas and draw(st.booleans()):
         out["save_replicas"] = True
+    if "unique_id" in caps.caps and draw(st.booleans()):  # explicit, else the SUT's own numbering
+        out["unique_id"] = draw(st.integers(0, 12))
     if caps.async_executors:
         out["async_executor"] = draw(st.sampled_from(caps.async_executors))
     if rotation and caps.keep_last and draw(st.booleans()):
@@ -85,6 +87,12 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
     for key, values in caps.choices.items():
         out[key] = draw(st.sampled_from(values))
     return out
+
+
+def in_same_dir(opts: dict) -> dict:
+    """``opts`` with every checkpoint a version of one directory: a name's number is its id there, so an
+    explicit ``unique_id`` is dropped."""
+    return {**{k: v for k, v in opts.items() if k != "unique_id"}, "same_dir": True}
 
 
 def _bits(draw, dtype: str, shape: tuple[int, ...], edge: bool) -> tuple[int, ...] | None:
@@ -212,7 +220,7 @@ def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = (
         return Case(prop, sut, tensors, save, load, _save_load(), opts, seed)
     if prop == "P-REPEAT":
         if "same_dir" in caps.caps:  # versions of one directory: the SUT's own notion of "latest"
-            opts = {**opts, "same_dir": True}
+            opts = in_same_dir(opts)
         layout = draw(_layouts_for(tensors, save_mesh, caps))
         versions = draw(st.integers(2, MAX_VERSIONS))
         ops = [Op("save", f"step-{v}", v) for v in range(versions)]

@@ -14,7 +14,7 @@ from faults.corrupt import KINDS as CORRUPTIONS
 from faults.corrupt import REGIONS
 from faults.spec import CorruptFault, Fault, FsizeFault, KillWhenFault, PointFault, PowerFault, StallFault
 from faults.strace import ERRNO_NAMES
-from properties.generate.cases import Caps, _layouts_for, mesh_of, options, tensor_cases
+from properties.generate.cases import Caps, _layouts_for, in_same_dir, mesh_of, options, tensor_cases
 from properties.model.case import Case, Op
 
 FAULT_OP = 1  # the save the fault hits in fault_ops
@@ -91,8 +91,8 @@ def fault_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[st
     use_async = "async" in caps.caps and draw(st.booleans())
     fault = draw(faults(prop, ranks, use_async, ptrace))
     opts = draw(options(caps, rotation=True))
-    if "same_dir" in caps.caps and draw(st.booleans()):
-        opts["same_dir"] = True  # versions of one directory: the SUT's own notion of "latest"
+    if "same_dir" in caps.caps and draw(st.booleans()):  # versions of one directory: the SUT's own "latest"
+        opts = in_same_dir(opts)
     latest = has_latest(caps.caps, opts)
     # P-LIVENESS judges what the survivors do: they get a little longer to turn a lost peer into an error
     opts["commit_timeout"] = 10 if prop == "P-LIVENESS" else COMMIT_TIMEOUT

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from faults.corrupt import KINDS as CORRUPTIONS
 from faults.spec import Fault, PointFault, PowerFault
 from faults.strace import ERRNO_NAMES
-from properties.generate.cases import MAX_VERSIONS, Caps, _layouts_for, mesh_of, options, tensor_cases
+from properties.generate.cases import MAX_VERSIONS, Caps, _layouts_for, in_same_dir, mesh_of, options, tensor_cases
 from properties.generate.fault_cases import has_latest
 from properties.model.case import Case, Op
 
@@ -194,8 +194,8 @@ def lifecycle_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterabl
     save = draw(_layouts_for(tensors, save_mesh, caps))
     load = draw(_layouts_for(tensors, draw(mesh_of(draw(st.integers(1, ranks)))), caps)) if caps.reshard else save
     opts = draw(options(caps, rotation=True))
-    if "same_dir" in caps.caps and draw(st.booleans()):
-        opts["same_dir"] = True  # versions of one directory: the SUT's own notion of "latest"
+    if "same_dir" in caps.caps and draw(st.booleans()):  # versions of one directory: the SUT's own "latest"
+        opts = in_same_dir(opts)
     model = JobModel(caps.caps, has_latest(caps.caps, opts), load != save)
     model.save()  # a job's first checkpoint
     steps = 0  # at least MIN_STEPS (a life, not one save), then each further one with odds 5:1; shrinks to few

@@ -4,8 +4,8 @@ cannot mask the rest: in about half the batches it cannot even be drawn.
 
 A configuration leaves out optional capabilities that only widen what a case may hold — dtypes, file formats,
 tensor kinds, async executors and the values of each multi-valued option (at least one of each group stays),
-zero-size tensors, saving every replica, boolean flags — never one a property needs to run at all (async, reshard,
-latest, ...), so every property still draws.
+zero-size tensors, saving every replica, explicit checkpoint ids, boolean flags — never one a property needs to
+run at all (async, reshard, latest, ...), so every property still draws.
 
 Each optional capability is kept with probability ``keep(capability)``: one half unless a coverage-guided campaign
 says otherwise (harness.campaign.guidance), so what has recently paid off is drawn more often.
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 FLOATS = ("dtype:F32", "dtype:BF16", "dtype:F16")
 #: Groups of alternatives (one at least stays) and lone options (each kept or left out).
 GROUPS = ("dtype:", "format:", "tensor_kind:", "async_executor:")
-OPTIONAL = ("zero_size", "save_replicas")
+OPTIONAL = ("zero_size", "save_replicas", "unique_id")
 FLAGS = "flag:"
 CHOICES = "choice:"  # "choice:KEY=VALUE": the values of one KEY are a group
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 from harness.repro.emitters import paddle_text
 from harness.repro.render import HOLD_PROCESSES
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
+from harness.sut.paddle_dcp import state_key
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
 # Options that only shaped the case's layouts or the harness's own bounds: nothing for the script to do.
 INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method", "nested",
-                      "empty_dicts"})
+                      "empty_dicts", "coordinator_rank", "offload", "mw_names", "load_api"})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -35,7 +36,46 @@ def settings(scripted: ScriptedCase) -> str:
             f"COMM_METHOD = {options.get('comm_method', 'broadcast')!r}\n"
             + (f"NESTED = {options['nested']!r}  # a name's parts at this separator are nested dict keys\n"
                f"EMPTY_DICTS = {list(options.get('empty_dicts', ()))!r}  # sub-dicts with nothing in them\n"
-               if options.get("nested") else ""))
+               if options.get("nested") else "")
+            + (f"COORDINATOR_RANK = {options['coordinator_rank']!r}  # of both calls; negative: from the world's end\n"
+               if "coordinator_rank" in options else "")
+            + (f"OFFLOAD = {bool(options['offload'])}  # load_state_dict(offload=)\n" if "offload" in options else "")
+            + (f"MW_NAME_COMPATIBILITY = {options['mw_names'] != 'off'}\n" if "mw_names" in options else "")
+            + (f"KEYS = {_renamed(scripted)!r}  # per side, a master weight's name in that side's graph mode\n"
+               if _renamed(scripted) else "")
+            + (f"STORED = {_stored(scripted)!r}  # each piece's key in the checkpoint (load_merged_state_dict's)\n"
+               if _merged(scripted) else ""))
+
+
+def _merged(scripted: ScriptedCase) -> bool:
+    return scripted.options.get("load_api") == "load_merged_state_dict"
+
+
+def _names(scripted: ScriptedCase) -> list[str]:
+    return sorted({n for table in scripted.tables.values() for pieces in table.values() for n in pieces})
+
+
+def _stored(scripted: ScriptedCase) -> dict[str, str]:
+    return {n: state_key(n, scripted.options, "save") for n in _names(scripted)}
+
+
+def _renamed(scripted: ScriptedCase) -> dict[str, dict[str, str]]:
+    """The keys a side's state dict gives a piece other than its name (harness.sut.paddle_dcp.state_key)."""
+    out = {side: {n: state_key(n, scripted.options, side) for n in _names(scripted)} for side in ("save", "load")}
+    out = {side: {n: k for n, k in keys.items() if k != n} for side, keys in out.items()}
+    return out if any(out.values()) else {}
+
+
+def _call_arguments(scripted: ScriptedCase, load: bool) -> str:
+    """The keyword arguments of a save or load call the case sets beyond the script's fixed ones."""
+    options, out = scripted.options, []
+    if "coordinator_rank" in options:
+        out.append("coordinator_rank=COORDINATOR_RANK % dist.get_world_size()")
+    if load and "offload" in options:  # (load_merged_state_dict takes only this one of them)
+        out.append("offload=OFFLOAD")
+    if load and "mw_names" in options:
+        out.append("mw_name_compatibility=MW_NAME_COMPATIBILITY")
+    return "".join(f", {a}" for a in out)
 
 
 def helpers(scripted: ScriptedCase) -> str:
@@ -45,11 +85,13 @@ def helpers(scripted: ScriptedCase) -> str:
         blocks.append(ENTRY_FLAT)
     blocks.append(ENTRY_DIST if scripted.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
     nested = bool(scripted.options.get("nested"))
-    blocks.append(NESTING if nested else "")
+    blocks.append(NESTING if nested else KEY_RENAMED if _renamed(scripted) else KEY)
     blocks.append(STATE_DICT_NESTED if nested else STATE_DICT)
     blocks.append(SAVE_ASYNC if scripted.uses("use_async") else SAVE)
-    blocks.append(LOAD_NESTED if nested else LOAD)
-    return "".join(blocks)
+    blocks.append(LOAD_MERGED if _merged(scripted) else LOAD_NESTED if nested else LOAD)
+    return "".join(blocks).replace("SAVE_ARGUMENTS", _call_arguments(scripted, load=False)).replace(
+        "LOAD_ARGUMENTS", _call_arguments(scripted, load=True)).replace(
+        "MERGED_ARGUMENTS", ", offload=OFFLOAD" if "offload" in scripted.options else "")
 
 
 LOCATION = '''def location(name):
@@ -106,15 +148,28 @@ ENTRY_DIST = '''    if not dist_tensors:
 
 '''
 
-STATE_DICT = '''def state_dict(pieces, zero=False):
+KEY = '''def key(name, side):
+    return name
+
+
+'''
+
+KEY_RENAMED = '''def key(name, side):
+    """The state dict key of a piece on the save or load side: its name, a master weight's in that side's naming."""
+    return KEYS[side].get(name, name)
+
+
+'''
+
+STATE_DICT = '''def state_dict(pieces, zero=False, side="save"):
     """(state dict, the dense tensors behind it) for this rank; ShardedWeight for all if any piece is flattened."""
     dist_tensors = DIST_TENSORS and not any(p.flat is not None for p in pieces.values())
     state, dense = {}, {}
     for name, p in pieces.items():
         t = tensor(p, zero)
-        value = entry(name, p, t, dist_tensors)
+        value = entry(key(name, side), p, t, dist_tensors)
         if value is not None:
-            state[name], dense[name] = value, t
+            state[key(name, side)], dense[name] = value, t
     return state, dense
 
 
@@ -144,7 +199,7 @@ def at(tree, name):
 
 '''
 
-STATE_DICT_NESTED = '''def state_dict(pieces, zero=False):
+STATE_DICT_NESTED = '''def state_dict(pieces, zero=False, side="save"):
     """(nested state dict, the dense tensors behind it) for this rank. A piece's key is its path joined with ".",
     the key a model's sharded_state_dict gives it."""
     dist_tensors = DIST_TENSORS and not any(p.flat is not None for p in pieces.values())
@@ -160,10 +215,10 @@ STATE_DICT_NESTED = '''def state_dict(pieces, zero=False):
 '''
 
 LOAD_NESTED = '''def load(name, pieces):
-    state, dense = state_dict(pieces, zero=True)
+    state, dense = state_dict(pieces, zero=True, side="load")
     path, unique_id = location(name)
     dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD,
-                         worker_groups=worker_groups())
+                         worker_groups=worker_groups()LOAD_ARGUMENTS)
     for empty in EMPTY_DICTS:
         if at(state, empty) != {}:
             raise Failed(f"the load changed the empty sub-dict {empty!r}")
@@ -173,7 +228,8 @@ LOAD_NESTED = '''def load(name, pieces):
 SAVE = '''def save(name, pieces):
     state, _ = state_dict(pieces)
     path, unique_id = location(name)
-    dist.save_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, save_replicas=SAVE_REPLICAS)
+    dist.save_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS,
+                         save_replicas=SAVE_REPLICASSAVE_ARGUMENTS)
 
 
 '''
@@ -185,7 +241,7 @@ def save(name, pieces, async_save=False, mutate_after=False, detach=False):
     state, dense = state_dict(pieces)
     path, unique_id = location(name)
     dist.save_state_dict(state, path, unique_id=unique_id, async_save=async_save, safetensors=SAFETENSORS,
-                         save_replicas=SAVE_REPLICAS)
+                         save_replicas=SAVE_REPLICASSAVE_ARGUMENTS)
     if async_save:  # Paddle keeps each save's writer process in async_save_queue
         returned(save_module.async_save_queue[-1] if save_module.async_save_queue else None, dense.values(),
                  mutate_after, detach)
@@ -203,11 +259,27 @@ def wait():
 '''
 
 LOAD = '''def load(name, pieces):
-    state, _ = state_dict(pieces, zero=True)
+    state, dense = state_dict(pieces, zero=True, side="load")
     path, unique_id = location(name)
     dist.load_state_dict(state, path, unique_id=unique_id, safetensors=SAFETENSORS, comm_method=COMM_METHOD,
-                         worker_groups=worker_groups())
-    return {key: getattr(value, "local_tensor", value) for key, value in state.items()}
+                         worker_groups=worker_groups()LOAD_ARGUMENTS)
+    return {n: getattr(state[key(n, "load")], "local_tensor", state[key(n, "load")]) for n in dense}
+'''
+
+LOAD_MERGED = '''def load(name, pieces):
+    """load_merged_state_dict gives every tensor of the checkpoint whole; this rank's piece is cut from it."""
+    path, unique_id = location(name)
+    merged = dist.load_merged_state_dict(path, unique_id=unique_id, safetensors=SAFETENSORSMERGED_ARGUMENTS)
+    out = {}
+    for n, p in pieces.items():
+        whole = merged[STORED[n]]
+        if p.flat is not None:
+            out[n] = whole.flatten()[p.flat[0]:p.flat[1]]
+        elif p.shape:
+            out[n] = whole[tuple(slice(o, o + s) for o, s in zip(p.offsets, p.shape))]
+        else:
+            out[n] = whole
+    return out
 '''
 
 CHECK_RECORDED = '''import glob  # noqa: E402
