@@ -10,7 +10,7 @@ one stored key, or a path that is both a leaf and a dict, make no well-defined c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .errors import LayoutError
@@ -95,10 +95,8 @@ def empty_dicts_lost(tree: Mapping, empty: Iterable[str], sep: str) -> list[str]
     return lost
 
 
-def by_name(stored: Mapping[str, Any], names: Iterable[str], sep: str | None) -> dict[str, Any]:
-    """Entries a checkpoint lists by stored key, keyed by the case's tensor names (keys no name stores as are
-    kept as they are)."""
-    if not sep:
-        return dict(stored)
-    names_of = {stored_key(n, sep): n for n in names}
-    return {names_of.get(key, key): value for key, value in stored.items()}
+def by_name(stored: Mapping[str, Any], names: Iterable[str], key: Callable[[str], str]) -> dict[str, Any]:
+    """Entries a checkpoint lists by stored key, keyed by the case's tensor names again (``key``: the key a name
+    is stored under; keys no name stores as are kept as they are)."""
+    names_of = {key(n): n for n in names}
+    return {names_of.get(k, k): value for k, value in stored.items()}

@@ -40,8 +40,9 @@ def test_an_ambiguous_nesting_is_a_typed_error(names, empty, said) -> None:
 
 def test_a_checkpoints_listing_reads_by_the_cases_names_again() -> None:
     stored = {"model.layers.0.w": "x", "stray": "y"}
-    assert nesting.by_name(stored, ["model/layers/0/w"], "/") == {"model/layers/0/w": "x", "stray": "y"}
-    assert nesting.by_name(stored, ["model/layers/0/w"], None) == stored
+    joined = lambda name: nesting.stored_key(name, "/")  # noqa: E731
+    assert nesting.by_name(stored, ["model/layers/0/w"], joined) == {"model/layers/0/w": "x", "stray": "y"}
+    assert nesting.by_name(stored, ["model/layers/0/w"], lambda name: name) == stored
 
 
 def test_a_case_file_with_an_ambiguous_nesting_is_refused_with_its_reason() -> None:

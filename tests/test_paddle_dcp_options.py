@@ -71,3 +71,13 @@ def test_a_renamed_master_weight_is_one_paddle_maps_back(naming: str) -> None:
     assert mapping == {asked: saved} and not missing
     assert state_key("master/w", {"mw_names": "off"}, "load") == "master/w"
     assert state_key("master/w", {"mw_names": naming, "nested": "/"}, "load") == "master.w"  # nested: no rename
+
+
+def test_a_world_of_one_has_no_worker_group_for_multi_group_broadcast() -> None:
+    """Paddle requires worker_groups for multi_group_broadcast and a world of one has no group: such a case is
+    refused (a hand-written one exits 2; campaigns do not draw it), the same load on two ranks is not."""
+    lone = _drawn("P-EDGE", lambda c: c.options.get("comm_method") == "multi_group_broadcast" and not c.tensors)
+    assert "no worker group" in (PaddleDcpSut.refuses(lone) or "")
+    two = _drawn("P-ROUNDTRIP", lambda c: c.options.get("comm_method") == "multi_group_broadcast"
+                 and c.world_size(c.op_layouts(len(c.ops) - 1)) == 2)
+    assert PaddleDcpSut.refuses(two) is None

@@ -440,7 +440,7 @@ def _test(run: _Run, turn: _Turn, drawable: frozenset[str], examples: int, reuse
         phases=[Phase.reuse, Phase.generate, Phase.shrink] if reused else [Phase.generate, Phase.shrink],
         report_multiple_bugs=False,
     )
-    @given(_strategy(run.campaign, turn.prop, drawable, run.judge_case.runners.virtual))
+    @given(_strategy(run.campaign, turn.prop, drawable, run.judge_case.runners))
     def body(case: Case) -> None:
         _case(run, turn, case)
 
@@ -625,7 +625,14 @@ def is_fatal(exc: BaseException) -> bool:
     return isinstance(exc, PoolFailure) and exc.kind == "setup"
 
 
-def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str], virtual: bool):
+def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str], runners: Runners):
+    """The cases the SUT does not refuse (SutAdapter.refuses: a combination its adapter cannot hand the framework)
+    of ``_drawn``."""
+    refuses = runners.cls.refuses
+    return _drawn(campaign, prop, capabilities, runners.virtual).filter(lambda case: refuses(case) is None)
+
+
+def _drawn(campaign: Campaign, prop: str, capabilities: frozenset[str], virtual: bool):
     """On virtual ranks each case draws its world up to ``ranks``; a fault property's cases run on real ranks
     (harness.judging.run), so they stay within the worlds real ranks are launched for here."""
     if not virtual:

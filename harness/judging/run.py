@@ -143,9 +143,9 @@ class _Job:
             return True
         if op.kind == "save" and rec.ok:
             written = _unless_unreadable(lambda: self.runners.cls.written(self.root, op.name)) or {}
-            # a nested state dict's leaves are listed under their stored keys: by the case's names again
+            # listed under their stored keys (a nested path joined, a renamed tensor's): by the case's names again
             rec.written = nesting.by_name(written, [t.name for t in self.case.tensors],
-                                          self.case.options.get(nesting.NESTED))
+                                          lambda name: self.runners.cls.stored_key(name, self.case.options))
         if self.case.fault is not None and not rec.ok and runner.launched and not (
                 self.runners.keep_failed and rec.symmetric and runner.healthy()):
             # After a fault every op is judged on its own: a failed op may leave the group wedged

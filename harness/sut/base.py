@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from reference import nesting
 from reference.engine import LocalTensor
 from reference.layout import Region, TensorLayout, whole_on_every_rank
 from reference.moe import keyed_expert_id, whole_on_its_ep_ranks
@@ -183,6 +184,13 @@ class SutAdapter:
 
     def close(self) -> None:
         """Release everything before the process exits."""
+
+    @classmethod
+    def stored_key(cls, name: str, options: dict) -> str:
+        """Controller side: the key ``written`` lists tensor ``name`` under: in a nested state dict its path
+        joined as reference.nesting joins it, else the name."""
+        sep = options.get(nesting.NESTED)
+        return nesting.stored_key(name, sep) if sep else name
 
     @classmethod
     def written(cls, root: Path, name: str) -> dict[str, tuple[tuple[int, ...], list[Region]]] | None:

@@ -150,7 +150,8 @@ class PaddleDcpSut(PaddleAdapter):
                 where = path / sub if sub else path
                 out.update(_load_merged(where, unique_id, group, options) if merged
                            else self._load_group(where, unique_id, group, _kind(group, options, sub), options))
-            self._plan = None if merged else _plan_rows(_reads)  # a merged load plans whole tensors, not the case's
+            names_of = {state_key(t, options, side): t for t in targets for side in ("load", "save")}
+            self._plan = None if merged else _plan_rows(_reads, names_of)  # a merged load plans whole tensors
         finally:
             _reads = None
         return out
@@ -222,6 +223,19 @@ class PaddleDcpSut(PaddleAdapter):
         return case.options.get("comm_method", "broadcast") in VIRTUAL_COMM
 
     @classmethod
+    def refuses(cls, case: Any) -> str | None:
+        """Besides the base's: multi_group_broadcast in a world of one, which has no group to name as its worker
+        group (Paddle requires one: "worker_groups must be specified")."""
+        lone = [i for i, op in enumerate(case.ops) if op.kind == "load" and case.world_size(case.op_layouts(i)) == 1]
+        if case.options.get("comm_method") == "multi_group_broadcast" and lone:
+            return f"op {lone[0]} loads with multi_group_broadcast in a world of one, which has no worker group"
+        return super().refuses(case)
+
+    @classmethod
+    def stored_key(cls, name: str, options: dict) -> str:
+        return state_key(name, options, "save")
+
+    @classmethod
     def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
         """Names whose Paddle metadata file exists (under same_dir, the version's ``<unique_id>.metadata``): the
         file Paddle's load reads first and picks the newest unique_id by, so it is what "finished" means here."""
@@ -264,9 +278,10 @@ def _watch_read_plans() -> None:
     cls.preprocess = preprocess
 
 
-def _plan_rows(planned: list) -> dict | None:
+def _plan_rows(planned: list, names_of: dict[str, str]) -> dict | None:
     """This rank's plan as plain data: the target keys the resharder filled, and its reads as rows (tensor, dst
-    offsets, shape, src piece offsets, offsets in that piece); None when no resharder ran (a local load)."""
+    offsets, shape, src piece offsets, offsets in that piece), each key as the case names it (``names_of``: a
+    nested or renamed tensor's keys on either side); None when no resharder ran (a local load)."""
     import paddle.distributed as dist
 
     if not planned:
@@ -275,12 +290,12 @@ def _plan_rows(planned: list) -> dict | None:
     keys: set[str] = set()
     rows = []
     for targets, reads in planned:
-        keys.update(str(k) for k in targets)
+        keys.update(names_of.get(str(k), str(k)) for k in targets)
         for item in reads:
             if rank not in tuple(item.dst_rank) or item.dst_global_offset is None:
                 continue
             dst = tuple(int(a) + int(b) for a, b in zip(item.dst_global_offset, item.dst_local_offset))
-            rows.append((item.tensor_name, dst, tuple(int(n) for n in item.slice_shape),
+            rows.append((names_of.get(item.tensor_name, item.tensor_name), dst, tuple(int(n) for n in item.slice_shape),
                          tuple(int(o) for o in item.src_global_offset),
                          tuple(int(o) for o in item.src_local_offset)))
     return {"tensors": sorted(keys), "reads": rows}
@@ -346,8 +361,10 @@ def _loaded_local(value: Any, fallback: Any) -> Any:
 
 def _worker_groups(comm_method: str) -> list[Any] | None:
     """``multi_group_broadcast`` broadcasts within groups the caller names (a trainer passes its parallel groups);
-    the job here has one, the world's."""
-    if comm_method != "multi_group_broadcast":
+    the job here has one, the world's (none in a world of one, which has no group)."""
+    import paddle.distributed as dist
+
+    if comm_method != "multi_group_broadcast" or not dist.is_initialized():
         return None
     from paddle.distributed.communication.group import _get_global_group
 
@@ -364,6 +381,11 @@ def _load_merged(path: Path, unique_id: int | None, targets: dict[str, RankTenso
     out = {}
     for tname, rt in targets.items():
         key = state_key(tname, options, "save")
+        lt = rt.local
+        if key not in merged and math.prod(lt.global_shape) == 0:  # no bits to give: a zero-size tensor may be in
+            # no checkpoint at all (stage-1 v2 omits empty flat slices), as a load into its layout needs nothing
+            out[tname] = Tensor(lt.tensor.dtype, np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype))
+            continue
         if key not in merged:
             raise KeyError(f"load_merged_state_dict gave no {key!r} (it gave {sorted(merged)})")
         out[tname] = extract(from_paddle(merged[key], tuple(rt.local.global_shape)), rt.local.region)

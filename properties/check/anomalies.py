@@ -25,9 +25,10 @@ SHOWN = 8  # difference lines rendered under a wrong state or a resumed run that
 @dataclass(frozen=True)
 class At:
     """The op an anomaly is about, as its record names it, with the job it ran in: the number of ranks (None: a
-    harness op), the tensor kinds its case asks of the SUT (empty: the SUT's default) and the file format (None:
-    the SUT's default). A bug that lives in one world size, one kind of tensor or one format is recognised by
-    them, whichever property met it."""
+    harness op), the tensor kinds its case asks of the SUT (empty: the SUT's default), the file format (None:
+    the SUT's default) and the API the op called where the case chose one (``api``: a load's ``load_api``). A bug
+    that lives in one world size, one kind of tensor, one format or one API is recognised by them, whichever
+    property met it."""
 
     op: int
     kind: str
@@ -35,6 +36,7 @@ class At:
     world: int | None = None
     tensor_kinds: tuple[str, ...] = ()
     format: str | None = None
+    api: str | None = None
 
     def render(self) -> str:
         return f"op {self.op} ({self.kind} {self.name or 'latest'})"
@@ -583,6 +585,8 @@ def _flatten(out: dict[str, Any], name: str, value: Any) -> None:
         out.update(op=value.op if value else None, op_kind=value.kind if value else None,
                    name=value.name if value else None, world=value.world if value else None,
                    tensor_kinds=list(value.tensor_kinds) if value else [], format=value.format if value else None)
+        if value and value.api is not None:  # only where the case chose one: records from before read the same
+            out["api"] = value.api
     elif name in ("error", "sut", "reference"):
         prefix = _error_prefix(name)
         for key in ("error_type", "message", "failure"):
@@ -601,9 +605,9 @@ def from_json(data: dict[str, Any]) -> Anomaly:
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         if f.name == "at":
-            # world, tensor_kinds, format: absent from anomalies written before they were recorded
+            # world, tensor_kinds, format, api: absent from anomalies written before they were recorded
             kwargs[f.name] = At(data["op"], data["op_kind"], data["name"], data.get("world"),
-                                tuple(data.get("tensor_kinds", ())), data.get("format")) \
+                                tuple(data.get("tensor_kinds", ())), data.get("format"), data.get("api")) \
                 if data["op"] is not None else None
         elif f.name in ("error", "sut", "reference"):
             prefix = _error_prefix(f.name)
@@ -635,7 +639,7 @@ def field_names(cls: type[Anomaly]) -> frozenset[str]:
     names = {"anomaly", "verdict"}
     for f in dataclasses.fields(cls):
         if f.name == "at":
-            names |= {"op", "op_kind", "name", "world", "tensor_kinds", "format"}
+            names |= {"op", "op_kind", "name", "world", "tensor_kinds", "format", "api"}
         elif f.name in ("error", "sut", "reference"):
             prefix = _error_prefix(f.name)
             names |= {prefix + k for k in ("error_type", "message", "failure")}

@@ -299,7 +299,8 @@ def never_without_complete(h: History) -> NoCompleteCheckpoint | None:
             ack = h.newest_acknowledged_by(index)
             assert ack is not None
             op = h.case.ops[index]
-            where = At(index, op.kind, op.name, h.case.op_world(index), h.case.tensor_kinds(), h.case.storage_format())
+            where = At(index, op.kind, op.name, h.case.op_world(index), h.case.tensor_kinds(), h.case.storage_format(),
+                       h.case.op_api(index))
             return NoCompleteCheckpoint("P-NOLOSS", where, ack.version, ack.index, gone)
     return None
 

@@ -26,7 +26,8 @@ from reference.training import seen_live
 
 
 def at(case: Case, rec: OpRecord) -> At:
-    return At(rec.index, rec.kind, rec.name, case.op_world(rec.index), case.tensor_kinds(), case.storage_format())
+    return At(rec.index, rec.kind, rec.name, case.op_world(rec.index), case.tensor_kinds(), case.storage_format(),
+              case.op_api(rec.index))
 
 
 def sut_error(rec: OpRecord) -> SutError:

@@ -276,6 +276,11 @@ class Case:
         value = self.options.get("format")
         return None if value is None else str(value)
 
+    def op_api(self, index: int) -> str | None:
+        """The SUT call op ``index`` makes where the case chose one (a load's ``load_api``); None: its default."""
+        value = self.options.get("load_api") if self.ops[index].kind == "load" else None
+        return None if value is None else str(value)
+
     def world_size(self, which: str) -> int:
         sizes = {lay.mesh.world_size for lay in self.layouts(which).values()}
         return sizes.pop() if len(sizes) == 1 else int(self.options.get(f"{which}_world_size", 1))
