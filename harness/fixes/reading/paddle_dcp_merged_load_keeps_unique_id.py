@@ -10,7 +10,8 @@ FIX = Fix(
     framework="paddle",
     version="3.3.1",
     summary="load_merged_state_dict: unique_id picks the metadata but not the data; the newest version loads",
-    hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.load_state_dict", "load_merged_state_dict", "41d40908d5cf518f", (
+    hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.load_state_dict", "load_merged_state_dict",
+                "41d40908d5cf518f", (
         ("        path,\n        offload=offload,\n",
          "        path,\n        unique_id=unique_id,\n        offload=offload,\n"),
     )),),
