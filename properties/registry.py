@@ -16,6 +16,7 @@ from enum import Enum
 
 from hypothesis import strategies as st
 
+from properties.generate.aoa_cases import aoa_cases
 from properties.generate.cases import cases
 from properties.generate.fault_cases import fault_cases
 from properties.generate.layouts import world_sizes
@@ -41,6 +42,10 @@ Strategy = Callable[[str, str, int, frozenset[str], bool, bool], st.SearchStrate
 
 def _cases(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
     return cases(prop, sut, ranks, caps)
+
+
+def _aoa(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
+    return aoa_cases(prop, sut, ranks, caps)
 
 
 def _cover(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
@@ -123,6 +128,12 @@ _SPECS = (
         "P-FLAT",
         "flattened (stage-1 v2) slices round-trip and reshard to unflattened layouts and back",
         _cases, requires="flat",
+    ),
+    PropertySpec(
+        "P-AOA",
+        "a checkpoint stored in another model's structure (renamed, transposed, fused, in parts, widened) loads "
+        "through an aoa_config into this model's layout: bitwise equal",
+        _aoa, requires="aoa",
     ),
     PropertySpec(
         "P-REPEAT",

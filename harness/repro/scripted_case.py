@@ -14,6 +14,7 @@ import numpy as np
 from faults.corrupt import Corruption, garbage
 from faults.spec import CorruptFault, ErrorFault, KillFault, KillWhenFault, StateFault
 from properties.model.case import Case
+from reference import aoa
 from reference.engine import local_tensors
 from reference.layout import Box, Flat, FlatRange, Sharded
 from reference.layout import Shard as ShardPlacement
@@ -201,9 +202,10 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
             fresh = False
         table = None
         if op.kind in ("save", "load", "train"):
-            table = (which, op.version)
+            stored = op.kind == "save" and aoa.AOA in case.options  # saved in the other model's structure
+            table = (f"{which}:stored" if stored else which, op.version)
             if table not in tables:
-                tables[table] = _table(case, which, op.version, world)
+                tables[table] = _table(case, which, op.version, world, stored)
         crash = _crash(case) if case.fault is not None and index == case.fault.op else None
         also: tuple[tuple[str, int], ...] = ()
         acknowledged = [n for n in order if n not in killed]
@@ -407,13 +409,21 @@ def _lost_entry(case: Case, fault: StateFault) -> tuple[tuple[dict, ...], str]:
                      "never fsynced, so it is lost")
 
 
-def _table(case: Case, which: str, version: int, world: int) -> dict[int, dict[str, Piece]]:
+def _table(case: Case, which: str, version: int, world: int, stored: bool = False) -> dict[int, dict[str, Piece]]:
+    """Each rank's pieces of the state; ``stored``: as the checkpoint stores them under the case's AoA
+    transformations (reference.aoa), each under its owner's name and suffix."""
     state = case.expected(version, which)
     layouts = case.layouts(which)
     out: dict[int, dict[str, Piece]] = {}
     for rank in range(world):
         pieces = {}
-        for name, lt in local_tensors(state, layouts, rank).items():
+        local = local_tensors(state, layouts, rank)
+        if stored:
+            model = {n: aoa.Piece(lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, lt.tensor.bits)
+                     for n, lt in local.items()}
+            for p in aoa.stored(case.options[aoa.AOA], model):
+                pieces[p.owner + p.suffix] = _piece(p.dtype, p.global_shape, p.region, p.bits, None)
+        for name, lt in ({} if stored else local).items():
             pieces[name] = _piece(lt.tensor.dtype.name, lt.global_shape, lt.region, lt.tensor.bits,
                                   layouts.get(name))
         out[rank] = pieces

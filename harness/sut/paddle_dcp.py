@@ -29,8 +29,9 @@ from harness.sut._paddle_common import (
     zeros,
 )
 from harness.sut.base import RankTensor
-from reference import nesting
-from reference.engine import extract
+from reference import aoa, nesting
+from reference.dtypes import DTYPES
+from reference.engine import LocalTensor, extract
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
 from reference.namespaces import NAMESPACES
 from reference.tensor import Tensor
@@ -80,7 +81,7 @@ class PaddleDcpSut(PaddleAdapter):
         | {f"choice:coordinator_rank={r}" for r in COORDINATORS}
         | {f"choice:mw_names={m}" for m in MW_NAMES}
         | {f"choice:load_api={a}" for a in LOAD_APIS}
-        | {"flag:offload", "unique_id"}
+        | {"flag:offload", "unique_id", "aoa"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -96,7 +97,8 @@ class PaddleDcpSut(PaddleAdapter):
 
         path, unique_id = _location(root, name, options)
         handle = DcpHandle([])
-        for sub, group in _families(tensors, options):
+        for sub, model_group in _families(tensors, options):
+            group = _stored_form(model_group, options)
             state = {}
             kind, meshes = _kind(group, options, sub), {}
             for tname, rt in group.items():
@@ -151,7 +153,8 @@ class PaddleDcpSut(PaddleAdapter):
                 out.update(_load_merged(where, unique_id, group, options) if merged
                            else self._load_group(where, unique_id, group, _kind(group, options, sub), options))
             names_of = {state_key(t, options, side): t for t in targets for side in ("load", "save")}
-            self._plan = None if merged else _plan_rows(_reads, names_of)  # a merged load plans whole tensors
+            # a merged load plans whole tensors, an AoA load the reads of the stored structure: not the case's
+            self._plan = None if merged or options.get(aoa.AOA) else _plan_rows(_reads, names_of)
         finally:
             _reads = None
         return out
@@ -186,6 +189,7 @@ class PaddleDcpSut(PaddleAdapter):
             coordinator_rank=_coordinator(options),
             offload=bool(options.get("offload", False)),
             mw_name_compatibility=options.get("mw_names") != "off",
+            aoa_config=_aoa_config(targets, options),
         )
         sep = options.get(nesting.NESTED)
         if sep:  # what the caller's dict holds after the load, read where a training script reads it
@@ -371,6 +375,30 @@ def _worker_groups(comm_method: str) -> list[Any] | None:
     return [_get_global_group()]
 
 
+def _stored_form(group: dict[str, RankTensor], options: dict) -> dict[str, RankTensor]:
+    """A save's pieces as the checkpoint stores them: under ``options["aoa"]``, in the other model's structure that
+    the load's AoA statements map back (reference.aoa), each under its stored key."""
+    transforms = options.get(aoa.AOA)
+    if not transforms:
+        return group
+    pieces = {name: aoa.Piece(rt.local.tensor.dtype.name, tuple(rt.local.global_shape), rt.local.region,
+                              rt.local.tensor.bits) for name, rt in group.items()}
+    out = {}
+    for p in aoa.stored(transforms, pieces):
+        key = state_key(p.owner, options, "save") + p.suffix
+        out[key] = RankTensor(key, None, LocalTensor(p.global_shape, p.region, Tensor(DTYPES[p.dtype], p.bits)))
+    return out
+
+
+def _aoa_config(targets: dict[str, RankTensor], options: dict) -> dict | None:
+    """The load's ``aoa_config``: the statements of the case's transformations that name its targets."""
+    if aoa.AOA not in options:
+        return None
+    transforms = [t for t in options[aoa.AOA] if set(aoa.named(t)) <= set(targets)]
+    dtypes = {name: rt.local.tensor.dtype.name for name, rt in targets.items()}
+    return {"aoa_statements": aoa.statements(transforms, lambda n: state_key(n, options, "load"), dtypes)}
+
+
 def _load_merged(path: Path, unique_id: int | None, targets: dict[str, RankTensor], options: dict) -> dict[str, Tensor]:
     """Each target's piece of the tensor ``load_merged_state_dict`` gives whole under its stored key (a master
     weight under the name it was saved with)."""
@@ -407,6 +435,8 @@ def state_key(name: str, options: dict, side: str) -> str:
     sep = options.get(nesting.NESTED)
     if sep:
         return nesting.stored_key(name, sep)
+    if aoa.AOA in options:  # AoA statements name tensors by identifiers, which hold no "/"
+        return name.replace("/", ".")
     style = _MW_STYLES.get((options.get("mw_names"), side))
     family, _, param = name.partition("/")
     if style is None or family != "master" or not param:

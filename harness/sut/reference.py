@@ -19,6 +19,7 @@ from reference import (
     AsyncWriterError,
     CheckpointError,
     Target,
+    aoa,
     commit,
     committed_checkpoints,
     load,
@@ -28,6 +29,8 @@ from reference import (
 from reference.disk.commit import rotate as rotate_checkpoints
 from reference.disk.index import read_index
 from reference.dtypes import DTYPES
+from reference.engine import LocalTensor
+from reference.tensor import Tensor
 
 COMMIT_TIMEOUT = 60.0
 
@@ -47,7 +50,7 @@ class ReferenceSut(SutAdapter):
     name = "reference"
     launcher = "plain"
     capabilities = frozenset(
-        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "in_process_world", "empty_state"}
+        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "in_process_world", "empty_state", "aoa"}
         | {"rotate", "kill_writer"}
         | {f"dtype:{d}" for d in DTYPES}
     )
@@ -60,7 +63,7 @@ class ReferenceSut(SutAdapter):
         return []
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict):
-        local = {n: rt.local for n, rt in tensors.items()}
+        local = _stored_form({n: rt.local for n, rt in tensors.items()}, options)
         save_id = agreed_save_id(name, int(options.get("save_attempt", 0)))
         timeout = float(options.get("commit_timeout", COMMIT_TIMEOUT))  # how long rank 0 waits for the others
         if use_async:
@@ -101,6 +104,8 @@ class ReferenceSut(SutAdapter):
             np.bitwise_not(rt.local.tensor.bits, out=rt.local.tensor.bits)
 
     def load(self, root: Path, name: str | None, targets: dict[str, RankTensor], *, options: dict):
+        if aoa.AOA in options:
+            return {n: _through_aoa(root, name, options[aoa.AOA], n, rt) for n, rt in targets.items()}
         wanted = {n: Target(rt.local.tensor.dtype, rt.local.global_shape, rt.region) for n, rt in targets.items()}
         return load(root, wanted, name=name)
 
@@ -121,3 +126,24 @@ class ReferenceSut(SutAdapter):
     def complete(cls, root: Path, names: Collection[str], options: dict) -> list[str]:
         """The committed checkpoints: what ``latest``'s fallback and rotation count as finished."""
         return sorted(n for n in committed_checkpoints(root) if n in names)
+
+
+def _stored_form(local: dict[str, LocalTensor], options: dict) -> dict[str, LocalTensor]:
+    """A save's pieces in the structure ``options["aoa"]`` says the checkpoint has (reference.aoa.stored)."""
+    if aoa.AOA not in options:
+        return local
+    pieces = {n: aoa.Piece(lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, lt.tensor.bits)
+              for n, lt in local.items()}
+    return {p.owner + p.suffix: LocalTensor(p.global_shape, p.region, Tensor(DTYPES[p.dtype], p.bits),
+                                            saves=local[p.owner].saves)  # a replica is saved once, stored or not
+            for p in aoa.stored(options[aoa.AOA], pieces)}
+
+
+def _through_aoa(root: Path, name: str | None, transforms: list, tensor: str, rt: RankTensor) -> Tensor:
+    """One target piece as the AoA statements give it: each region they read, loaded on its own (two pieces may
+    read one stored tensor), put together (reference.aoa.reads, assemble)."""
+    lt = rt.local
+    got = [load(root, {r.key: Target(DTYPES[r.dtype], r.global_shape, r.region)}, name=name)[r.key].bits
+           for r in aoa.reads(transforms, tensor, lt.tensor.dtype.name, tuple(lt.global_shape), lt.region)]
+    return Tensor(lt.tensor.dtype, aoa.assemble(transforms, tensor, lt.tensor.dtype.name, lt.region, got,
+                                                np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype)))

@@ -31,7 +31,8 @@ import numpy as np
 from faults.corrupt import KINDS as CORRUPTIONS
 from faults.errors import FaultSpecError
 from faults.spec import CorruptFault, Fault, parse_fault
-from reference import nesting
+from reference import aoa, nesting
+from reference.aoa import AOA
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
 from reference.layout import TensorLayout, layout_from_json
@@ -358,6 +359,8 @@ class Case:
                     raise CaseError(f"{source}: bad fault: {exc}") from None
             if NESTED in case.options:
                 nesting.check([t.name for t in tensors], case.options[NESTED], case.options.get(EMPTY_DICTS, ()))
+            if AOA in case.options:
+                aoa.check(case.options[AOA], {t.name: (t.dtype, t.shape) for t in tensors})
             if case.training is not None:
                 _check_training(case)
             elif any(op.kind == "train" for op in ops):

@@ -11,13 +11,14 @@ from harness.repro.emitters import paddle_text
 from harness.repro.render import HOLD_PROCESSES
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 from harness.sut.paddle_dcp import state_key
+from reference import aoa
 
 FRAMEWORK = "paddle"
 TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launcher)
 # Options that only shaped the case's layouts or the harness's own bounds: nothing for the script to do.
 INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method", "nested",
-                      "empty_dicts", "coordinator_rank", "offload", "mw_names", "load_api"})
+                      "empty_dicts", "coordinator_rank", "offload", "mw_names", "load_api", "aoa"})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -41,10 +42,20 @@ def settings(scripted: ScriptedCase) -> str:
                if "coordinator_rank" in options else "")
             + (f"OFFLOAD = {bool(options['offload'])}  # load_state_dict(offload=)\n" if "offload" in options else "")
             + (f"MW_NAME_COMPATIBILITY = {options['mw_names'] != 'off'}\n" if "mw_names" in options else "")
-            + (f"KEYS = {_renamed(scripted)!r}  # per side, a master weight's name in that side's graph mode\n"
+            + (f"KEYS = {_renamed(scripted)!r}  # per side, a piece's state dict key where it is not its name\n"
                if _renamed(scripted) else "")
             + (f"STORED = {_stored(scripted)!r}  # each piece's key in the checkpoint (load_merged_state_dict's)\n"
-               if _merged(scripted) else ""))
+               if _merged(scripted) else "")
+            + (f"AOA_CONFIG = {_aoa_config(scripted)!r}  # the checkpoint is in another model's structure\n"
+               if aoa.AOA in options else ""))
+
+
+def _aoa_config(scripted: ScriptedCase) -> dict:
+    """The loads' aoa_config: the statements that map the stored structure back (reference.aoa)."""
+    dtypes = {n: p.dtype for (which, _), table in scripted.tables.items() if not which.endswith(":stored")
+              for pieces in table.values() for n, p in pieces.items()}
+    return {"aoa_statements": aoa.statements(scripted.options[aoa.AOA],
+                                             lambda n: state_key(n, scripted.options, "load"), dtypes)}
 
 
 def _merged(scripted: ScriptedCase) -> bool:
@@ -75,6 +86,8 @@ def _call_arguments(scripted: ScriptedCase, load: bool) -> str:
         out.append("offload=OFFLOAD")
     if load and "mw_names" in options:
         out.append("mw_name_compatibility=MW_NAME_COMPATIBILITY")
+    if load and aoa.AOA in options:
+        out.append("aoa_config=AOA_CONFIG")
     return "".join(f", {a}" for a in out)
 
 
@@ -155,7 +168,8 @@ KEY = '''def key(name, side):
 '''
 
 KEY_RENAMED = '''def key(name, side):
-    """The state dict key of a piece on the save or load side: its name, a master weight's in that side's naming."""
+    """The state dict key of a piece on the save or load side (a master weight's in that side's naming, an AoA
+    identifier), where it is not its name."""
     return KEYS[side].get(name, name)
 
 

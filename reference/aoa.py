@@ -1,0 +1,262 @@
+"""What a load through an AoA config means (Paddle flex checkpoint's ``aoa_config``), for the subset a model
+conversion uses: a checkpoint written by another model's structure is mapped onto this model's tensors by
+statements, one per transformation.
+
+The harness asks the converse of a conversion: the case draws this model's state and transformations; each tensor
+a transformation names is *stored* in the other structure (the inverse, computed here piece by piece, so sharded
+saves stay sharded), and the load through the statements must give back the model's state bit for bit. Written
+from the statements' documented meaning, not from Paddle's engine:
+
+=========  =====================================================  ==============================================
+op         checkpoint holds                                        statement (checkpoint -> model)
+=========  =====================================================  ==============================================
+rename     the tensor under another key                           ``K.aoa_renamed -> K``
+permute    its transpose: axis ``perm[i]`` of the stored tensor   ``K.aoa_t -> K, permute='[p0, p1, ..]'``
+           is axis ``i`` of the model's (``numpy.transpose``)
+cast       it widened to F32 (an F16 tensor; exact, NaNs too)      ``K.aoa_f32 -> K, dtype='float16'``
+concat     ``parts`` equal parts along ``axis``                    ``K.aoa_part0, K.aoa_part1 -> K, axis=a``
+split      two model tensors of one shape, dtype and layout,      ``A.aoa_fused -> A, B, axis=a``
+           fused along ``axis`` (A first), which that layout
+           must not shard
+=========  =====================================================  ==============================================
+
+A tensor no transformation names is stored as it is. A case's transformations are ``options["aoa"]``, a list of
+dicts ``{"op": ..., "name": ...}`` (``names`` for split); ``check`` says which are well formed for the case's
+tensors. Keys in the statements are Paddle keys, which must be AoA identifiers: the caller passes its key function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import LayoutError
+from .layout import Box, FlatRange, Region
+
+AOA = "aoa"  # case option: the transformations
+OPS = ("rename", "permute", "cast", "concat", "split")
+# Model dtypes a cast stores widened to F32, and their AoA names. Not BF16: Paddle's float32 -> bfloat16 cast gives
+# every NaN as 0x7fff (sign and payload lost, measured on 3.3.1), which a bitwise oracle cannot tell from a bug.
+CASTS = {"F16": "float16"}
+PIECEWISE = ("rename", "cast")  # the ops a flattened piece (a row-major range, not a box) can be stored through
+
+
+class AoaError(LayoutError):
+    """Transformations that do not fit the case's tensors (unknown op, wrong shape, a tensor named twice)."""
+
+
+@dataclass(frozen=True)
+class StoredPiece:
+    """A piece as the checkpoint stores it: under ``suffix`` appended to the model key of ``owner`` (the first
+    tensor the transformation names), with its global shape and dtype there, its region, and its bits."""
+
+    owner: str
+    suffix: str
+    global_shape: tuple[int, ...]
+    dtype: str
+    region: Region
+    bits: np.ndarray
+
+
+def named(transform: Mapping) -> tuple[str, ...]:
+    """The model tensors a transformation names."""
+    return tuple(transform["names"]) if transform["op"] == "split" else (str(transform["name"]),)
+
+
+def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[int, ...]]]) -> None:
+    """Raise AoaError unless every transformation fits ``tensors`` (name -> (dtype, shape)) and none names a
+    tensor another one names."""
+    seen: set[str] = set()
+    for t in transforms:
+        op = t.get("op")
+        if op not in OPS:
+            raise AoaError(f"aoa: unknown op {op!r} (known: {', '.join(OPS)})")
+        names = named(t)
+        for name in names:
+            if name not in tensors:
+                raise AoaError(f"aoa: {op} names {name!r}, which the case does not hold")
+            if name in seen:
+                raise AoaError(f"aoa: {name!r} is named by two transformations")
+            seen.add(name)
+        dtype, shape = tensors[names[0]]
+        if op == "permute" and sorted(t["perm"]) != list(range(len(shape))):
+            raise AoaError(f"aoa: permute {list(t['perm'])} is no permutation of {name!r}'s {len(shape)} axes")
+        if op == "cast" and dtype not in CASTS:
+            raise AoaError(f"aoa: cast stores {name!r} widened to F32, which needs {' or '.join(CASTS)}, not {dtype}")
+        if op in ("concat", "split"):
+            axis = int(t["axis"])
+            if not 0 <= axis < len(shape):
+                raise AoaError(f"aoa: {op} axis {axis} is outside {names[0]!r}'s {len(shape)} axes")
+        if op == "concat" and (int(t["parts"]) < 2 or shape[int(t["axis"])] % int(t["parts"])):
+            raise AoaError(f"aoa: concat of {t['parts']} parts does not divide {name!r}'s axis {t['axis']}")
+        if op == "split" and (len(names) != 2 or tensors[names[1]] != tensors[names[0]]):
+            raise AoaError(f"aoa: split fuses two tensors of one dtype and shape, not {list(names)}")
+
+
+def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes: Mapping[str, str]) -> list[str]:
+    """The AoA statements that map the stored checkpoint back onto the model (``key``: a model tensor's key;
+    ``dtypes``: each model tensor's dtype code)."""
+    out = []
+    for t in transforms:
+        op, names = t["op"], named(t)
+        k = key(names[0])
+        if op == "rename":
+            out.append(f"{k}.aoa_renamed -> {k}")
+        elif op == "permute":
+            out.append(f"{k}.aoa_t -> {k}, permute='{list(t['perm'])}'")
+        elif op == "cast":
+            out.append(f"{k}.aoa_f32 -> {k}, dtype='{CASTS[dtypes[names[0]]]}'")
+        elif op == "concat":
+            parts = ", ".join(f"{k}.aoa_part{i}" for i in range(int(t["parts"])))
+            out.append(f"{parts} -> {k}, axis={int(t['axis'])}")
+        else:
+            out.append(f"{k}.aoa_fused -> {', '.join(key(n) for n in names)}, axis={int(t['axis'])}")
+    return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One rank's piece of a model tensor: dtype code, global shape, region and bits."""
+
+    dtype: str
+    global_shape: tuple[int, ...]
+    region: Region
+    bits: np.ndarray
+
+
+def stored(transforms: Iterable[Mapping], pieces: Mapping[str, Piece]) -> list[StoredPiece]:
+    """How the checkpoint stores one rank's ``pieces`` of the model's tensors: as they are, or through the inverse
+    of the transformation that names them (a split's two pieces become one piece of the fused tensor, so each must
+    span the split axis whole: AoaError otherwise)."""
+    transforms = list(transforms)
+    out: list[StoredPiece] = []
+    for name, piece in pieces.items():
+        t = next((t for t in transforms if name in named(t)), None)
+        if t is None:
+            out.append(StoredPiece(name, "", piece.global_shape, piece.dtype, piece.region, piece.bits))
+        elif t["op"] == "split":
+            if name == t["names"][0]:
+                out.append(_fused(t, name, piece, pieces.get(t["names"][1])))
+        else:
+            out.extend(_stored_one(t, name, piece))
+    return out
+
+
+def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
+    op, region, shape = t["op"], piece.region, piece.global_shape
+    if isinstance(region, FlatRange) and op not in PIECEWISE:
+        raise AoaError(f"aoa: {op} cannot store a flattened piece of {name!r}")
+    if op == "rename":
+        return [StoredPiece(name, ".aoa_renamed", shape, piece.dtype, region, piece.bits)]
+    if op == "cast":
+        return [StoredPiece(name, ".aoa_f32", shape, "F32", region, widened(piece.dtype, piece.bits))]
+    assert isinstance(region, Box)
+    if op == "permute":
+        inverse = [int(i) for i in np.argsort(t["perm"])]
+        return [StoredPiece(name, ".aoa_t", tuple(shape[i] for i in inverse), piece.dtype,
+                            Box(tuple(region.offsets[i] for i in inverse), tuple(region.shape[i] for i in inverse)),
+                            np.ascontiguousarray(np.transpose(piece.bits, inverse)))]
+    axis, parts = int(t["axis"]), int(t["parts"])  # concat: this piece's share of each part
+    size = shape[axis] // parts
+    part_shape = tuple(size if i == axis else n for i, n in enumerate(shape))
+    out = []
+    for part in range(parts):
+        lo = max(region.offsets[axis], part * size)
+        hi = min(region.offsets[axis] + region.shape[axis], (part + 1) * size)
+        if lo >= hi:
+            continue
+        take = [slice(None)] * len(shape)
+        take[axis] = slice(lo - region.offsets[axis], hi - region.offsets[axis])
+        at = tuple(lo - part * size if i == axis else o for i, o in enumerate(region.offsets))
+        extent = tuple(hi - lo if i == axis else n for i, n in enumerate(region.shape))
+        out.append(StoredPiece(name, f".aoa_part{part}", part_shape, piece.dtype, Box(at, extent),
+                               np.ascontiguousarray(piece.bits[tuple(take)])))
+    return out
+
+
+def _fused(t: Mapping, name: str, first: Piece, second: Piece | None) -> StoredPiece:
+    """The piece of the fused tensor a rank holding ``first`` and ``second`` stores: the two side by side."""
+    axis = int(t["axis"])
+    whole = second is not None and all(
+        isinstance(p.region, Box) and p.region.shape[axis] == p.global_shape[axis] for p in (first, second)) and \
+        first.region == second.region
+    if not whole:
+        raise AoaError(f"aoa: split of {list(t['names'])}: a rank's pieces must be the same box, whole along axis "
+                       f"{axis}, to be one piece of the fused tensor")
+    assert isinstance(first.region, Box) and second is not None
+    fused = tuple(n * 2 if i == axis else n for i, n in enumerate(first.global_shape))
+    extent = tuple(n * 2 if i == axis else n for i, n in enumerate(first.region.shape))
+    return StoredPiece(name, ".aoa_fused", fused, first.dtype, Box(first.region.offsets, extent),
+                       np.ascontiguousarray(np.concatenate([first.bits, second.bits], axis=axis)))
+
+
+@dataclass(frozen=True)
+class Read:
+    """A region of a stored tensor that a model piece is made from (``key``: the owner's name and suffix)."""
+
+    key: str
+    dtype: str
+    global_shape: tuple[int, ...]
+    region: Region
+
+
+def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tuple[int, ...],
+          region: Region) -> list[Read]:
+    """What the statements read to give this piece of model tensor ``name``: the forward meaning of each
+    transformation, in regions of the stored tensors (``assemble`` puts them together)."""
+    t = next((t for t in transforms if name in named(t)), None)
+    op = t["op"] if t is not None else None
+    if op is None:
+        return [Read(name, dtype, global_shape, region)]
+    if isinstance(region, FlatRange) and op not in PIECEWISE:
+        raise AoaError(f"aoa: {op} cannot give a flattened piece of {name!r}")
+    if op == "rename":
+        return [Read(name + ".aoa_renamed", dtype, global_shape, region)]
+    if op == "cast":
+        return [Read(name + ".aoa_f32", "F32", global_shape, region)]
+    assert isinstance(region, Box)
+    if op == "permute":
+        inverse = [int(i) for i in np.argsort(t["perm"])]
+        return [Read(name + ".aoa_t", dtype, tuple(global_shape[i] for i in inverse),
+                     Box(tuple(region.offsets[i] for i in inverse), tuple(region.shape[i] for i in inverse)))]
+    axis = int(t["axis"])
+    if op == "split":
+        offset = global_shape[axis] if name == t["names"][1] else 0
+        fused = tuple(n * 2 if i == axis else n for i, n in enumerate(global_shape))
+        at = tuple(o + offset if i == axis else o for i, o in enumerate(region.offsets))
+        return [Read(t["names"][0] + ".aoa_fused", dtype, fused, Box(at, region.shape))]
+    size = global_shape[axis] // int(t["parts"])
+    part_shape = tuple(size if i == axis else n for i, n in enumerate(global_shape))
+    out = []
+    for part in range(int(t["parts"])):
+        lo = max(region.offsets[axis], part * size)
+        hi = min(region.offsets[axis] + region.shape[axis], (part + 1) * size)
+        if lo < hi:
+            at = tuple(lo - part * size if i == axis else o for i, o in enumerate(region.offsets))
+            extent = tuple(hi - lo if i == axis else n for i, n in enumerate(region.shape))
+            out.append(Read(f"{name}.aoa_part{part}", dtype, part_shape, Box(at, extent)))
+    return out
+
+
+def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Region,
+             got: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
+    """The model piece from the bits of its ``reads`` in order (``empty``: the piece's bits when no read is
+    needed, a region with no elements)."""
+    t = next((t for t in transforms if name in named(t)), None)
+    op = t["op"] if t is not None else None
+    if op == "cast":
+        return got[0].view(np.float32).astype(np.float16).view(np.uint16)
+    if op == "permute":
+        return np.ascontiguousarray(np.transpose(got[0], t["perm"]))
+    if op == "concat":
+        return np.concatenate(got, axis=int(t["axis"])) if got else empty
+    return got[0]
+
+
+def widened(dtype: str, bits: np.ndarray) -> np.ndarray:
+    """The F32 bit patterns of F16 values (exact: every F16 value is an F32 value; NaN payloads move up)."""
+    if dtype == "F16":
+        return bits.view(np.float16).astype(np.float32).view(np.uint32)
+    raise AoaError(f"aoa: no widening of {dtype} to F32")
