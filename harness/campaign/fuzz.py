@@ -626,10 +626,15 @@ def is_fatal(exc: BaseException) -> bool:
 
 
 def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str], runners: Runners):
-    """The cases the SUT does not refuse (SutAdapter.refuses: a combination its adapter cannot hand the framework)
-    of ``_drawn``."""
-    refuses = runners.cls.refuses
-    return _drawn(campaign, prop, capabilities, runners.virtual).filter(lambda case: refuses(case) is None)
+    """The cases of ``_drawn`` the SUT does not refuse (SutAdapter.refuses: a combination its adapter cannot hand
+    the framework) and, on virtual ranks, that either the virtual world plays or real ranks here can launch (a case
+    it does not play runs on real ranks: harness.judging.run)."""
+    cls, virtual = runners.cls, runners.virtual
+
+    def runnable(case: Case) -> bool:
+        return cls.refuses(case) is None and (not virtual or cls.virtual_plays(case) or max_world(case) <= REAL_MAX)
+
+    return _drawn(campaign, prop, capabilities, virtual).filter(runnable)
 
 
 def _drawn(campaign: Campaign, prop: str, capabilities: frozenset[str], virtual: bool):
