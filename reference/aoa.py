@@ -32,8 +32,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .dtypes import DTYPES
+from .engine import LocalTensor
 from .errors import LayoutError
 from .layout import Box, FlatRange, Region
+from .tensor import Tensor
 
 AOA = "aoa"  # case option: the transformations
 OPS = ("rename", "permute", "cast", "concat", "split")
@@ -142,6 +145,16 @@ def stored(transforms: Iterable[Mapping], pieces: Mapping[str, Piece]) -> list[S
         else:
             out.extend(_stored_one(t, name, piece))
     return out
+
+
+def stored_locals(transforms: Iterable[Mapping], local: Mapping[str, LocalTensor]) -> dict[str, LocalTensor]:
+    """``stored`` for a rank's local tensors: each stored piece under its owner's name and suffix, saved by the
+    ranks that save its owner (a replica is saved once, stored or not)."""
+    pieces = {n: Piece(lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, lt.tensor.bits)
+              for n, lt in local.items()}
+    return {p.owner + p.suffix: LocalTensor(p.global_shape, p.region, Tensor(DTYPES[p.dtype], p.bits),
+                                            saves=local[p.owner].saves)
+            for p in stored(transforms, pieces)}
 
 
 def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:

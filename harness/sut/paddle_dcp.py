@@ -30,8 +30,7 @@ from harness.sut._paddle_common import (
 )
 from harness.sut.base import RankTensor
 from reference import aoa, nesting
-from reference.dtypes import DTYPES
-from reference.engine import LocalTensor, extract
+from reference.engine import extract
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
 from reference.namespaces import NAMESPACES
 from reference.tensor import Tensor
@@ -377,17 +376,11 @@ def _worker_groups(comm_method: str) -> list[Any] | None:
 
 def _stored_form(group: dict[str, RankTensor], options: dict) -> dict[str, RankTensor]:
     """A save's pieces as the checkpoint stores them: under ``options["aoa"]``, in the other model's structure that
-    the load's AoA statements map back (reference.aoa), each under its stored key."""
-    transforms = options.get(aoa.AOA)
-    if not transforms:
+    the load's AoA statements map back (reference.aoa), each under its owner's name and suffix."""
+    if aoa.AOA not in options:
         return group
-    pieces = {name: aoa.Piece(rt.local.tensor.dtype.name, tuple(rt.local.global_shape), rt.local.region,
-                              rt.local.tensor.bits) for name, rt in group.items()}
-    out = {}
-    for p in aoa.stored(transforms, pieces):
-        key = state_key(p.owner, options, "save") + p.suffix
-        out[key] = RankTensor(key, None, LocalTensor(p.global_shape, p.region, Tensor(DTYPES[p.dtype], p.bits)))
-    return out
+    stored = aoa.stored_locals(options[aoa.AOA], {name: rt.local for name, rt in group.items()})
+    return {name: RankTensor(name, None, lt) for name, lt in stored.items()}
 
 
 def _aoa_config(targets: dict[str, RankTensor], options: dict) -> dict | None:

@@ -129,14 +129,8 @@ class ReferenceSut(SutAdapter):
 
 
 def _stored_form(local: dict[str, LocalTensor], options: dict) -> dict[str, LocalTensor]:
-    """A save's pieces in the structure ``options["aoa"]`` says the checkpoint has (reference.aoa.stored)."""
-    if aoa.AOA not in options:
-        return local
-    pieces = {n: aoa.Piece(lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, lt.tensor.bits)
-              for n, lt in local.items()}
-    return {p.owner + p.suffix: LocalTensor(p.global_shape, p.region, Tensor(DTYPES[p.dtype], p.bits),
-                                            saves=local[p.owner].saves)  # a replica is saved once, stored or not
-            for p in aoa.stored(options[aoa.AOA], pieces)}
+    """A save's pieces in the structure ``options["aoa"]`` says the checkpoint has (reference.aoa)."""
+    return aoa.stored_locals(options[aoa.AOA], local) if aoa.AOA in options else local
 
 
 def _through_aoa(root: Path, name: str | None, transforms: list, tensor: str, rt: RankTensor) -> Tensor:
