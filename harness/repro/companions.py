@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from harness.fixes import FIXES, covering, resolve, stack
+from harness.fixes import FIXES, covering, in_order, resolve, stack
 
 RUNS = 24  # fresh runs a search may take beyond the first (each is a launch of the whole repro)
 
@@ -32,7 +32,8 @@ never one no run has shown to pass."""
         left[0] -= 1
         return passes(resolve(",".join((*own, *chosen))))
 
-    candidates, needed = others(stem), []
+    # each fix after the fixes it requires: else a requirer found first stands in for the fix it brings along
+    candidates, needed = in_order(others(stem)), []
     if not candidates or not check(candidates):
         return None
     # Throughout, needed + candidates is a set that was seen to pass: what is returned when the runs run out.
