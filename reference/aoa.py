@@ -167,11 +167,27 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
         return [StoredPiece(name, ".aoa_f32", shape, "F32", region, widened(piece.dtype, piece.bits))]
     assert isinstance(region, Box)
     if op == "permute":
-        inverse = [int(i) for i in np.argsort(t["perm"])]
-        return [StoredPiece(name, ".aoa_t", tuple(shape[i] for i in inverse), piece.dtype,
-                            Box(tuple(region.offsets[i] for i in inverse), tuple(region.shape[i] for i in inverse)),
+        inverse, stored_shape, box = _transposed(t["perm"], shape, region)
+        return [StoredPiece(name, ".aoa_t", stored_shape, piece.dtype, box,
                             np.ascontiguousarray(np.transpose(piece.bits, inverse)))]
-    axis, parts = int(t["axis"]), int(t["parts"])  # concat: this piece's share of each part
+    return [StoredPiece(name, f".aoa_part{part}", part_shape, piece.dtype, box,
+                        np.ascontiguousarray(piece.bits[take]))
+            for part, part_shape, box, take in _parts(t, shape, region)]
+
+
+def _transposed(perm: Iterable[int], shape: tuple[int, ...], region: Box
+                ) -> tuple[list[int], tuple[int, ...], Box]:
+    """A permute's stored side: the inverse permutation, the stored tensor's shape and the piece's box there."""
+    inverse = [int(i) for i in np.argsort(list(perm))]
+    return inverse, tuple(shape[i] for i in inverse), Box(tuple(region.offsets[i] for i in inverse),
+                                                          tuple(region.shape[i] for i in inverse))
+
+
+def _parts(t: Mapping, shape: tuple[int, ...], region: Box
+           ) -> list[tuple[int, tuple[int, ...], Box, tuple[slice, ...]]]:
+    """A concat's stored side for one piece: per part it meets, the part number, the part's shape, the box of the
+    piece in that part, and the piece's own slice that lies there."""
+    axis, parts = int(t["axis"]), int(t["parts"])
     size = shape[axis] // parts
     part_shape = tuple(size if i == axis else n for i, n in enumerate(shape))
     out = []
@@ -184,8 +200,7 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
         take[axis] = slice(lo - region.offsets[axis], hi - region.offsets[axis])
         at = tuple(lo - part * size if i == axis else o for i, o in enumerate(region.offsets))
         extent = tuple(hi - lo if i == axis else n for i, n in enumerate(region.shape))
-        out.append(StoredPiece(name, f".aoa_part{part}", part_shape, piece.dtype, Box(at, extent),
-                               np.ascontiguousarray(piece.bits[tuple(take)])))
+        out.append((part, part_shape, Box(at, extent), tuple(take)))
     return out
 
 
@@ -231,26 +246,16 @@ def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tu
         return [Read(name + ".aoa_f32", "F32", global_shape, region)]
     assert isinstance(region, Box)
     if op == "permute":
-        inverse = [int(i) for i in np.argsort(t["perm"])]
-        return [Read(name + ".aoa_t", dtype, tuple(global_shape[i] for i in inverse),
-                     Box(tuple(region.offsets[i] for i in inverse), tuple(region.shape[i] for i in inverse)))]
+        _, stored_shape, box = _transposed(t["perm"], global_shape, region)
+        return [Read(name + ".aoa_t", dtype, stored_shape, box)]
     axis = int(t["axis"])
     if op == "split":
         offset = global_shape[axis] if name == t["names"][1] else 0
         fused = tuple(n * 2 if i == axis else n for i, n in enumerate(global_shape))
         at = tuple(o + offset if i == axis else o for i, o in enumerate(region.offsets))
         return [Read(t["names"][0] + ".aoa_fused", dtype, fused, Box(at, region.shape))]
-    size = global_shape[axis] // int(t["parts"])
-    part_shape = tuple(size if i == axis else n for i, n in enumerate(global_shape))
-    out = []
-    for part in range(int(t["parts"])):
-        lo = max(region.offsets[axis], part * size)
-        hi = min(region.offsets[axis] + region.shape[axis], (part + 1) * size)
-        if lo < hi:
-            at = tuple(lo - part * size if i == axis else o for i, o in enumerate(region.offsets))
-            extent = tuple(hi - lo if i == axis else n for i, n in enumerate(region.shape))
-            out.append(Read(f"{name}.aoa_part{part}", dtype, part_shape, Box(at, extent)))
-    return out
+    return [Read(f"{name}.aoa_part{part}", dtype, part_shape, box)
+            for part, part_shape, box, _ in _parts(t, global_shape, region)]
 
 
 def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Region,
