@@ -7,7 +7,7 @@ import pytest
 from hypothesis import find, settings
 
 from harness.sut.paddle_dcp import COMM_METHODS, LOAD_APIS, MW_NAMES, VIRTUAL_COMM, PaddleDcpSut, state_key
-from properties.generate.cases import in_same_dir
+from properties.generate.cases import Caps, in_same_dir, unmet_choices_dropped
 from properties.model.case import Case
 from properties.registry import property_cases
 
@@ -18,9 +18,10 @@ def test_every_communicator_but_the_3d_one_is_claimed() -> None:
 
 
 def test_strategies_reach_each_communicator_and_virtual_ranks_play_only_collectives() -> None:
+    """(full_param's groups are real ranks' alone, test_full_params_groups_and_splits_are_drawn_only_for_full_param.)"""
     for method in COMM_METHODS:
         case = find(property_cases("P-RESHARD", "paddle-dcp", 2, PaddleDcpSut.capabilities),
-                    lambda c, m=method: c.options.get("comm_method") == m,
+                    lambda c, m=method: c.options.get("comm_method") == m and c.options.get("load_api") != "full_param",
                     settings=settings(max_examples=400, database=None))
         assert PaddleDcpSut.virtual_plays(case) == (method in VIRTUAL_COMM)
 
@@ -81,3 +82,23 @@ def test_a_world_of_one_has_no_worker_group_for_multi_group_broadcast() -> None:
     two = _drawn("P-ROUNDTRIP", lambda c: c.options.get("comm_method") == "multi_group_broadcast"
                  and c.world_size(c.op_layouts(len(c.ops) - 1)) == 2)
     assert PaddleDcpSut.refuses(two) is None
+
+
+def test_full_params_groups_and_splits_are_drawn_only_for_full_param() -> None:
+    """A choice conditioned on another option (``choice:K=V@OTHER=W``) is in a case only where the other option
+    has that value: full_param's groups and splits ride with ``load_api=full_param``, nowhere else."""
+    case = _drawn("P-RESHARD", lambda c: c.options.get("load_api") == "full_param"
+                  and c.options.get("full_param_groups") == "hv" and c.options.get("full_param_splits") == 3)
+    assert not PaddleDcpSut.virtual_plays(case)
+    other = _drawn("P-RESHARD", lambda c: c.options.get("load_api") == "load_state_dict")
+    assert not {"full_param_groups", "full_param_splits"} & set(other.options)
+    caps = Caps({"choice:mode=a", "choice:mode=b", "choice:depth=1@mode=b", "choice:depth=2@mode=b"})
+    assert caps.choices == {"depth": [1, 2], "mode": ["a", "b"]} and caps.choice_when == {"depth": ("mode", "b")}
+    assert unmet_choices_dropped({"mode": "a", "depth": 2}, caps) == {"mode": "a"}
+    assert unmet_choices_dropped({"mode": "b", "depth": 2}, caps) == {"mode": "b", "depth": 2}
+
+
+def test_full_param_on_hv_groups_in_a_world_of_one_is_refused() -> None:
+    """full_param's horizontal/vertical assembler asserts a distributed job: a world of one has no groups to name."""
+    lone = _drawn("P-EDGE", lambda c: c.options.get("full_param_groups") == "hv" and not c.tensors)
+    assert "horizontal and vertical groups" in (PaddleDcpSut.refuses(lone) or "")

@@ -66,9 +66,16 @@ COORDINATORS = (0, -1)
 # (``optimizer.master_weights.<p>``), loaded under the static-graph one (``optimizer.<p>_fp32_master_0``);
 # "to_dynamic" the reverse. Both renames rely on the default, compatibility on.
 MW_NAMES = ("off", "to_static", "to_dynamic")
-# How a load reads: load_state_dict into the rank's layout, or load_merged_state_dict, every tensor whole (as a
-# conversion script reads a checkpoint), the rank's region then cut from it; either must give the saved bits.
-LOAD_APIS = ("load_state_dict", "load_merged_state_dict")
+# How a load reads: load_state_dict into the rank's layout; load_merged_state_dict, every tensor whole (as a
+# conversion script reads a checkpoint), the rank's region then cut from it; or load_state_dict followed by
+# full_param over what it loaded (as an export of a model's full parameters after a resume), every tensor whole
+# on every rank. Each must give the saved bits.
+LOAD_APIS = ("load_state_dict", "load_merged_state_dict", "full_param")
+# full_param's groups: the world as its one process_group, or horizontal and vertical groups ("hv": rows of the
+# world's largest proper divisor of ranks, the whole world when its size is prime; a column of one rank is the
+# assembler's one-dimensional path). It runs split by split, num_splits of 1 to 3, as an export bounds its memory.
+FULL_PARAM_GROUPS = ("world", "hv")
+FULL_PARAM_SPLITS = (1, 2, 3)
 
 
 class PaddleDcpSut(PaddleAdapter):
@@ -80,6 +87,8 @@ class PaddleDcpSut(PaddleAdapter):
         | {f"choice:coordinator_rank={r}" for r in COORDINATORS}
         | {f"choice:mw_names={m}" for m in MW_NAMES}
         | {f"choice:load_api={a}" for a in LOAD_APIS}
+        | {f"choice:full_param_groups={g}@load_api=full_param" for g in FULL_PARAM_GROUPS}
+        | {f"choice:full_param_splits={k}@load_api=full_param" for k in FULL_PARAM_SPLITS}
         | {"flag:offload", "unique_id", "aoa"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
@@ -198,9 +207,11 @@ class PaddleDcpSut(PaddleAdapter):
                 raise RuntimeError(f"load_state_dict left the empty sub-dicts {lost} of the state dict changed")
         else:  # read at the key the load was given (a master weight's other name)
             state = {tname: given[state_key(tname, options, "load")] for tname in state}
-        for tname, local in read_back.items():
-            lt = targets[tname].local
-            out[tname] = from_paddle(_loaded_local(state[tname], local), lt.tensor.shape)
+        loaded = {tname: _loaded_local(state[tname], local) for tname, local in read_back.items()}
+        if options.get("load_api") == "full_param":
+            return {**out, **_full_param(loaded, targets, options)}
+        for tname, local in loaded.items():
+            out[tname] = from_paddle(local, targets[tname].local.tensor.shape)
         return out
 
     # --- lifecycle -------------------------------------------------------------------------------------------
@@ -223,15 +234,19 @@ class PaddleDcpSut(PaddleAdapter):
 
     @classmethod
     def virtual_plays(cls, case: Any) -> bool:
-        return case.options.get("comm_method", "broadcast") in VIRTUAL_COMM
+        return (case.options.get("comm_method", "broadcast") in VIRTUAL_COMM
+                and case.options.get("load_api") != "full_param")
 
     @classmethod
     def refuses(cls, case: Any) -> str | None:
-        """Besides the base's: multi_group_broadcast in a world of one, which has no group to name as its worker
-        group (Paddle requires one: "worker_groups must be specified")."""
+        """Besides the base's: multi_group_broadcast or full_param's horizontal and vertical groups in a world of
+        one, which has no group to name (Paddle requires "worker_groups"; its assembler asserts a distributed
+        job)."""
         lone = [i for i, op in enumerate(case.ops) if op.kind == "load" and case.world_size(case.op_layouts(i)) == 1]
         if case.options.get("comm_method") == "multi_group_broadcast" and lone:
             return f"op {lone[0]} loads with multi_group_broadcast in a world of one, which has no worker group"
+        if case.options.get("load_api") == "full_param" and case.options.get("full_param_groups") == "hv" and lone:
+            return f"op {lone[0]} runs full_param on horizontal and vertical groups in a world of one"
         return super().refuses(case)
 
     @classmethod
@@ -411,6 +426,89 @@ def _load_merged(path: Path, unique_id: int | None, targets: dict[str, RankTenso
             raise KeyError(f"load_merged_state_dict gave no {key!r} (it gave {sorted(merged)})")
         out[tname] = extract(from_paddle(merged[key], tuple(rt.local.global_shape)), rt.local.region)
     return out
+
+
+def _full_param(loaded: dict[str, Any], targets: dict[str, RankTensor], options: dict) -> dict[str, Tensor]:
+    """Each loaded tensor's piece of what ``full_param`` assembles whole from the rank's loaded pieces, given as a
+    model's ``sharded_state_dict`` gives them (a flat slice is optimizer state a model never hands it: such a
+    piece is read back from the load itself). Every split of the export is run, and what the iterator promises is
+    held to: each tensor in exactly one split, the same bits on every rank."""
+    import paddle.distributed as dist
+    from paddle.distributed.flex_checkpoint.dcp.full_param import full_param
+
+    out, sharded, names = {}, {}, {}
+    for tname, local in loaded.items():
+        lt = targets[tname].local
+        if isinstance(lt.region, FlatRange):
+            out[tname] = from_paddle(local, lt.tensor.shape)
+            continue
+        key = names[tname] = state_key(tname, options, "load")
+        sharded[key] = dist.ShardedWeight(key, local, tuple(lt.region.shape), tuple(lt.global_shape),
+                                          tuple(lt.region.offsets))
+    splits = int(options.get("full_param_splits", 1))
+    groups = _full_param_groups(options.get("full_param_groups", "world"))
+    whole: dict[str, Any] = {}
+    split_of: dict[str, int] = {}
+    for index in range(splits):
+        for key, tensor in full_param(sharded, num_splits=splits, shard_idx=index, **groups):
+            if key in split_of:
+                raise RuntimeError(f"full_param(num_splits={splits}) gave {key!r} in split {split_of[key]} and "
+                                   f"again in split {index}")
+            split_of[key], whole[key] = index, tensor
+    _same_on_every_rank(whole)
+    for tname, key in names.items():  # a tensor it never gave is left out: the oracle sees it missing
+        if key not in whole:
+            continue
+        lt = targets[tname].local
+        out[tname] = extract(from_paddle(whole[key], tuple(lt.global_shape)), lt.region)
+    return out
+
+
+def _full_param_groups(choice: str) -> dict[str, Any]:
+    """``full_param``'s group arguments for FULL_PARAM_GROUPS' ``choice``. Every rank makes every group, in one
+    order, as Paddle's ``new_group`` requires; a process keeps its groups (its world never changes)."""
+    import paddle.distributed as dist
+
+    if choice == "world":
+        return {}
+    size, rank = dist.get_world_size(), dist.get_rank()
+    row = max((d for d in range(1, size) if size % d == 0 and d > 1), default=size)
+    rows = [tuple(range(start, start + row)) for start in range(0, size, row)]
+    columns = [tuple(r[i] for r in rows) for i in range(row)]
+    made = {ranks: _group(ranks) for ranks in (*rows, *columns)}
+    return {"h_group": made[rows[rank // row]], "v_group": made[columns[rank % row]]}
+
+
+_groups: dict[tuple[int, ...], Any] = {}
+
+
+def _group(ranks: tuple[int, ...]) -> Any:
+    import paddle.distributed as dist
+
+    if ranks not in _groups:
+        _groups[ranks] = dist.new_group(list(ranks))
+    return _groups[ranks]
+
+
+def _same_on_every_rank(whole: dict[str, Any]) -> None:
+    """Raise where ranks were given different bits for one tensor: each rank's own piece is judged against the
+    reference, the rest of each whole tensor only by agreeing with the ranks that own it."""
+    import hashlib
+
+    import paddle.distributed as dist
+
+    if dist.get_world_size() == 1:
+        return
+    mine = {}
+    for key, tensor in sorted(whole.items()):
+        bits = from_paddle(tensor)
+        mine[key] = hashlib.sha256(f"{bits.dtype.name}{bits.shape}".encode() + bits.bits.tobytes()).hexdigest()
+    every: list[dict[str, str]] = []
+    dist.all_gather_object(every, mine)
+    for key in sorted(mine):
+        differ = sorted({rank for rank, theirs in enumerate(every) if theirs.get(key) != every[0].get(key)})
+        if differ:
+            raise RuntimeError(f"full_param gave ranks {differ} other bits of {key!r} than rank 0")
 
 
 def _coordinator(options: dict) -> int:

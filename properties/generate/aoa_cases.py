@@ -9,7 +9,7 @@ from itertools import combinations
 
 from hypothesis import strategies as st
 
-from properties.generate.cases import cases
+from properties.generate.cases import Caps, cases, unmet_choices_dropped
 from properties.model.case import Case, TensorCase
 from reference.aoa import AOA, CASTS
 from reference.layout import Flat, Shard, Sharded, TensorLayout
@@ -40,7 +40,7 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
             transforms.append(t)
     if not transforms and tensors:
         transforms.append({"op": "rename", "name": draw(st.sampled_from(sorted(tensors)))})
-    options = {k: v for k, v in base.options.items() if k not in _LEFT_OUT}
+    options = unmet_choices_dropped({k: v for k, v in base.options.items() if k not in _LEFT_OUT}, Caps(caps))
     options["tensor_kind"] = "sharded_weight"  # stored tensors of other shapes than the model's: no dist tensors
     return dataclasses.replace(base, property=prop, options={**options, AOA: transforms})
 

@@ -48,12 +48,18 @@ class Caps:
         self.replicated_only = "replicated" in self.caps
         self.keep_last = "keep_last" in self.caps
         self.flags = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("flag:"))  # boolean options
-        # options with a few values: "choice:logging_steps=2" -> {"logging_steps": [.., 2, ..]} (ints stay ints)
+        # options with a few values: "choice:logging_steps=2" -> {"logging_steps": [.., 2, ..]} (ints stay ints);
+        # "choice:KEY=V@OTHER=W": KEY is drawn only where option OTHER is W (a parameter of one API of several)
         self.choices: dict[str, list] = {}
+        self.choice_when: dict[str, tuple[str, object]] = {}
         for c in sorted(self.caps):
             if c.startswith("choice:"):
-                key, _, value = c.split(":", 1)[1].partition("=")
-                self.choices.setdefault(key, []).append(int(value) if value.lstrip("-").isdigit() else value)
+                choice, _, when = c.split(":", 1)[1].partition("@")
+                key, _, value = choice.partition("=")
+                self.choices.setdefault(key, []).append(_value(value))
+                if when:
+                    other, _, wanted = when.partition("=")
+                    self.choice_when[key] = (other, _value(wanted))
         # how the SUT's own training loop behaves where loops differ (reference.training.TrainingSpec fields)
         self.training: dict[str, str | int] = {}
         for c in self.caps:
@@ -86,7 +92,17 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
         out[NESTED] = "/"
     for key, values in caps.choices.items():
         out[key] = draw(st.sampled_from(values))
-    return out
+    return unmet_choices_dropped(out, caps)
+
+
+def unmet_choices_dropped(opts: dict, caps: Caps) -> dict:
+    """``opts`` without the choices whose condition (``choice:KEY=V@OTHER=W``) the other options do not meet."""
+    return {k: v for k, v in opts.items()
+            if k not in caps.choice_when or opts.get(caps.choice_when[k][0]) == caps.choice_when[k][1]}
+
+
+def _value(text: str) -> int | str:
+    return int(text) if text.lstrip("-").isdigit() else text
 
 
 def in_same_dir(opts: dict) -> dict:

@@ -18,7 +18,8 @@ TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launc
 # Options that only shaped the case's layouts or the harness's own bounds: nothing for the script to do.
 INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method", "nested",
-                      "empty_dicts", "coordinator_rank", "offload", "mw_names", "load_api", "aoa"})
+                      "empty_dicts", "coordinator_rank", "offload", "mw_names", "load_api", "aoa",
+                      "full_param_groups", "full_param_splits"})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -47,7 +48,10 @@ def settings(scripted: ScriptedCase) -> str:
             + (f"STORED = {_stored(scripted)!r}  # each piece's key in the checkpoint (load_merged_state_dict's)\n"
                if _merged(scripted) else "")
             + (f"AOA_CONFIG = {_aoa_config(scripted)!r}  # the checkpoint is in another model's structure\n"
-               if aoa.AOA in options else ""))
+               if aoa.AOA in options else "")
+            + (f"FULL_PARAM_GROUPS = {options.get('full_param_groups', 'world')!r}  # one group, or \"hv\"\n"
+               f"FULL_PARAM_SPLITS = {options.get('full_param_splits', 1)!r}  # full_param(num_splits=)\n"
+               if _full_param(scripted) else ""))
 
 
 def _aoa_config(scripted: ScriptedCase) -> dict:
@@ -60,6 +64,10 @@ def _aoa_config(scripted: ScriptedCase) -> dict:
 
 def _merged(scripted: ScriptedCase) -> bool:
     return scripted.options.get("load_api") == "load_merged_state_dict"
+
+
+def _full_param(scripted: ScriptedCase) -> bool:
+    return scripted.options.get("load_api") == "full_param"
 
 
 def _names(scripted: ScriptedCase) -> list[str]:
@@ -102,6 +110,9 @@ def helpers(scripted: ScriptedCase) -> str:
     blocks.append(STATE_DICT_NESTED if nested else STATE_DICT)
     blocks.append(SAVE_ASYNC if scripted.uses("use_async") else SAVE)
     blocks.append(LOAD_MERGED if _merged(scripted) else LOAD_NESTED if nested else LOAD)
+    if _full_param(scripted):  # the load above gives the pieces full_param assembles
+        blocks[-1] = blocks[-1].replace("def load(", "def load_pieces(") + "\n\n" + FULL_PARAM.replace(
+            "FULL_PARAM_KEY", '".".join(n.split(NESTED))' if nested else 'key(n, "load")')
     return "".join(blocks).replace("SAVE_ARGUMENTS", _call_arguments(scripted, load=False)).replace(
         "LOAD_ARGUMENTS", _call_arguments(scripted, load=True)).replace(
         "MERGED_ARGUMENTS", ", offload=OFFLOAD" if "offload" in scripted.options else "")
@@ -293,6 +304,57 @@ LOAD_MERGED = '''def load(name, pieces):
             out[n] = whole[tuple(slice(o, o + s) for o, s in zip(p.offsets, p.shape))]
         else:
             out[n] = whole
+    return out
+'''
+
+FULL_PARAM = '''import hashlib  # noqa: E402
+
+from paddle.distributed.flex_checkpoint.dcp.full_param import full_param  # noqa: E402
+
+
+def full_param_groups():
+    """full_param's groups: the world's as its one process group, or rows of the world's largest proper divisor of
+    ranks (the whole world when its size is prime) as horizontal groups and their columns as vertical ones. Every
+    rank makes every group, in one order, as new_group requires."""
+    if FULL_PARAM_GROUPS == "world":
+        return {}
+    size, rank = dist.get_world_size(), dist.get_rank()
+    row = max([d for d in range(2, size) if size % d == 0], default=size)
+    rows = [list(range(start, start + row)) for start in range(0, size, row)]
+    columns = [[r[i] for r in rows] for i in range(row)]
+    groups = {tuple(g): dist.new_group(g) for g in rows + columns}
+    return {"h_group": groups[tuple(rows[rank // row])], "v_group": groups[tuple(columns[rank % row])]}
+
+
+def load(name, pieces):
+    """The load, then full_param over the pieces it gave (as a model's sharded_state_dict gives them), split by
+    split as an export bounds its memory: each tensor must come in exactly one split, alike on every rank. This
+    rank's piece is cut from it; a flat slice is optimizer state no model hands full_param, read from the load."""
+    loaded = load_pieces(name, pieces)
+    keys = {n: FULL_PARAM_KEY for n, p in pieces.items() if p.flat is None and n in loaded}
+    sharded = {k: dist.ShardedWeight(k, loaded[n], pieces[n].shape, pieces[n].global_shape, pieces[n].offsets)
+               for n, k in keys.items()}
+    whole, split_of = {}, {}
+    for index in range(FULL_PARAM_SPLITS):
+        for k, t in full_param(sharded, num_splits=FULL_PARAM_SPLITS, shard_idx=index, **full_param_groups()):
+            if k in split_of:
+                raise Failed(f"full_param(num_splits={FULL_PARAM_SPLITS}) gave {k!r} in split {split_of[k]} and "
+                             f"again in split {index}")
+            split_of[k], whole[k] = index, t
+    missing = sorted(set(sharded) - set(whole))
+    if missing:
+        raise Failed(f"full_param(num_splits={FULL_PARAM_SPLITS}) never gave {missing}")
+    if dist.get_world_size() > 1:
+        mine = {k: hashlib.sha256(str(t.dtype).encode() + t.numpy().tobytes()).hexdigest() for k, t in whole.items()}
+        every = []
+        dist.all_gather_object(every, mine)
+        differ = sorted(k for k in mine if any(theirs.get(k) != mine[k] for theirs in every))
+        if differ:
+            raise Failed(f"full_param gave the ranks different bits of {differ}")
+    out = dict(loaded)
+    for n, k in keys.items():
+        p = pieces[n]
+        out[n] = whole[k][tuple(slice(o, o + s) for o, s in zip(p.offsets, p.shape))] if p.shape else whole[k]
     return out
 '''
 
