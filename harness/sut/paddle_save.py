@@ -71,7 +71,6 @@ class PaddleSaveSut(PaddleAdapter):
 
         state = {tname: to_paddle(rt.local.tensor) for tname, rt in tensors.items()}
         path = self._file(root, name, options)
-        path.parent.mkdir(parents=True, exist_ok=True)
         handle = SaveHandle(list(state.values()))
         if not use_async:
             paddle.save(state, str(path), safetensors=options.get("format") == "safetensors")
