@@ -31,6 +31,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from harness.sut.base import RankTensor, SutAdapter
+from reference import nesting
 from reference.dtypes import dtype
 from reference.layout import Box, Region, Shard, Sharded
 from reference.tensor import Tensor
@@ -77,7 +78,7 @@ class TorchDcpSut(SutAdapter):
     launcher = "torchrun"
     framework = "torch"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"reshard", "async", "zero_size", "moe", "repeat", "empty_state"}
+        {"reshard", "async", "zero_size", "moe", "repeat", "empty_state", "nested"}
         | {f"async_executor:{e}" for e in EXECUTORS}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -119,6 +120,7 @@ class TorchDcpSut(SutAdapter):
             state[tname] = self._wrap(rt, local)
             handle.tensors.append(local)
         path = str(Path(root) / name)
+        state = _given(state, options)
         if not use_async:
             dcp.save(state, checkpoint_id=path)
             return handle
@@ -173,12 +175,17 @@ class TorchDcpSut(SutAdapter):
 
         if name is None:
             raise ValueError("torch-dcp has no notion of the latest checkpoint: a load needs a name")
-        state = {}
-        for tname, rt in targets.items():
-            state[tname] = self._wrap(rt, self._to_torch(rt.local.tensor))
+        state = _given({tname: self._wrap(rt, self._to_torch(rt.local.tensor)) for tname, rt in targets.items()},
+                       options)
         dcp.load(state, checkpoint_id=str(Path(root) / name))
+        sep = options.get(nesting.NESTED)
+        if sep:  # read back where a training script reads it; empty sub-dicts must stay empty dicts
+            lost = nesting.empty_dicts_lost(state, options.get(nesting.EMPTY_DICTS, ()), sep)
+            if lost:
+                raise RuntimeError(f"dcp.load left the empty sub-dicts {lost} of the state dict changed")
         out = {}
-        for tname, value in state.items():
+        for tname in targets:
+            value = nesting.leaf(state, tname, sep) if sep else state[tname]
             local = value.to_local() if hasattr(value, "to_local") else value
             out[tname] = _from_torch(local, targets[tname].local.tensor.shape)
         return out
@@ -273,6 +280,13 @@ class TorchDcpSut(SutAdapter):
             if isinstance(md, TensorStorageMetadata):
                 out[key] = (tuple(md.size), [Box(tuple(c.offsets), tuple(c.sizes)) for c in md.chunks])
         return out
+
+
+def _given(state: dict[str, Any], options: dict) -> dict:
+    """The state dict as the case gives it to DCP: flat under each tensor's name, or nested at ``options["nested"]``
+    with its empty sub-dicts (DCP flattens it itself, each leaf under its path joined with ".")."""
+    sep = options.get(nesting.NESTED)
+    return nesting.build(state, sep, options.get(nesting.EMPTY_DICTS, ())) if sep else state
 
 
 def _device(choice: str) -> Any:

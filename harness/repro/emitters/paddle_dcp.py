@@ -8,6 +8,7 @@ given; the script spells out which, from the case's options.
 from __future__ import annotations
 
 from harness.repro.emitters import paddle_text
+from harness.repro.emitters.nesting_text import NESTING
 from harness.repro.render import HOLD_PROCESSES
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 from harness.sut.paddle_dcp import state_key
@@ -196,30 +197,6 @@ STATE_DICT = '''def state_dict(pieces, zero=False, side="save"):
         if value is not None:
             state[key(name, side)], dense[name] = value, t
     return state, dense
-
-
-'''
-
-NESTING = '''def nest(flat):
-    """The nested dict: each name's parts at NESTED are its keys; EMPTY_DICTS are there, empty."""
-    root = {}
-    for name in EMPTY_DICTS:
-        node = root
-        for part in name.split(NESTED):
-            node = node.setdefault(part, {})
-    for name, value in flat.items():
-        *parents, last = name.split(NESTED)
-        node = root
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return root
-
-
-def at(tree, name):
-    for part in name.split(NESTED):
-        tree = tree[part]
-    return tree
 
 
 '''

@@ -7,12 +7,13 @@ mesh with the global shape and stride given, or the plain tensor for one that li
 from __future__ import annotations
 
 from harness.repro.emitters import torch_text
+from harness.repro.emitters.nesting_text import NESTING
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 
 FRAMEWORK = "torch"
 TEXT = torch_text  # the framework's part of the script (set-up, tensors, launcher)
 INERT = frozenset({"op_timeout", "commit_timeout", "collective_timeout"})
-RENDERED = frozenset({"async_executor"})
+RENDERED = frozenset({"async_executor", "nested", "empty_dicts"})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -21,12 +22,20 @@ def settings(scripted: ScriptedCase) -> str:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
     if any(step.kind == "load" and step.name is None for phase in scripted.phases for step in phase.steps):
         raise ReproUnsupported("a load of the latest checkpoint (DCP has no such notion)")
+    nested = scripted.options.get("nested")
     return (f"ASYNC_EXECUTOR = {scripted.options.get('async_executor', 'thread')!r}"
-            "  # dcp.async_save's checkpointer type\n")
+            "  # dcp.async_save's checkpointer type\n"
+            + (f"NESTED = {nested!r}  # a name's parts at this separator are nested dict keys\n"
+               f"EMPTY_DICTS = {list(scripted.options.get('empty_dicts', ()))!r}  # sub-dicts with nothing in them\n"
+               if nested else ""))
 
 
 def helpers(scripted: ScriptedCase) -> str:
-    return ENTRY + (SAVE_ASYNC if scripted.uses("use_async") else SAVE) + LOAD
+    if not scripted.options.get("nested"):
+        return ENTRY + (SAVE_ASYNC if scripted.uses("use_async") else SAVE) + LOAD
+    return (NESTING + ENTRY.replace("return {name: entry(pieces[name], t) for name, t in dense.items()}, dense",
+                                    "return nest({name: entry(pieces[name], t) for name, t in dense.items()}), dense")
+            + (SAVE_ASYNC if scripted.uses("use_async") else SAVE) + LOAD_NESTED)
 
 
 ENTRY = '''from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
@@ -87,6 +96,15 @@ LOAD = '''def load(name, pieces):
     state, _ = state_dict(pieces, zero=True)
     dcp.load(state, checkpoint_id=os.path.join(ROOT, name))
     return state
+'''
+
+LOAD_NESTED = '''def load(name, pieces):
+    state, _ = state_dict(pieces, zero=True)
+    dcp.load(state, checkpoint_id=os.path.join(ROOT, name))
+    for empty in EMPTY_DICTS:
+        if at(state, empty) != {}:
+            raise Failed(f"the load changed the empty sub-dict {empty!r}")
+    return {name: at(state, name) for name in pieces}
 '''
 
 KILL_WRITERS = '''import multiprocessing  # noqa: E402
