@@ -21,6 +21,7 @@ from properties.generate.cases import cases
 from properties.generate.fault_cases import fault_cases
 from properties.generate.layouts import world_sizes
 from properties.generate.lifecycle import lifecycle_cases
+from properties.generate.producer_cases import producer_cases
 from properties.generate.training_cases import trainable, training_cases
 from properties.model.case import Case, CaseError
 
@@ -46,6 +47,10 @@ def _cases(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, 
 
 def _aoa(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
     return aoa_cases(prop, sut, ranks, caps)
+
+
+def _model(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
+    return producer_cases(prop, sut, ranks, caps)
 
 
 def _cover(prop: str, sut: str, ranks: int, caps: frozenset[str], faults: bool, ptrace: bool) -> st.SearchStrategy:
@@ -134,6 +139,13 @@ _SPECS = (
         "a checkpoint stored in another model's structure (renamed, transposed, fused, in parts, widened) loads "
         "through an aoa_config into this model's layout: bitwise equal",
         _aoa, requires="aoa",
+    ),
+    PropertySpec(
+        "P-MODEL",
+        "a real model's and optimizer's state, as their sharded_state_dict gives it (tensor-parallel layers, AdamW "
+        "with master weights), saved and loaded into the same model on the same or another tensor-parallel degree: "
+        "each piece where the layout puts it, bitwise equal",
+        _model, requires="producer:tp",
     ),
     PropertySpec(
         "P-REPEAT",

@@ -30,8 +30,9 @@ from properties.registry import (
 from reference.layout import Mesh, Shard, Sharded
 
 ROOT = Path(__file__).resolve().parent.parent
-IDS = ("P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-AOA", "P-REPEAT", "P-DIFF",
-       "P-ASYNC-ISOLATION", "P-LIFECYCLE", "P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS", "P-EMA", "P-RESUME")
+IDS = ("P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-AOA", "P-MODEL", "P-REPEAT",
+       "P-DIFF", "P-ASYNC-ISOLATION", "P-LIFECYCLE", "P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS", "P-EMA",
+       "P-RESUME")
 REFERENCE_CAPS = frozenset(adapter_class("reference").capabilities)
 
 
@@ -41,8 +42,8 @@ def test_registry_holds_every_id_in_catalogue_order() -> None:
 
 
 def test_default_properties_are_pinned() -> None:
-    fault_free = ["P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-AOA", "P-REPEAT", "P-DIFF",
-                  "P-ASYNC-ISOLATION", "P-LIFECYCLE", "P-EMA", "P-RESUME"]
+    fault_free = ["P-ROUNDTRIP", "P-RESHARD", "P-EDGE", "P-COVER", "P-MOE", "P-FLAT", "P-AOA", "P-MODEL", "P-REPEAT",
+                  "P-DIFF", "P-ASYNC-ISOLATION", "P-LIFECYCLE", "P-EMA", "P-RESUME"]
     assert default_properties(faults=False) == fault_free
     assert default_properties(faults=True) == [*fault_free, "P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS"]
     assert FAULT_PROPERTIES == ("P-ATOMIC", "P-NOLOSS", "P-CORRUPT", "P-LIVENESS")
@@ -56,6 +57,7 @@ def test_skip_reasons_are_pinned() -> None:
         "P-MOE": "SUT does not claim 'moe'",
         "P-FLAT": "SUT does not claim 'flat'",
         "P-AOA": "SUT does not claim 'aoa'",
+        "P-MODEL": "SUT does not claim 'producer:tp'",
         "P-REPEAT": "SUT does not claim 'repeat'",
         "P-ASYNC-ISOLATION": "SUT does not claim 'async'",
         "P-EMA": NO_TRAINING_STATE,

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from harness.sut import paddle_producers
 from harness.sut._paddle_common import (
     SUPPORTED_DTYPES,
     PaddleAdapter,
@@ -33,6 +34,7 @@ from reference import aoa, nesting
 from reference.engine import extract
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
 from reference.namespaces import NAMESPACES
+from reference.producers import PRODUCER
 from reference.tensor import Tensor
 
 _SAME_DIR = "dcp"  # options["same_dir"]: every version lives in root/dcp, told apart by unique_id
@@ -89,7 +91,7 @@ class PaddleDcpSut(PaddleAdapter):
         | {f"choice:load_api={a}" for a in LOAD_APIS}
         | {f"choice:full_param_groups={g}@load_api=full_param" for g in FULL_PARAM_GROUPS}
         | {f"choice:full_param_splits={k}@load_api=full_param" for k in FULL_PARAM_SPLITS}
-        | {"flag:offload", "unique_id", "aoa"}
+        | {"flag:offload", "unique_id", "aoa", "producer:tp"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -109,13 +111,16 @@ class PaddleDcpSut(PaddleAdapter):
             group = _stored_form(model_group, options)
             state = {}
             kind, meshes = _kind(group, options, sub), {}
-            for tname, rt in group.items():
+            if PRODUCER in options:  # the pieces as Paddle's own model and optimizer give them, holding the case's bits
+                given = paddle_producers.state_dict(group, dist.get_world_size(), fill=True)
+                handle.tensors.extend(sw.local_tensor for sw in given.values())
+            for tname, rt in group.items() if PRODUCER not in options else ():
                 value, local = _wrap(state_key(tname, options, "save"), rt, to_paddle(rt.local.tensor), kind, meshes)
                 if value is not None:
                     state[tname] = value
                     handle.tensors.append(local)
             dist.save_state_dict(
-                _given(state, options, sub, "save"),
+                given if PRODUCER in options else _given(state, options, sub, "save"),
                 str(path / sub if sub else path),
                 unique_id=unique_id,
                 async_save=use_async,
@@ -158,8 +163,12 @@ class PaddleDcpSut(PaddleAdapter):
             merged = options.get("load_api") == "load_merged_state_dict"
             for sub, group in _families(targets, options):
                 where = path / sub if sub else path
-                out.update(_load_merged(where, unique_id, group, options) if merged
-                           else self._load_group(where, unique_id, group, _kind(group, options, sub), options))
+                if merged:
+                    out.update(_load_merged(where, unique_id, group, options))
+                elif PRODUCER in options:
+                    out.update(_load_produced(where, unique_id, group, options))
+                else:
+                    out.update(self._load_group(where, unique_id, group, _kind(group, options, sub), options))
             names_of = {state_key(t, options, side): t for t in targets for side in ("load", "save")}
             # a merged load plans whole tensors, an AoA load the reads of the stored structure: not the case's
             self._plan = None if merged or options.get(aoa.AOA) else _plan_rows(_reads, names_of)
@@ -187,18 +196,8 @@ class PaddleDcpSut(PaddleAdapter):
             read_back[tname] = local
         family = path.name if options.get("split_families") else ""  # _families names each call's directory so
         given = _given(state, options, family, "load")
-        dist.load_state_dict(
-            given,
-            str(path),
-            unique_id=unique_id,
-            safetensors=options.get("format") == "safetensors",
-            comm_method=options.get("comm_method", "broadcast"),
-            worker_groups=_worker_groups(options.get("comm_method", "broadcast")),
-            coordinator_rank=_coordinator(options),
-            offload=bool(options.get("offload", False)),
-            mw_name_compatibility=options.get("mw_names") != "off",
-            aoa_config=_aoa_config(targets, options),
-        )
+        dist.load_state_dict(given, str(path), unique_id=unique_id, aoa_config=_aoa_config(targets, options),
+                             **_load_arguments(options))
         sep = options.get(nesting.NESTED)
         if sep:  # what the caller's dict holds after the load, read where a training script reads it
             state = {tname: nesting.leaf(given, tname, sep) for tname in state}
@@ -235,7 +234,13 @@ class PaddleDcpSut(PaddleAdapter):
     @classmethod
     def virtual_plays(cls, case: Any) -> bool:
         return (case.options.get("comm_method", "broadcast") in VIRTUAL_COMM
-                and case.options.get("load_api") != "full_param")
+                and case.options.get("load_api") != "full_param" and PRODUCER not in case.options)
+
+    @classmethod
+    def process_shape(cls, case: Any, index: int) -> str:
+        """A producer case's ranks make fleet's hybrid groups, once per process: such ops run on processes of their
+        own, as a tensor-parallel job is a launch of its own."""
+        return f"producer={case.options[PRODUCER]}" if PRODUCER in case.options else ""
 
     @classmethod
     def refuses(cls, case: Any) -> str | None:
@@ -407,6 +412,27 @@ def _aoa_config(targets: dict[str, RankTensor], options: dict) -> dict | None:
     return {"aoa_statements": aoa.statements(transforms, lambda n: state_key(n, options, "load"), dtypes)}
 
 
+def _load_arguments(options: dict) -> dict[str, Any]:
+    """load_state_dict's keyword arguments the case's options choose (besides the path, version and AoA config)."""
+    return {"safetensors": options.get("format") == "safetensors",
+            "comm_method": options.get("comm_method", "broadcast"),
+            "worker_groups": _worker_groups(options.get("comm_method", "broadcast")),
+            "coordinator_rank": _coordinator(options),
+            "offload": bool(options.get("offload", False)),
+            "mw_name_compatibility": options.get("mw_names") != "off"}
+
+
+def _load_produced(path: Path, unique_id: int | None, targets: dict[str, RankTensor],
+                   options: dict) -> dict[str, Tensor]:
+    """A load into a fresh model's (and optimizer's) own sharded state, read back from the pieces Paddle gave."""
+    import paddle.distributed as dist
+
+    state = paddle_producers.state_dict(targets, dist.get_world_size(), fill=False)
+    dist.load_state_dict(state, str(path), unique_id=unique_id, **_load_arguments(options))
+    return {tname: from_paddle(state[paddle_producers.key(tname)].local_tensor, rt.local.tensor.shape)
+            for tname, rt in targets.items()}
+
+
 def _load_merged(path: Path, unique_id: int | None, targets: dict[str, RankTensor], options: dict) -> dict[str, Tensor]:
     """Each target's piece of the tensor ``load_merged_state_dict`` gives whole under its stored key (a master
     weight under the name it was saved with)."""
@@ -526,6 +552,8 @@ def state_key(name: str, options: dict, side: str) -> str:
     sep = options.get(nesting.NESTED)
     if sep:
         return nesting.stored_key(name, sep)
+    if PRODUCER in options:  # as the producer's sharded_state_dict keys it
+        return paddle_producers.key(name)
     if aoa.AOA in options:  # AoA statements name tensors by identifiers, which hold no "/"
         return name.replace("/", ".")
     style = _MW_STYLES.get((options.get("mw_names"), side))

@@ -50,7 +50,8 @@ class ReferenceSut(SutAdapter):
     name = "reference"
     launcher = "plain"
     capabilities = frozenset(
-        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "in_process_world", "empty_state", "aoa"}
+        {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "in_process_world", "empty_state", "aoa",
+         "producer:tp"}  # a producer's state is tensors and layouts like any other: the reference saves them as given
         | {"rotate", "kill_writer"}
         | {f"dtype:{d}" for d in DTYPES}
     )

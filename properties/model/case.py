@@ -31,12 +31,13 @@ import numpy as np
 from faults.corrupt import KINDS as CORRUPTIONS
 from faults.errors import FaultSpecError
 from faults.spec import CorruptFault, Fault, parse_fault
-from reference import aoa, nesting
+from reference import aoa, nesting, producers
 from reference.aoa import AOA
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
 from reference.layout import TensorLayout, layout_from_json
 from reference.nesting import EMPTY_DICTS, NESTED
+from reference.producers import PRODUCER
 from reference.tensor import Tensor
 from reference.training import Param, TrainingSpec, check_params, state_keys, trained_state
 
@@ -361,6 +362,10 @@ class Case:
                 nesting.check([t.name for t in tensors], case.options[NESTED], case.options.get(EMPTY_DICTS, ()))
             if AOA in case.options:
                 aoa.check(case.options[AOA], {t.name: (t.dtype, t.shape) for t in tensors})
+            if PRODUCER in case.options:
+                if case.options[PRODUCER] != "tp":
+                    raise ValueError(f"unknown producer {case.options[PRODUCER]!r} (known: 'tp')")
+                producers.check(case.specs(), {w: case.layouts(w) for w in ("save", "load")})
             if case.training is not None:
                 _check_training(case)
             elif any(op.kind == "train" for op in ops):

@@ -20,7 +20,7 @@ TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launc
 INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method", "nested",
                       "empty_dicts", "coordinator_rank", "offload", "mw_names", "load_api", "aoa",
-                      "full_param_groups", "full_param_splits"})
+                      "full_param_groups", "full_param_splits", "producer"})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -50,6 +50,8 @@ def settings(scripted: ScriptedCase) -> str:
                if _merged(scripted) else "")
             + (f"AOA_CONFIG = {_aoa_config(scripted)!r}  # the checkpoint is in another model's structure\n"
                if aoa.AOA in options else "")
+            + ("PRODUCER = 'tp'  # the state is what Paddle's tensor-parallel layers and AdamW give\n"
+               if scripted.options.get("producer") else "")
             + (f"FULL_PARAM_GROUPS = {options.get('full_param_groups', 'world')!r}  # one group, or \"hv\"\n"
                f"FULL_PARAM_SPLITS = {options.get('full_param_splits', 1)!r}  # full_param(num_splits=)\n"
                if _full_param(scripted) else ""))
@@ -108,7 +110,7 @@ def helpers(scripted: ScriptedCase) -> str:
     blocks.append(ENTRY_DIST if scripted.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
     nested = bool(scripted.options.get("nested"))
     blocks.append(NESTING if nested else KEY_RENAMED if _renamed(scripted) else KEY)
-    blocks.append(STATE_DICT_NESTED if nested else STATE_DICT)
+    blocks.append(STATE_DICT_NESTED if nested else PRODUCED if scripted.options.get("producer") else STATE_DICT)
     blocks.append(SAVE_ASYNC if scripted.uses("use_async") else SAVE)
     blocks.append(LOAD_MERGED if _merged(scripted) else LOAD_NESTED if nested else LOAD)
     if _full_param(scripted):  # the load above gives the pieces full_param assembles
@@ -282,6 +284,70 @@ LOAD_MERGED = '''def load(name, pieces):
         else:
             out[n] = whole
     return out
+'''
+
+PRODUCED = '''from paddle.distributed import fleet  # noqa: E402
+from paddle.distributed.fleet.meta_parallel import (  # noqa: E402
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+
+FLEET = []
+
+
+def model_of(pieces):
+    """The tp model of the layers the pieces belong to, with tensor parallelism over the whole world, and AdamW
+    (multi_precision) where there is optimizer state."""
+    if not FLEET:
+        strategy = fleet.DistributedStrategy()
+        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": dist.get_world_size(), "pp_degree": 1}
+        fleet.init(is_collective=True, strategy=strategy)
+        FLEET.append(True)
+    shape = {n.partition("/")[2]: p.global_shape for n, p in pieces.items() if n.startswith("model/")}
+    dims = {}
+    for param, names in (("emb.weight", ("vocab", "hidden")), ("up.weight", ("hidden", "ffn")),
+                         ("down.weight", ("ffn", "hidden")), ("norm.weight", ("hidden",))):
+        dims.update(zip(names, shape.get(param, ())))
+    model = paddle.nn.Layer()
+    if "emb.weight" in shape:
+        model.emb = VocabParallelEmbedding(dims["vocab"], dims["hidden"])
+    if "up.weight" in shape:
+        model.up = ColumnParallelLinear(dims["hidden"], dims["ffn"], has_bias=True, gather_output=False)
+    if "down.weight" in shape:
+        model.down = RowParallelLinear(dims["ffn"], dims["hidden"], has_bias=True, input_is_parallel=True)
+    if "norm.weight" in shape:
+        model.norm = paddle.nn.LayerNorm(dims["hidden"])
+    if any(p.dtype == "BF16" for p in pieces.values()):
+        model.to(dtype="bfloat16")
+    if not any(n.startswith("optimizer/") for n in pieces):
+        return model, None
+    opt = paddle.optimizer.AdamW(parameters=model.parameters(), multi_precision=True)
+    # its state exists once a first step makes it; CPU Paddle has no bfloat16 adamw kernel to step with
+    opt._create_accumulators(paddle.static.default_main_program().global_block(), model.parameters())
+    return model, opt
+
+
+def state_dict(pieces, zero=False, side="save"):
+    """The model's and optimizer's sharded state as Paddle gives it, each piece where tensor parallelism puts this
+    rank's; for a save it then holds the case's bits."""
+    model, opt = model_of(pieces)
+    state = dict(model.sharded_state_dict())
+    if opt is not None:
+        state.update(opt.sharded_state_dict(model.sharded_state_dict()))
+    dense = {}
+    for name, p in pieces.items():
+        sw = state[key(name, side)]
+        gave = (tuple(sw.global_shape), tuple(sw.global_offset), tuple(sw.local_shape))
+        if gave != (tuple(p.global_shape), tuple(p.offsets), tuple(p.shape)):
+            raise Failed(f"{key(name, side)}: sharded_state_dict gave (global shape, offset, local shape) {gave}, "
+                         f"tensor parallelism puts {(p.global_shape, p.offsets, p.shape)}")
+        if not zero:
+            sw.local_tensor.copy_(tensor(p, False), False)
+        dense[name] = sw.local_tensor
+    return state, dense
+
+
 '''
 
 FULL_PARAM = '''import hashlib  # noqa: E402

@@ -1,0 +1,41 @@
+"""P-MODEL cases: a model and its optimizer whose ``sharded_state_dict`` gives the state (reference/producers.py),
+saved under tensor parallelism of one degree and loaded into the same model under the same or another degree.
+The tensors and layouts are the producer's, drawn by the model's sizes and layers; the values are the case's."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from hypothesis import strategies as st
+
+from properties.generate.cases import Caps, options
+from properties.model.case import Case, Op, TensorCase
+from reference import producers
+from reference.producers import LAYERS, PARAM_DTYPES, PRODUCER
+
+# What a producer case leaves to the producer: how tensors are wrapped and named, and the loads of other APIs.
+_LEFT_OUT = ("tensor_kind", "nested", "empty_dicts", "mw_names", "load_api", "full_param_groups",
+             "full_param_splits", "split_families", "same_dir")
+
+
+@st.composite
+def producer_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]) -> Case:
+    caps = Caps(capabilities)
+    save_world = draw(st.integers(1, ranks))
+    load_world = draw(st.integers(1, ranks)) if caps.reshard else save_world
+    unit = math.lcm(save_world, load_world)
+    layers = tuple(draw(st.lists(st.sampled_from(LAYERS), min_size=1, max_size=len(LAYERS), unique=True)))
+    dtype = draw(st.sampled_from([d for d in PARAM_DTYPES if d in caps.dtypes] or list(PARAM_DTYPES)))
+    vocab, ffn = (unit * draw(st.integers(1, 2)) for _ in range(2))
+    hidden = draw(st.integers(1, 3))
+    given = producers.tensors(tuple(sorted(layers, key=LAYERS.index)), vocab, hidden, ffn, dtype,
+                              optimizer=draw(st.booleans()))
+    tensors = tuple(TensorCase(name, dt, shape, draw(st.integers(0, 2**16)))
+                    for name, (dt, shape) in sorted(given.items()))
+    opts = {k: v for k, v in draw(options(caps)).items() if k not in _LEFT_OUT}
+    opts[PRODUCER] = "tp"
+    return Case(prop, sut, tensors,
+                {n: producers.layout(n, save_world).to_json() for n in sorted(given)},
+                {n: producers.layout(n, load_world).to_json() for n in sorted(given)},
+                (Op("save", "step-1", 0), Op("load", "step-1", 0)), opts, draw(st.integers(0, 2**16)))
