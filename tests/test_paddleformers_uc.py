@@ -19,7 +19,14 @@ from hypothesis import strategies as st
 
 from harness.fixes import resolve
 from harness.sut import REGISTRY, framework_available
-from harness.sut.paddleformers_uc import PARAM_DTYPES, PaddleFormersUcSut, UcStateError, param_specs
+from harness.sut.paddleformers_uc import (
+    PARAM_DTYPES,
+    UC_FLAGS,
+    PaddleFormersUcSut,
+    UcStateError,
+    param_specs,
+    uc_config,
+)
 from properties.model.case import Case, Op, TensorCase, read_case_file
 from properties.registry import drawable_properties, property_cases
 from properties.triage.known import read_known
@@ -43,6 +50,15 @@ def test_capabilities_are_declared_honestly() -> None:
             "flag:pdc"} <= CAPS
     assert {d.split(":")[1] for d in CAPS if d.startswith("dtype:")} == {"F32", "BF16", "F16"}
     assert not {"P-FLAT", "P-MOE", "P-EMA", "P-RESUME"} & set(drawable_properties(CAPS))
+
+
+def test_the_unified_checkpoint_config_flags_a_case_turns_on_reach_the_job() -> None:
+    """Flags that keep a load's result the saved bits are drawn (each a capability, so swarm can leave it out) and
+    go into TrainingArguments.unified_checkpoint_config with async_save, as a user writes them."""
+    assert {f"flag:{f}" for f in UC_FLAGS} <= CAPS
+    assert uc_config({}) == "async_save"
+    assert uc_config({"ignore_merge_optimizer": True, "pdc": True}) == "async_save ignore_merge_optimizer"
+    assert uc_config(dict.fromkeys(UC_FLAGS, True)).split() == ["async_save", *UC_FLAGS]
 
 
 def _t(name: str, dt: str, shape: tuple[int, ...] = (2,)) -> Tensor:

@@ -46,6 +46,17 @@ _MOMENTS = {"m1": "moment1", "m2": "moment2"}
 WRITER_TIMEOUT = 60.0  # seconds an async writer may take to finish a tiny checkpoint before wait() gives up
 
 
+# unified_checkpoint_config flags a case may turn on besides async_save (which every job here allows): those
+# that keep what a load gives equal to what was saved. skip_save_model_weight and remove_master_weight restore
+# one of a weight and its master from the other by a cast, which the oracle does not model yet.
+UC_FLAGS = ("master_weight_compatible", "ignore_merge_optimizer")
+
+
+def uc_config(options: dict) -> str:
+    """The job's ``unified_checkpoint_config``: async saves allowed, and the case's flags."""
+    return " ".join(["async_save", *(f for f in UC_FLAGS if options.get(f))])
+
+
 class UcStateError(ValueError):
     """The case's tensors are not a trainer's state this adapter can hold; the message names the tensor."""
 
@@ -114,6 +125,7 @@ class PaddleFormersUcSut(PaddleAdapter):
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"trainer_state", "replicated", "reshard", "async", "zero_size", "repeat", "latest", "rotate",
          "kill_writer", "keep_last", "flag:pdc"}
+        | {f"flag:{f}" for f in UC_FLAGS}
         | {f"dtype:{d}" for d in PARAM_DTYPES}
     )
 
@@ -151,7 +163,7 @@ class PaddleFormersUcSut(PaddleAdapter):
 
         args = TrainingArguments(
             output_dir=str(root), unified_checkpoint=True, save_checkpoint_format="unified_checkpoint",
-            load_checkpoint_format="unified_checkpoint", unified_checkpoint_config="async_save",
+            load_checkpoint_format="unified_checkpoint", unified_checkpoint_config=uc_config(options),
             save_total_limit=options.get("keep_last"), amp_master_grad=False, sharding="", report_to="none",
             disable_tqdm=True, max_steps=1, save_steps=1, logging_steps=1, per_device_train_batch_size=1,
             seed=int(options.get("seed", 0)),

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from harness.repro.emitters import uc_text
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
+from harness.sut.paddleformers_uc import UC_FLAGS, uc_config
 
 FRAMEWORK = "paddleformers"
 TEXT = uc_text
 INERT = frozenset({"commit_timeout", "op_timeout"})
-RENDERED = frozenset({"keep_last", "pdc", "seed"})
+RENDERED = frozenset({"keep_last", "pdc", "seed", *UC_FLAGS})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -21,6 +22,7 @@ def settings(scripted: ScriptedCase) -> str:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
     pdc = bool(options.get("pdc", False))
     return (f"KEEP_LAST = {options.get('keep_last')!r}  # TrainingArguments.save_total_limit\n"
+            f"UC_CONFIG = {uc_config(options)!r}  # TrainingArguments.unified_checkpoint_config\n"
             f"SEED = {int(options.get('seed', 0))}\n"
             f"# As on PaddleCloud{'' if pdc else ' (off here)'}: sync saves end with a .checkpoint_done marker and\n"
             "# get_last_checkpoint skips a checkpoint-N without one\n"
@@ -80,7 +82,7 @@ def trainer_for(pieces, first_step=True):
     low = any(p.dtype != "F32" for key, p in pieces.items() if key.startswith("model/"))
     args = TrainingArguments(
         output_dir=ROOT, unified_checkpoint=True, save_checkpoint_format="unified_checkpoint",
-        load_checkpoint_format="unified_checkpoint", unified_checkpoint_config="async_save",
+        load_checkpoint_format="unified_checkpoint", unified_checkpoint_config=UC_CONFIG,
         save_total_limit=KEEP_LAST, amp_master_grad=False, sharding="", report_to="none", disable_tqdm=True,
         max_steps=1, save_steps=1, logging_steps=1, per_device_train_batch_size=1, seed=SEED,
         # BF16/F16 parameters as a user trains them: AMP O2, so AdamW keeps FP32 master weights
