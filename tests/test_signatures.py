@@ -45,6 +45,7 @@ LEGACY = {
     "missing-checkpoint-wedges-group": r"no longer loads: .*RuntimeError: rank \d+: .*gloo/transport/tcp/pair\.cc",
     "crashed-save-taken-as-latest":
         r"\(load latest\): resume lost: .*ValueError: rank \d+: Can't find a valid checkpoint at \S*checkpoint-\d+",
+    "non-merged-optimizer-single-card": r"\(load [^)]*\): KeyError: rank \d+: 'weight_map'",
 }
 PAIR_TIMEOUT = ("rank 0: [/paddle/third_party/gloo/gloo/transport/tcp/pair.cc:584] TIMEOUT self_rank = 0 pair_rank = 1 "
                 "peer_str = [127.0.0.1]:5013")
@@ -109,6 +110,8 @@ def _records(stem: str, case: Case) -> list[OpRecord]:
                                       complete=("step-0", "step-1"))
         recs[2] = _failed(recs[2], "ValueError", "rank 0: Can't find a valid checkpoint at out/checkpoint-1 -- "
                                                  "out/checkpoint-1/model_state.pdparams")
+    elif stem == "non-merged-optimizer-single-card":
+        recs[1] = _failed(recs[1], "KeyError", "rank 0: 'weight_map'")
     return recs
 
 
