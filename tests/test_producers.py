@@ -83,3 +83,17 @@ def test_a_bf16_model_with_adamw_resumes_on_another_tensor_parallel_degree() -> 
     finally:
         judge.close()
     assert judgement.ok, "\n".join(judgement.details)
+
+
+def test_a_campaign_never_runs_a_case_the_format_rejects() -> None:
+    """A shrinker's step can break a rule only the case format checks (here: a layout tensor parallelism does not
+    give); the ranks would meet it as a failure to set the case up, read as the SUT's crash. Campaigns filter it."""
+    from harness.campaign.fuzz import _well_formed
+
+    good = _drawn()
+    data = good.to_json()
+    name = next(n for n in data["load_layout"] if n.startswith("model/"))
+    data["load_layout"][name]["placements"] = ["R"] if data["load_layout"][name]["placements"] != ["R"] else ["S0"]
+    bad = Case(**{**{f: getattr(good, f) for f in ("property", "sut", "tensors", "save_layout", "ops", "options",
+                                                     "seed")}, "load_layout": data["load_layout"]})
+    assert _well_formed(good) and not _well_formed(bad)

@@ -41,7 +41,7 @@ from harness.judging.judge import Judge
 from harness.ranks.runner import PoolFailure
 from harness.ranks.runners import Runners
 from properties.generate.swarm import swarm, swarm_fixes, swarmable
-from properties.model.case import Case
+from properties.model.case import Case, CaseError
 from properties.model.outcome import Outcome
 from properties.model.verdicts import Judgement
 from properties.registry import REGISTRY, property_cases
@@ -626,15 +626,25 @@ def is_fatal(exc: BaseException) -> bool:
 
 
 def _strategy(campaign: Campaign, prop: str, capabilities: frozenset[str], runners: Runners):
-    """The cases of ``_drawn`` the SUT does not refuse (SutAdapter.refuses: a combination its adapter cannot hand
-    the framework) and, on virtual ranks, that either the virtual world plays or real ranks here can launch (a case
-    it does not play runs on real ranks: harness.judging.run)."""
+    """The cases of ``_drawn`` the case format accepts (a shrinker's step may break a rule only the format checks,
+    which the ranks would meet as a failure to set the case up), the SUT does not refuse (SutAdapter.refuses: a
+    combination its adapter cannot hand the framework) and, on virtual ranks, that either the virtual world plays or
+    real ranks here can launch (a case it does not play runs on real ranks: harness.judging.run)."""
     cls, virtual = runners.cls, runners.virtual
 
     def runnable(case: Case) -> bool:
-        return cls.refuses(case) is None and (not virtual or cls.virtual_plays(case) or max_world(case) <= REAL_MAX)
+        return (_well_formed(case) and cls.refuses(case) is None
+                and (not virtual or cls.virtual_plays(case) or max_world(case) <= REAL_MAX))
 
     return _drawn(campaign, prop, capabilities, virtual).filter(runnable)
+
+
+def _well_formed(case: Case) -> bool:
+    try:
+        Case.from_json(case.to_json())
+    except CaseError:
+        return False
+    return True
 
 
 def _drawn(campaign: Campaign, prop: str, capabilities: frozenset[str], virtual: bool):
