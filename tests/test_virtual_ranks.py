@@ -252,6 +252,18 @@ def test_a_dead_group_fails_later_ops_as_real_gloo_does(virtual_sides) -> None:
         "Application timeout caused pair closure"
 
 
+def test_messages_agree_whatever_address_the_allocator_gave_an_object() -> None:
+    """An object's address in a repr is where the allocator put it: both sides agree on it as <address>, also where
+    a long message was shortened in the middle of one (its head, then its tail after " ... ")."""
+    from harness.judging.fidelity import normalise
+
+    def said(head: str, tail: str) -> str:
+        return normalise(f"<W object at 0x{head} ... x{tail}>, 'b': <W object at 0x{tail}>", Path("/no-root"))
+
+    assert said("7f6d3", "7f6d34540050") == said("7f3", "7f361a412610") == said("", "7f0000000010")
+    assert "7f" not in said("7f6d3", "7f6d34540050")
+
+
 @pytest.fixture(scope="module")
 def two_processes():
     """A process that shares between virtual ranks and one that does not, each running the same cases in the same

@@ -77,11 +77,13 @@ def normalise(text: str, root: Path) -> str:
     """A message as both sides can agree on it: the root's path (each side has its own) as <root>, a peer's
     port in gloo's messages (a real pool's are free ports, the virtual world's made up) as <port>, and an object's
     address in its repr (where the allocator put it) as <address>."""
-    return _ADDRESS.sub(r"\1<address>", _PORT.sub(r"\1<port>", text.replace(str(root), "<root>")))
+    text = _PORT.sub(r"\1<port>", text.replace(str(root), "<root>"))
+    return _ADDRESS_TAIL.sub(r"\1<address>", _ADDRESS.sub(r"\1<address>", text))
 
 
 _PORT = re.compile(r"(\[127\.0\.0\.1\]:)\d+")
-_ADDRESS = re.compile(r"(object at )0x[0-9a-f]+")
+_ADDRESS = re.compile(r"(object at )0x?[0-9a-f]*")  # whole, or cut short where a long message is shortened
+_ADDRESS_TAIL = re.compile(r"(\.\.\. )(?:0?x)?[0-9a-f]*(?=>)")  # the rest of one, after the shortening's " ... "
 
 
 #: Names Paddle makes up from a per-process counter (``unique_name``-style): the number is history, not state.

@@ -195,7 +195,9 @@ class PaddleAdapter(SutAdapter):
     @classmethod
     def preload(cls) -> None:
         super().preload()
-        import paddle.distributed  # noqa: F401 -- what init_runtime and the checkpoint calls import
+        # what init_runtime and the checkpoint calls import, full_param's module included: fixes patch it
+        # (harness/fixes/assembling), and a zygote applies a fix set only where every module it patches is imported
+        import paddle.distributed.flex_checkpoint.dcp.full_param  # noqa: F401
 
     @classmethod
     def launch_gpus(cls, world: int, device: str = "auto") -> int:
