@@ -114,13 +114,16 @@ class PaddleDcpSut(PaddleAdapter):
             if PRODUCER in options:  # the pieces as Paddle's own model and optimizer give them, holding the case's bits
                 given = paddle_producers.state_dict(group, dist.get_world_size(), fill=True)
                 handle.tensors.extend(sw.local_tensor for sw in given.values())
-            for tname, rt in group.items() if PRODUCER not in options else ():
-                value, local = _wrap(state_key(tname, options, "save"), rt, to_paddle(rt.local.tensor), kind, meshes)
-                if value is not None:
-                    state[tname] = value
-                    handle.tensors.append(local)
+            else:
+                for tname, rt in group.items():
+                    value, local = _wrap(state_key(tname, options, "save"), rt, to_paddle(rt.local.tensor), kind,
+                                         meshes)
+                    if value is not None:
+                        state[tname] = value
+                        handle.tensors.append(local)
+                given = _given(state, options, sub, "save")
             dist.save_state_dict(
-                given if PRODUCER in options else _given(state, options, sub, "save"),
+                given,
                 str(path / sub if sub else path),
                 unique_id=unique_id,
                 async_save=use_async,
@@ -498,7 +501,7 @@ def _full_param_groups(choice: str) -> dict[str, Any]:
     if choice == "world":
         return {}
     size, rank = dist.get_world_size(), dist.get_rank()
-    row = max((d for d in range(1, size) if size % d == 0 and d > 1), default=size)
+    row = max((d for d in range(2, size) if size % d == 0), default=size)
     rows = [tuple(range(start, start + row)) for start in range(0, size, row)]
     columns = [tuple(r[i] for r in rows) for i in range(row)]
     made = {ranks: _group(ranks) for ranks in (*rows, *columns)}

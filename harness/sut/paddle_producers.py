@@ -42,9 +42,10 @@ def state_dict(tensors: dict[str, RankTensor], world: int, fill: bool) -> dict[s
     given = {n: (rt.local.tensor.dtype.name, tuple(rt.local.global_shape)) for n, rt in tensors.items()}
     layers, vocab, hidden, ffn, dtype, optimizer = producers.spec(given)
     model, opt = _built(layers, vocab, hidden, ffn, dtype, optimizer, world)
-    state = dict(model.sharded_state_dict())
+    model_state = model.sharded_state_dict()
+    state = dict(model_state)
     if opt is not None:
-        state.update(opt.sharded_state_dict(model.sharded_state_dict()))
+        state.update(opt.sharded_state_dict(model_state))
     expected = {key(n): n for n in tensors}
     extra = sorted(set(state) - set(expected))
     if extra or set(expected) - set(state):
