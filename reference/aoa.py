@@ -14,7 +14,7 @@ rename     the tensor under another key                           ``K.aoa_rename
 permute    its transpose: axis ``perm[i]`` of the stored tensor   ``K.aoa_t -> K, permute='[p0, p1, ..]'``
            is axis ``i`` of the model's (``numpy.transpose``)
 cast       it widened to F32 (an F16 tensor; exact, NaNs too)      ``K.aoa_f32 -> K, dtype='float16'``
-concat     ``parts`` equal parts along ``axis``                    ``K.aoa_part0, K.aoa_part1 -> K, axis=a``
+concat     ``parts`` equal parts along ``axis``                    ``K.aoa_part_0, K.aoa_part_1 -> K, axis=a``
 split      two model tensors of one shape, dtype and layout,      ``A.aoa_fused -> A, B, axis=a``
            fused along ``axis`` (A first), which that layout
            must not shard
@@ -23,10 +23,26 @@ split      two model tensors of one shape, dtype and layout,      ``A.aoa_fused 
 A tensor no transformation names is stored as it is. A case's transformations are ``options["aoa"]``, a list of
 dicts ``{"op": ..., "name": ...}`` (``names`` for split); ``check`` says which are well formed for the case's
 tensors. Keys in the statements are Paddle keys, which must be AoA identifiers: the caller passes its key function.
+
+A transformation may be written through one of the language's macros (``"spelling"``; the first of each op's
+SPELLINGS is the plain statement above). Each means exactly the plain statement, so the checkpoint and the load's
+result do not change with it:
+
+=========  =========  ================================================================================
+op         spelling   statement
+=========  =========  ================================================================================
+rename     id         ``P.$LAYER_ID.S.aoa_renamed -> P.$LAYER_ID.S`` (``$EXPERT_ID`` after ``experts.``):
+                      the key's last number made a placeholder, one statement for every renamed tensor
+                      whose stored key fits it (each number found among the stored keys)
+permute    T          ``K.aoa_t^T -> K``: a permutation that reverses the axes
+concat     star       ``K.aoa_part_* -> K, axis=a``: every stored key of that prefix, by its number
+concat     array      ``K.aoa_part[0:n] -> K, axis=a``: the names ``K.aoa_part_0`` to ``K.aoa_part_{n-1}``
+=========  =========  ================================================================================
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -44,6 +60,8 @@ OPS = ("rename", "permute", "cast", "concat", "split")
 # every NaN as 0x7fff (sign and payload lost, measured on 3.3.1), which a bitwise oracle cannot tell from a bug.
 CASTS = {"F16": "float16"}
 PIECEWISE = ("rename", "cast")  # the ops a flattened piece (a row-major range, not a box) can be stored through
+SPELLINGS = {"rename": ("name", "id"), "permute": ("perm", "T"), "concat": ("list", "star", "array")}
+NUMBERED = re.compile(r"(?<![^./])\d+(?![^./])")  # a name's number between separators (a layer's or an expert's)
 
 
 class AoaError(LayoutError):
@@ -96,27 +114,48 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: concat of {t['parts']} parts does not divide {name!r}'s axis {t['axis']}")
         if op == "split" and (len(names) != 2 or tensors[names[1]] != tensors[names[0]]):
             raise AoaError(f"aoa: split fuses two tensors of one dtype and shape, not {list(names)}")
+        spelling = t.get("spelling")
+        if spelling is not None and spelling not in SPELLINGS.get(op, ()):
+            raise AoaError(f"aoa: {op} has no spelling {spelling!r} (known: {', '.join(SPELLINGS.get(op, ()))})")
+        if spelling == "T" and list(t["perm"]) != list(range(len(shape)))[::-1]:
+            raise AoaError(f"aoa: ^T reverses the axes; permute {list(t['perm'])} does not")
+        if spelling == "id" and not NUMBERED.search(names[0]):
+            raise AoaError(f"aoa: an id placeholder needs a number in the name, which {names[0]!r} lacks")
 
 
 def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes: Mapping[str, str]) -> list[str]:
     """The AoA statements that map the stored checkpoint back onto the model (``key``: a model tensor's key;
     ``dtypes``: each model tensor's dtype code)."""
-    out = []
+    transforms = list(transforms)
+    patterns = {_id_pattern(key(t["name"])) for t in transforms if t.get("spelling") == "id"}
+    out: list[str] = []
     for t in transforms:
-        op, names = t["op"], named(t)
+        op, names, spelling = t["op"], named(t), t.get("spelling")
         k = key(names[0])
         if op == "rename":
-            out.append(f"{k}.aoa_renamed -> {k}")
+            pattern = _id_pattern(k) if NUMBERED.search(k) else None
+            if spelling == "id" or pattern not in patterns:  # one id statement renames all its pattern fits
+                line = f"{pattern}.aoa_renamed -> {pattern}" if spelling == "id" else f"{k}.aoa_renamed -> {k}"
+                if line not in out:
+                    out.append(line)
         elif op == "permute":
-            out.append(f"{k}.aoa_t -> {k}, permute='{list(t['perm'])}'")
+            out.append(f"{k}.aoa_t^T -> {k}" if spelling == "T" else f"{k}.aoa_t -> {k}, permute='{list(t['perm'])}'")
         elif op == "cast":
             out.append(f"{k}.aoa_f32 -> {k}, dtype='{CASTS[dtypes[names[0]]]}'")
         elif op == "concat":
-            parts = ", ".join(f"{k}.aoa_part{i}" for i in range(int(t["parts"])))
+            parts = {"star": f"{k}.aoa_part_*", "array": f"{k}.aoa_part[0:{int(t['parts'])}]"}.get(
+                spelling or "list", ", ".join(f"{k}.aoa_part_{i}" for i in range(int(t["parts"]))))
             out.append(f"{parts} -> {k}, axis={int(t['axis'])}")
         else:
             out.append(f"{k}.aoa_fused -> {', '.join(key(n) for n in names)}, axis={int(t['axis'])}")
     return out
+
+
+def _id_pattern(key: str) -> str:
+    """``key`` with its last number made the id placeholder: ``$EXPERT_ID`` for an expert's, else ``$LAYER_ID``."""
+    last = list(NUMBERED.finditer(key))[-1]
+    placeholder = "$EXPERT_ID" if key[:last.start()].endswith("experts.") else "$LAYER_ID"
+    return key[:last.start()] + placeholder + key[last.end():]
 
 
 @dataclass(frozen=True)
@@ -170,7 +209,7 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
         inverse, stored_shape, box = _transposed(t["perm"], shape, region)
         return [StoredPiece(name, ".aoa_t", stored_shape, piece.dtype, box,
                             np.ascontiguousarray(np.transpose(piece.bits, inverse)))]
-    return [StoredPiece(name, f".aoa_part{part}", part_shape, piece.dtype, box,
+    return [StoredPiece(name, f".aoa_part_{part}", part_shape, piece.dtype, box,
                         np.ascontiguousarray(piece.bits[take]))
             for part, part_shape, box, take in _parts(t, shape, region)]
 
@@ -254,7 +293,7 @@ def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tu
         fused = tuple(n * 2 if i == axis else n for i, n in enumerate(global_shape))
         at = tuple(o + offset if i == axis else o for i, o in enumerate(region.offsets))
         return [Read(t["names"][0] + ".aoa_fused", dtype, fused, Box(at, region.shape))]
-    return [Read(f"{name}.aoa_part{part}", dtype, part_shape, box)
+    return [Read(f"{name}.aoa_part_{part}", dtype, part_shape, box)
             for part, part_shape, box, _ in _parts(t, global_shape, region)]
 
 

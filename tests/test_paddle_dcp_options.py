@@ -6,15 +6,24 @@ from __future__ import annotations
 import pytest
 from hypothesis import find, settings
 
-from harness.sut.paddle_dcp import COMM_METHODS, LOAD_APIS, MW_NAMES, VIRTUAL_COMM, PaddleDcpSut, state_key
+from harness.sut.paddle_dcp import (
+    COMM_METHODS,
+    LOAD_APIS,
+    MW_NAMES,
+    VIRTUAL_COMM,
+    PaddleDcpSut,
+    _grid,
+    state_key,
+)
 from properties.generate.cases import Caps, in_same_dir, unmet_choices_dropped
 from properties.model.case import Case
 from properties.registry import property_cases
 
 
-def test_every_communicator_but_the_3d_one_is_claimed() -> None:
+def test_every_communicator_is_claimed() -> None:
     claimed = {c.split("=", 1)[1] for c in PaddleDcpSut.capabilities if c.startswith("choice:comm_method=")}
-    assert claimed == set(COMM_METHODS) >= {"broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast"}
+    assert claimed == set(COMM_METHODS) == {"broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast",
+                                             "parallel_broadcast"}
 
 
 def test_strategies_reach_each_communicator_and_virtual_ranks_play_only_collectives() -> None:
@@ -102,3 +111,39 @@ def test_full_param_on_hv_groups_in_a_world_of_one_is_refused() -> None:
     """full_param's horizontal/vertical assembler asserts a distributed job: a world of one has no groups to name."""
     lone = _drawn("P-EDGE", lambda c: c.options.get("full_param_groups") == "hv" and not c.tensors)
     assert "horizontal and vertical groups" in (PaddleDcpSut.refuses(lone) or "")
+
+
+def _with(case: Case, **options) -> Case:
+    return Case.from_json({**case.to_json(), "options": {**case.options, **options}})
+
+
+def test_parallel_broadcast_runs_on_a_grid_of_groups_of_sharded_weights() -> None:
+    """Its resharder asserts horizontal and vertical groups of more than one rank each, and ShardedWeights: a
+    world of 2 (or of prime size) has no such grid, and dist tensors are refused; 4 ranks make a 2 x 2 grid."""
+    assert [_grid(n) for n in (1, 2, 3, 5)] == [None] * 4
+    assert _grid(4) == [(0, 1), (2, 3)] and _grid(6) == [(0, 1, 2), (3, 4, 5)]
+    two = _drawn("P-RESHARD", lambda c: c.options.get("comm_method") == "parallel_broadcast")
+    assert "no grid of groups" in (PaddleDcpSut.refuses(two) or "")
+    four = find(property_cases("P-ROUNDTRIP", "paddle-dcp", 4, PaddleDcpSut.capabilities),
+                lambda c: c.options.get("comm_method") == "parallel_broadcast" and c.world_size(c.op_layouts(1)) == 4
+                and c.options.get("load_api") == "load_state_dict",
+                settings=settings(max_examples=600, database=None))
+    assert PaddleDcpSut.refuses(_with(four, tensor_kind="sharded_weight")) is None
+    assert "ShardedWeights only" in PaddleDcpSut.refuses(_with(four, tensor_kind="dist_from_local"))
+
+
+def test_a_merge_into_a_hugging_face_checkpoint_is_drawn_where_it_can_merge() -> None:
+    """merge_sharded_state_dict gives every rank at least one tensor to write (Paddle refuses fewer) and merges one
+    directory: a case of fewer tensors than ranks, or of split families, is refused; virtual ranks leave it to real
+    ones."""
+    case = _drawn("P-RESHARD", lambda c: c.options.get("load_api") == "merge_sharded_state_dict"
+                  and len(c.tensors) >= 2 and not c.options.get("split_families")
+                  and all(c.world_size(c.op_layouts(i)) == 2 for i, op in enumerate(c.ops) if op.kind == "load"))
+    assert not PaddleDcpSut.virtual_plays(case)
+    assert PaddleDcpSut.refuses(_with(case, split_families=True)).startswith("merge_sharded_state_dict merges one")
+    first = case.tensors[0].name
+    doc = case.to_json()
+    lone = Case.from_json({**doc, "tensors": [t for t in doc["tensors"] if t["name"] == first],
+                           "save_layout": {first: doc["save_layout"][first]},
+                           "load_layout": {first: doc["load_layout"][first]}})
+    assert "gives each of 2 ranks a tensor" in (PaddleDcpSut.refuses(lone) or "")

@@ -57,9 +57,11 @@ class DcpHandle:
     waited: bool = field(default=False)
 
 
-# load_state_dict's communicators: every one must load the same bits. parallel_broadcast (a horizontal, vertical and
-# parallel group of a 3-D job) is not drawn: the harness has no model of which 3-D decomposition it expects.
-COMM_METHODS = ("broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast")
+# load_state_dict's communicators: every one must load the same bits. parallel_broadcast reshards within a grid of
+# horizontal and vertical groups (and across a parallel group of such grids, which a world this harness launches
+# on CPU never has: that needs 8 ranks); the grid is the one _grid draws, so it needs a world of 4 ranks or more
+# that is not prime.
+COMM_METHODS = ("broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast", "parallel_broadcast")
 VIRTUAL_COMM = ("broadcast",)  # the virtual world emulates collectives, not point-to-point sends or sub-groups
 # coordinator_rank of both calls: Paddle's default, and the world's last rank (-1, resolved per op's world).
 COORDINATORS = (0, -1)
@@ -71,8 +73,10 @@ MW_NAMES = ("off", "to_static", "to_dynamic")
 # How a load reads: load_state_dict into the rank's layout; load_merged_state_dict, every tensor whole (as a
 # conversion script reads a checkpoint), the rank's region then cut from it; or load_state_dict followed by
 # full_param over what it loaded (as an export of a model's full parameters after a resume), every tensor whole
-# on every rank. Each must give the saved bits.
-LOAD_APIS = ("load_state_dict", "load_merged_state_dict", "full_param")
+# on every rank; or merge_sharded_state_dict into a Hugging Face checkpoint (safetensors files and their index, no
+# flex metadata), then load_state_dict of that directory into the rank's layout, as a conversion and the job that
+# reads its output do. Each must give the saved bits.
+LOAD_APIS = ("load_state_dict", "load_merged_state_dict", "full_param", "merge_sharded_state_dict")
 # full_param's groups: the world as its one process_group, or horizontal and vertical groups ("hv": rows of the
 # world's largest proper divisor of ranks, the whole world when its size is prime; a column of one rank is the
 # assembler's one-dimensional path). It runs split by split, num_splits of 1 to 3, as an export bounds its memory.
@@ -163,10 +167,12 @@ class PaddleDcpSut(PaddleAdapter):
         _watch_read_plans()
         _reads, self._plan = [], None
         try:
-            merged = options.get("load_api") == "load_merged_state_dict"
+            merged = options.get("load_api") in ("load_merged_state_dict", "merge_sharded_state_dict")
             for sub, group in _families(targets, options):
                 where = path / sub if sub else path
-                if merged:
+                if options.get("load_api") == "merge_sharded_state_dict":
+                    out.update(self._merge_then_load(where, unique_id, group, _kind(group, options, sub), options))
+                elif merged:
                     out.update(_load_merged(where, unique_id, group, options))
                 elif PRODUCER in options:
                     out.update(_load_produced(where, unique_id, group, options))
@@ -183,14 +189,26 @@ class PaddleDcpSut(PaddleAdapter):
         """The read items Paddle's resharder planned for this rank in the last load (``_watch_read_plans``)."""
         return self._plan
 
+    def _merge_then_load(self, path: Path, unique_id: int | None, targets: dict[str, RankTensor], kind: str,
+                         options: dict) -> dict[str, Tensor]:
+        """merge_sharded_state_dict of the checkpoint into a directory beside it, then load_state_dict of that
+        Hugging Face checkpoint into the rank's layout: its tensors are named by their stored keys."""
+        from paddle.distributed.flex_checkpoint.dcp.load_state_dict import merge_sharded_state_dict
+
+        merged = path.with_name(f"{path.name}.merged" + ("" if unique_id is None else f"-{unique_id}"))
+        merge_sharded_state_dict(str(path), str(merged), unique_id=unique_id, offload=bool(options.get("offload")),
+                                 safetensors=options.get("format") == "safetensors")
+        return self._load_group(merged, None, targets, kind, {**options, "format": "safetensors"}, side="save")
+
     def _load_group(self, path: Path, unique_id: int | None, targets: dict[str, RankTensor], kind: str,
-                    options: dict) -> dict[str, Tensor]:
+                    options: dict, side: str = "load") -> dict[str, Tensor]:
+        """``side``: whose keys the state dict takes ("save": a merged checkpoint's, which holds the stored ones)."""
         import paddle.distributed as dist
 
         state, read_back, out, meshes = {}, {}, {}, {}
         for tname, rt in targets.items():
             lt = rt.local
-            value, local = _wrap(state_key(tname, options, "load"), rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind,
+            value, local = _wrap(state_key(tname, options, side), rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind,
                                  meshes)
             if value is None:  # a zero-length flat slice: nothing to ask Paddle for
                 out[tname] = Tensor(lt.tensor.dtype, np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype))
@@ -198,7 +216,7 @@ class PaddleDcpSut(PaddleAdapter):
             state[tname] = value
             read_back[tname] = local
         family = path.name if options.get("split_families") else ""  # _families names each call's directory so
-        given = _given(state, options, family, "load")
+        given = _given(state, options, family, side)
         dist.load_state_dict(given, str(path), unique_id=unique_id, aoa_config=_aoa_config(targets, options),
                              **_load_arguments(options))
         sep = options.get(nesting.NESTED)
@@ -208,7 +226,7 @@ class PaddleDcpSut(PaddleAdapter):
             if lost:
                 raise RuntimeError(f"load_state_dict left the empty sub-dicts {lost} of the state dict changed")
         else:  # read at the key the load was given (a master weight's other name)
-            state = {tname: given[state_key(tname, options, "load")] for tname in state}
+            state = {tname: given[state_key(tname, options, side)] for tname in state}
         loaded = {tname: _loaded_local(state[tname], local) for tname, local in read_back.items()}
         if options.get("load_api") == "full_param":
             return {**out, **_full_param(loaded, targets, options)}
@@ -237,7 +255,8 @@ class PaddleDcpSut(PaddleAdapter):
     @classmethod
     def virtual_plays(cls, case: Any) -> bool:
         return (case.options.get("comm_method", "broadcast") in VIRTUAL_COMM
-                and case.options.get("load_api") != "full_param" and PRODUCER not in case.options)
+                and case.options.get("load_api") not in ("full_param", "merge_sharded_state_dict")
+                and PRODUCER not in case.options)
 
     @classmethod
     def process_shape(cls, case: Any, index: int) -> str:
@@ -249,10 +268,23 @@ class PaddleDcpSut(PaddleAdapter):
     def refuses(cls, case: Any) -> str | None:
         """Besides the base's: multi_group_broadcast or full_param's horizontal and vertical groups in a world of
         one, which has no group to name (Paddle requires "worker_groups"; its assembler asserts a distributed
-        job)."""
+        job); parallel_broadcast without a grid of groups (_grid), or of dist tensors; a merge it cannot make
+        (_unmergeable)."""
         lone = [i for i, op in enumerate(case.ops) if op.kind == "load" and case.world_size(case.op_layouts(i)) == 1]
         if case.options.get("comm_method") == "multi_group_broadcast" and lone:
             return f"op {lone[0]} loads with multi_group_broadcast in a world of one, which has no worker group"
+        gridless = [i for i, op in enumerate(case.ops)
+                    if op.kind == "load" and _grid(case.world_size(case.op_layouts(i))) is None]
+        if case.options.get("comm_method") == "parallel_broadcast" and gridless:
+            return (f"op {gridless[0]} loads with parallel_broadcast in a world of "
+                    f"{case.world_size(case.op_layouts(gridless[0]))}, which has no grid of groups of 2 ranks or more")
+        if case.options.get("load_api") == "merge_sharded_state_dict":
+            refused = _unmergeable(case)
+            if refused:
+                return refused
+        if case.options.get("comm_method") == "parallel_broadcast" and case.options.get("tensor_kind") == \
+                "dist_from_local":  # its resharder asserts "All sharded weights must be ShardedWeight type."
+            return "parallel_broadcast loads ShardedWeights only (docs/paddle-notes.md)"
         if case.options.get("load_api") == "full_param" and case.options.get("full_param_groups") == "hv" and lone:
             return f"op {lone[0]} runs full_param on horizontal and vertical groups in a world of one"
         return super().refuses(case)
@@ -385,13 +417,32 @@ def _loaded_local(value: Any, fallback: Any) -> Any:
     return value if value is not None else fallback
 
 
+def _unmergeable(case: Any) -> str | None:
+    """Why merge_sharded_state_dict cannot merge the case's checkpoint, by its documented design: every rank writes
+    one file of whole tensors, so it refuses ("tensor number ... should be greater than or equal to processor
+    number") a checkpoint of fewer tensors than ranks (a zero-size one, which a checkpoint may omit, not counted),
+    and a family of split_families holds fewer."""
+    if case.options.get("split_families"):
+        return "merge_sharded_state_dict merges one directory: split_families saves several, some nearly empty"
+    held = sum(1 for t in case.tensors if math.prod(t.shape) > 0)
+    worlds = [case.world_size(case.op_layouts(i)) for i, op in enumerate(case.ops) if op.kind == "load"]
+    if worlds and held < max(worlds):
+        return f"merge_sharded_state_dict gives each of {max(worlds)} ranks a tensor: the case holds {held}"
+    return None
+
+
 def _worker_groups(comm_method: str) -> list[Any] | None:
-    """``multi_group_broadcast`` broadcasts within groups the caller names (a trainer passes its parallel groups);
-    the job here has one, the world's (none in a world of one, which has no group)."""
+    """``multi_group_broadcast`` broadcasts within groups the caller names (a trainer passes its parallel groups):
+    the job here has one, the world's (none in a world of one, which has no group). ``parallel_broadcast`` takes a
+    horizontal, a vertical and a parallel group: the rank's row and column of _grid, and no parallel group (one
+    grid, the two-dimensional path)."""
     import paddle.distributed as dist
 
-    if comm_method != "multi_group_broadcast" or not dist.is_initialized():
+    if comm_method not in ("multi_group_broadcast", "parallel_broadcast") or not dist.is_initialized():
         return None
+    if comm_method == "parallel_broadcast":
+        groups = _grid_groups()
+        return [groups["h_group"], groups["v_group"], None]
     from paddle.distributed.communication.group import _get_global_group
 
     return [_get_global_group()]
@@ -494,15 +545,31 @@ def _full_param(loaded: dict[str, Any], targets: dict[str, RankTensor], options:
 
 
 def _full_param_groups(choice: str) -> dict[str, Any]:
-    """``full_param``'s group arguments for FULL_PARAM_GROUPS' ``choice``. Every rank makes every group, in one
+    """``full_param``'s group arguments for FULL_PARAM_GROUPS' ``choice``: none, or the rank's row and column of
+    ``_rows`` (a world of prime size is one row of columns of one rank: the assembler's one-dimensional path)."""
+    return {} if choice == "world" else _grid_groups()
+
+
+def _rows(size: int) -> list[tuple[int, ...]]:
+    """The world's ranks as rows of its largest proper divisor (one row when its size is prime)."""
+    row = max((d for d in range(2, size) if size % d == 0), default=size)
+    return [tuple(range(start, start + row)) for start in range(0, size, row)]
+
+
+def _grid(size: int) -> list[tuple[int, ...]] | None:
+    """``_rows`` where both its rows and its columns have 2 ranks or more, else None."""
+    rows = _rows(size) if size > 1 else []
+    return rows if len(rows) > 1 and len(rows[0]) > 1 else None
+
+
+def _grid_groups() -> dict[str, Any]:
+    """The rank's row (``h_group``) and column (``v_group``) of ``_rows``. Every rank makes every group, in one
     order, as Paddle's ``new_group`` requires; a process keeps its groups (its world never changes)."""
     import paddle.distributed as dist
 
-    if choice == "world":
-        return {}
     size, rank = dist.get_world_size(), dist.get_rank()
-    row = max((d for d in range(2, size) if size % d == 0), default=size)
-    rows = [tuple(range(start, start + row)) for start in range(0, size, row)]
+    rows = _rows(size)
+    row = len(rows[0])
     columns = [tuple(r[i] for r in rows) for i in range(row)]
     made = {ranks: _group(ranks) for ranks in (*rows, *columns)}
     return {"h_group": made[rows[rank // row]], "v_group": made[columns[rank % row]]}

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from properties.generate.cases import Caps, cases, unmet_choices_dropped
 from properties.model.case import Case, TensorCase
-from reference.aoa import AOA, CASTS
+from reference.aoa import AOA, CASTS, NUMBERED, SPELLINGS, named
 from reference.layout import Flat, Shard, Sharded, TensorLayout
 from reference.nesting import EMPTY_DICTS, NESTED
 
@@ -23,7 +23,9 @@ _LEFT_OUT = (NESTED, EMPTY_DICTS, "mw_names", "load_api")
 @st.composite
 def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]) -> Case:
     caps = frozenset(capabilities)
-    base = draw(cases("P-RESHARD" if "reshard" in caps else "P-ROUNDTRIP", sut, ranks, caps))
+    # a MoE job's keyed experts (``….experts.<id>.…``) are what an id placeholder renames as one family
+    bases = ("P-RESHARD" if "reshard" in caps else "P-ROUNDTRIP", *(("P-MOE",) if "moe" in caps else ()))
+    base = draw(cases(draw(st.sampled_from(bases)), sut, ranks, caps))
     save, load = base.layouts("save"), base.layouts("load")
     tensors = {t.name: t for t in base.tensors}
     transforms: list[dict] = []
@@ -40,6 +42,7 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
             transforms.append(t)
     if not transforms and tensors:
         transforms.append({"op": "rename", "name": draw(st.sampled_from(sorted(tensors)))})
+    transforms = [draw(_spelled(t, tensors[named(t)[0]])) for t in transforms]
     options = unmet_choices_dropped({k: v for k, v in base.options.items() if k not in _LEFT_OUT}, Caps(caps))
     options["tensor_kind"] = "sharded_weight"  # stored tensors of other shapes than the model's: no dist tensors
     return dataclasses.replace(base, property=prop, options={**options, AOA: transforms})
@@ -60,6 +63,18 @@ def _transform(tensor: TensorCase, boxed: bool) -> st.SearchStrategy[dict]:
         out.append(st.sampled_from(splits).map(
             lambda s: {"op": "concat", "name": tensor.name, "axis": s[0], "parts": s[1]}))
     return st.one_of(out)
+
+
+def _spelled(transform: dict, tensor: TensorCase) -> st.SearchStrategy[dict]:
+    """The transformation, written plainly or through one of the macros that mean the same (reference.aoa's
+    SPELLINGS) where the tensor allows it: ``^T`` for a permutation reversing the axes, an id placeholder for a
+    numbered name."""
+    op = transform["op"]
+    fits = [s for s in SPELLINGS.get(op, ())[1:]
+            if not (s == "T" and list(transform["perm"]) != list(range(len(tensor.shape)))[::-1])
+            and not (s == "id" and not NUMBERED.search(tensor.name))]
+    return st.sampled_from([None, *fits]).map(
+        lambda s: transform if s is None else {**transform, "spelling": s})
 
 
 def _splittable_axes(a: TensorCase, b: TensorCase, save: dict[str, TensorLayout],

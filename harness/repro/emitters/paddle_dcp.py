@@ -104,7 +104,9 @@ def _call_arguments(scripted: ScriptedCase, load: bool) -> str:
 
 def helpers(scripted: ScriptedCase) -> str:
     """The script's functions, leaving out the branches this case never takes."""
-    blocks = [LOCATION, WORKER_GROUPS, ENTRY_HEAD]
+    grid = scripted.options.get("comm_method") == "parallel_broadcast"
+    blocks = [LOCATION, *([GRID] if grid or _full_param(scripted) else []),
+              WORKER_GROUPS_GRID if grid else WORKER_GROUPS, ENTRY_HEAD]
     if scripted.has_flat():
         blocks.append(ENTRY_FLAT)
     blocks.append(ENTRY_DIST if scripted.options.get("tensor_kind") == "dist_from_local" else ENTRY_SHARDED)
@@ -113,6 +115,10 @@ def helpers(scripted: ScriptedCase) -> str:
     blocks.append(STATE_DICT_NESTED if nested else PRODUCED if scripted.options.get("producer") else STATE_DICT)
     blocks.append(SAVE_ASYNC if scripted.uses("use_async") else SAVE)
     blocks.append(LOAD_MERGED if _merged(scripted) else LOAD_NESTED if nested else LOAD)
+    if scripted.options.get("load_api") == "merge_sharded_state_dict":  # the load reads the merge's output
+        blocks[-1] = MERGE + blocks[-1].replace('side="load"', 'side="save"').replace(
+            'key(n, "load")', 'key(n, "save")').replace("location(name)", "merged(name)").replace(
+            "safetensors=SAFETENSORS,", "safetensors=True,")
     if _full_param(scripted):  # the load above gives the pieces full_param assembles
         blocks[-1] = blocks[-1].replace("def load(", "def load_pieces(") + "\n\n" + FULL_PARAM.replace(
             "FULL_PARAM_KEY", '".".join(n.split(NESTED))' if nested else 'key(n, "load")')
@@ -128,6 +134,29 @@ LOCATION = '''def location(name):
     if SAME_DIR:
         return os.path.join(ROOT, "dcp"), int(name.rsplit("-", 1)[-1])
     return os.path.join(ROOT, name), UNIQUE_ID
+
+
+'''
+
+GRID = '''def grid_groups():
+    """The rank's row (horizontal group) and column (vertical group) of the world's ranks in rows of its largest
+    proper divisor (the whole world when its size is prime). Every rank makes every group, in one order, as
+    new_group requires."""
+    size, rank = dist.get_world_size(), dist.get_rank()
+    row = max([d for d in range(2, size) if size % d == 0], default=size)
+    rows = [list(range(start, start + row)) for start in range(0, size, row)]
+    columns = [[r[i] for r in rows] for i in range(row)]
+    groups = {tuple(g): dist.new_group(g) for g in rows + columns}
+    return {"h_group": groups[tuple(rows[rank // row])], "v_group": groups[tuple(columns[rank % row])]}
+
+
+'''
+
+WORKER_GROUPS_GRID = '''def worker_groups():
+    """parallel_broadcast's horizontal, vertical and parallel groups: the rank's row and column of grid_groups(),
+    and no parallel group (one grid: the two-dimensional path)."""
+    groups = grid_groups()
+    return [groups["h_group"], groups["v_group"], None]
 
 
 '''
@@ -286,6 +315,20 @@ LOAD_MERGED = '''def load(name, pieces):
     return out
 '''
 
+MERGE = '''from paddle.distributed.flex_checkpoint.dcp.load_state_dict import merge_sharded_state_dict  # noqa: E402
+
+
+def merged(name):
+    """merge_sharded_state_dict of the checkpoint into a Hugging Face checkpoint beside it (safetensors files and
+    their index, no flex metadata); the load reads that directory, its tensors under their stored keys."""
+    path, unique_id = location(name)
+    out = path + ".merged" + ("" if unique_id is None else f"-{unique_id}")
+    merge_sharded_state_dict(path, out, unique_id=unique_id, safetensors=SAFETENSORSMERGED_ARGUMENTS)
+    return out, None
+
+
+'''
+
 PRODUCED = '''from paddle.distributed import fleet  # noqa: E402
 from paddle.distributed.fleet.meta_parallel import (  # noqa: E402
     ColumnParallelLinear,
@@ -356,17 +399,8 @@ from paddle.distributed.flex_checkpoint.dcp.full_param import full_param  # noqa
 
 
 def full_param_groups():
-    """full_param's groups: the world's as its one process group, or rows of the world's largest proper divisor of
-    ranks (the whole world when its size is prime) as horizontal groups and their columns as vertical ones. Every
-    rank makes every group, in one order, as new_group requires."""
-    if FULL_PARAM_GROUPS == "world":
-        return {}
-    size, rank = dist.get_world_size(), dist.get_rank()
-    row = max([d for d in range(2, size) if size % d == 0], default=size)
-    rows = [list(range(start, start + row)) for start in range(0, size, row)]
-    columns = [[r[i] for r in rows] for i in range(row)]
-    groups = {tuple(g): dist.new_group(g) for g in rows + columns}
-    return {"h_group": groups[tuple(rows[rank // row])], "v_group": groups[tuple(columns[rank % row])]}
+    """full_param's groups: the world's as its one process group, or grid_groups()."""
+    return {} if FULL_PARAM_GROUPS == "world" else grid_groups()
 
 
 def load(name, pieces):
