@@ -38,6 +38,10 @@ permute    T          ``K.aoa_t^T -> K``: a permutation that reverses the axes
 concat     star       ``K.aoa_part_* -> K, axis=a``: every stored key of that prefix, by its number
 concat     array      ``K.aoa_part[0:n] -> K, axis=a``: the names ``K.aoa_part_0`` to ``K.aoa_part_{n-1}``
 =========  =========  ================================================================================
+
+Not covered: the fused QKV and FFN macros (``fused_qkv``, ``fused_qkv_old``, ``fused_ffn``: heads and
+tensor-parallel shards interleaved in one tensor, a layout this module does not model), ``$LAYER_ID_OFFSET``, casts
+named by ``src_dtype``/``dst_dtype``, and configs applied in reverse (``aoa_config_reverse``).
 """
 
 from __future__ import annotations

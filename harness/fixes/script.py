@@ -22,24 +22,33 @@ def apply():
     if _APPLIED:
         return
     for module, qualname, digest, source in PATCHES:
-        owner, _, original = target(module, qualname)
+        owner, _, current = target(module, qualname)
+        original = getattr(current, ORIGINAL_ATTR, current)  # needs.py may have patched it first
         found = source_digest(inspect.getsource(original))
         if found != digest:
             print(f"STALE FIX: {module}.{qualname} is not the source this fix was written against (sha256 {found}, "
                   f"expected {digest}): the installed framework changed there", flush=True)
             sys.exit(3)
-        rebind(original, compiled(original, source, owner, f"<fix.py: {module}.{qualname}>"))
+        patched = compiled(original, source, owner, f"<fix.py: {module}.{qualname}>")
+        setattr(patched, ORIGINAL_ATTR, original)
+        rebind(current, patched)
     _APPLIED.append(True)
 '''
 
 
-def fix_script(fixes: list[Fix], title: str, about: str | None = None) -> str:
+def fix_script(fixes: list[Fix], title: str, about: str | None = None, base: list[Fix] | None = None) -> str:
     """``fix.py`` for these fixes, applied in this order (several may edit one function: their edits stack);
-    ``about``: what the file is for, where it is not a repro's candidate fix."""
+    ``about``: what the file is for, where it is not a repro's candidate fix; ``base``: fixes another script
+    applies first (a repro's needs.py): where they edit a function these fixes edit, the function is bound with
+    their edits and these, as one."""
     stacks: dict[tuple[str, str], tuple[Hunk, list[tuple[str, Edits]]]] = {}
     for fix in fixes:
         for hunk in fix.hunks:
             stacks.setdefault((hunk.module, hunk.qualname), (hunk, []))[1].append((fix.id, hunk.edits))
+    for fix in reversed(base or []):
+        for hunk in fix.hunks:
+            if (hunk.module, hunk.qualname) in stacks:
+                stacks[(hunk.module, hunk.qualname)][1].insert(0, (fix.id, hunk.edits))
     patches = []
     for (module, qualname), (hunk, stack) in stacks.items():
         source = hunk.patched_source(tuple(stack), stack[-1][0])

@@ -44,7 +44,8 @@ def write_candidate(out: Path, stem: str, title: str, companions: tuple[str, ...
             (out / name).unlink(missing_ok=True)
         return None
     try:
-        script, diff = fix_script(fixes, title.splitlines()[0]), "".join(upstream_diff(f.id) for f in fixes)
+        script = fix_script(fixes, title.splitlines()[0], base=[FIXES[i] for i in needs])
+        diff = "".join(upstream_diff(f.id) for f in fixes)
     except (FixError, ImportError) as exc:  # stale here, or its framework is not installed where the repro is written
         return {"ids": [f.id for f in fixes], "error": f"{type(exc).__name__}: {exc}"}
     (out / "fix.py").write_text(script, encoding="utf-8")
