@@ -549,6 +549,31 @@ def test_a_fix_file_binds_what_the_harness_binds_and_refuses_when_stale(tmp_path
     assert stale.returncode == 3 and "STALE FIX" in stale.stdout and "expected 0000000000000000" in stale.stdout
 
 
+@needs_paddle
+def test_a_fix_file_over_a_needs_file_stacks_where_both_edit_one_function(tmp_path: Path) -> None:
+    """A finding shown behind a fix that edits the function its own fix edits: needs.py binds the first, and fix.py
+    binds both edits over it (checking the framework's original, not what needs.py bound), so the run with the fix
+    has both."""
+    import subprocess
+    import textwrap
+
+    from harness.fixes.script import fix_script
+
+    needs, own = FIXES["paddle-dcp-nested-load-local-check"], FIXES["paddle-dcp-nested-sharded-leaves"]
+    assert {(h.module, h.qualname) for h in needs.hunks} == {(h.module, h.qualname) for h in own.hunks}
+    (tmp_path / "needs.py").write_text(fix_script([needs], "a test's needs"))
+    (tmp_path / "fix.py").write_text(fix_script([own], "a test's fix", base=[needs]))
+    probe = ("import inspect, needs, fix; needs.apply(); fix.apply()\n"
+             "from paddle.distributed.flex_checkpoint.dcp import load_state_dict as m\n"
+             "print(inspect.getsource(m.load_state_dict))")
+    run = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    hunk = own.hunks[0]
+    both = hunk.patched_source(((needs.id, needs.hunks[0].edits), (own.id, hunk.edits)), own.id)
+    assert textwrap.dedent(both).strip() == textwrap.dedent(run.stdout).strip()
+    assert "STALE FIX" not in run.stdout
+
+
 def test_a_recompiled_function_keeps_its_modules_annotations() -> None:
     """Annotations a module leaves unevaluated (``from __future__ import annotations``) stay unevaluated in the
     recompiled function, and a module without it gets them evaluated, as the framework's own compile did."""

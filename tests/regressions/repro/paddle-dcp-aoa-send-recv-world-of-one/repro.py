@@ -1,8 +1,8 @@
-"""paddle-dcp: loud-failure in P-AOA (paddle-dcp-aoa-send-recv-freed-source)
+"""paddle-dcp: loud-failure in P-AOA (paddle-dcp-aoa-send-recv-world-of-one)
 
-A checkpoint stored in another structure, loaded through an AoA concat (an F32 [3, 1] model tensor stored as 3 parts of [1, 1] along axis 0), with comm_method='send_recv': saved on 2 ranks sharded along axis 1 (rank 1's piece of each part is [1, 0], empty), loaded on 1 rank whole.
+A checkpoint stored in another structure (an F32 [3, 1] model tensor stored as 3 parts of [1, 1] along axis 0), saved on 2 ranks and loaded on 1 through an AoA concat with comm_method='send_recv' fails with (PreconditionNotMet) Tensor's dimension is out of bound ...
 
-Standalone reproduction written by ckpt-harness from ckpt-harness finding paddle-dcp-aoa-send-recv-freed-source.json. Run ``bash run.sh``: it starts each launch below with fresh processes. The script prints BUG / EXPECTED / ACTUAL and exits 1 while the bug is there; every rank exits 0 once it is fixed.
+Standalone reproduction written by ckpt-harness from ckpt-harness finding paddle-dcp-aoa-send-recv-world-of-one.json. Run ``bash run.sh``: it starts each launch below with fresh processes. The script prints BUG / EXPECTED / ACTUAL and exits 1 while the bug is there; every rank exits 0 once it is fixed.
 """
 
 import os
@@ -17,6 +17,11 @@ from collections import namedtuple
 
 
 
+if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
+    import fix
+
+    fix.apply()
+
 ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank
 
 SAFETENSORS = False  # the format= of the checkpoint
@@ -26,7 +31,7 @@ SAVE_REPLICAS = False
 UNIQUE_ID = None
 COMM_METHOD = 'send_recv'
 KEYS = {'save': {'model/b': 'model.b', 'model/b.aoa_part_0': 'model.b.aoa_part_0', 'model/b.aoa_part_1': 'model.b.aoa_part_1', 'model/b.aoa_part_2': 'model.b.aoa_part_2'}, 'load': {'model/b': 'model.b', 'model/b.aoa_part_0': 'model.b.aoa_part_0', 'model/b.aoa_part_1': 'model.b.aoa_part_1', 'model/b.aoa_part_2': 'model.b.aoa_part_2'}}  # per side, a piece's state dict key where it is not its name
-AOA_CONFIG = {'aoa_statements': ['model.b.aoa_part_* -> model.b, axis=0']}  # the checkpoint is in another model's structure
+AOA_CONFIG = {'aoa_statements': ['model.b.aoa_part_0, model.b.aoa_part_1, model.b.aoa_part_2 -> model.b, axis=0']}  # the checkpoint is in another model's structure
 
 CARRIERS = {'I8': ('int8', None)}  # numpy dtype Paddle reads bit for bit, and the paddle dtype to view it as
 
@@ -43,7 +48,7 @@ DATA['load', 0] = {
 }
 DATA['save:stored', 0] = {
     0: {'model/b.aoa_part_0': Piece('I8', (1, 1), (0, 0), (1, 1), None, '3d', None, (), ()), 'model/b.aoa_part_1': Piece('I8', (1, 1), (0, 0), (1, 1), None, 'd9', None, (), ()), 'model/b.aoa_part_2': Piece('I8', (1, 1), (0, 0), (1, 1), None, '92', None, (), ())},
-    1: {'model/b.aoa_part_0': Piece('I8', (1, 1), (0, 1), (1, 0), None, '', None, (), ()), 'model/b.aoa_part_1': Piece('I8', (1, 1), (0, 1), (1, 0), None, '', None, (), ()), 'model/b.aoa_part_2': Piece('I8', (1, 1), (0, 1), (1, 0), None, '', None, (), ())},
+    1: {'model/b.aoa_part_0': Piece('I8', (1, 1), (0, 0), (1, 1), None, '3d', None, (), ()), 'model/b.aoa_part_1': Piece('I8', (1, 1), (0, 0), (1, 1), None, 'd9', None, (), ()), 'model/b.aoa_part_2': Piece('I8', (1, 1), (0, 0), (1, 1), None, '92', None, (), ())},
 }
 
 def tensor(p, zero=False):
