@@ -235,3 +235,30 @@ def test_debug_re_raises_for_developers(tmp_path: Path, monkeypatch, how: str) -
         argv = ["--debug", *argv] if how == "flag before" else [*argv, "--debug"]
     with pytest.raises(RuntimeError, match="harness bug"):
         main(argv)
+
+
+def test_a_swarm_batch_the_sut_refuses_entirely_is_idle_not_a_harness_error(monkeypatch) -> None:
+    """A batch's swarm configuration may leave only cases the SUT refuses on this world (a choice whose every
+    value needs more ranks): Hypothesis then finds nothing to run. The batch counts as idle and the campaign goes
+    on; it is no harness failure."""
+    from hypothesis import strategies as st
+
+    from harness.campaign import fuzz as fuzz_module
+    from harness.campaign.fuzz import fuzz
+    from harness.campaign.results import Campaign
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
+    from harness.sut import adapter_class
+    from harness.sut.reference import ReferenceSut
+
+    monkeypatch.setattr(ReferenceSut, "refuses", classmethod(lambda cls, case: "needs a world this run lacks"))
+    one = Case("P-ROUNDTRIP", "reference", (), {}, {}, (Op("save", "a"), Op("load", "a")))
+    monkeypatch.setattr(fuzz_module, "_drawn", lambda *args: st.just(one))  # drawing costs nothing here
+    judge = Judge(Runners("reference", "in-process"))
+    try:
+        campaign = fuzz(judge, Campaign("reference", 1, ["P-ROUNDTRIP"], 1.0, 0, mode="in-process"),
+                        frozenset(adapter_class("reference").capabilities))
+    finally:
+        judge.close()
+    assert campaign.idle_batches["P-ROUNDTRIP"] >= 1
+    assert sum(campaign.cases_run.values()) == 0 and campaign.harness_errors == [] and campaign.fatal is None

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, Unsatisfiable
 from hypothesis.internal.observability import with_observability_callback
 
 from harness.campaign.corpus import replay_corpus, replay_covering
@@ -420,6 +420,8 @@ def _batch(run: _Run, prop: str, seed: int, examples: int, turn_end: float, reus
     try:
         with with_observability_callback(_observer(campaign.observed.setdefault(prop, Counter()))):
             _seeded(test, seed, database, f"{campaign.sut}|{prop}")()
+    except Unsatisfiable:  # the batch's swarm configuration leaves no case the SUT runs here: the next one may
+        campaign.idle_batches[prop] += 1
     except Exception as exc:
         if turn.smallest is None and not isinstance(exc, Flaky):
             raise

@@ -65,6 +65,9 @@ class Campaign:
     known_seconds: dict[str, float] = field(default_factory=dict)  # ... and the seconds those cases took
     known_despite_fix: dict[str, int] = field(default_factory=dict)  # ... of them, matched with their fix applied
     harness_errors: list[str] = field(default_factory=list)  # cases the harness itself failed on (type: message)
+    # prop -> swarm batches that drew nothing: every case their configuration allows, the SUT refuses here
+    # (a choice whose every value needs more ranks, say)
+    idle_batches: Counter = field(default_factory=Counter)
     flaky: list[str] = field(default_factory=list)  # ranks died or hung once; the case passed when run again
     fatal: Exception | None = None  # the ranks could not start: the campaign stopped there (harness.campaign.fuzz)
     swarm: bool = True  # each batch draws from a random subset of the SUT's optional capabilities

@@ -84,6 +84,7 @@ def write_results(campaign: Campaign, out: Path, extra: Callable[[Path], dict] |
         "known_despite_fix": campaign.known_despite_fix,
         "fix_savings": fix_savings(campaign.known_seconds, campaign.swarm_cases, sum(campaign.cases_run.values())),
         "harness_errors": campaign.harness_errors[:20],
+        "idle_batches": dict(campaign.idle_batches),
         "flaky_failures": campaign.flaky[:20],
         "seconds_per_property": {p: round(t, 1) for p, t in sorted(campaign.prop_seconds.items())},
         "fault_cases_per_minute": {p: round(campaign.cases_run[p] / campaign.prop_seconds[p] * 60, 1)
