@@ -6,17 +6,8 @@ communicators that broadcast chunks do it: the world's (``broadcast``) and the w
 
 from harness.fixes.patch import Fix, Hunk
 
-FIX = Fix(
-    id="paddle-dcp-broadcast-wire-dtype",
-    kind="workaround",
-    framework="paddle",
-    version="3.3.1",
-    summary="broadcast communicators: no gloo int16/float8, no CPU float8 zeros_like; send same-width views",
-    hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "BroadcastCommunicator.communicate",
-                "747df7945b980b9f", (
-        ("        total_task_len = len(comm_tasks)\n",
-         "        total_task_len = len(comm_tasks)\n"
-         "        # gloo carries neither int16 nor float8 (the rank exits) and CPU has no\n"
+# What both communicators gain before their loop: the wire dtypes, and a same-width view of a tensor in one.
+_WIRE = ("        # gloo carries neither int16 nor float8 (the rank exits) and CPU has no\n"
          "        # float8 zeros_like: such chunks travel as a same-width dtype gloo carries.\n"
          "        wire_dtypes = {\n"
          "            \"int16\": paddle.float16,\n"
@@ -27,7 +18,18 @@ FIX = Fix(
          "        def on_the_wire(tensor):\n"
          "            wire = wire_dtypes.get(str(tensor.dtype).split(\".\")[-1])\n"
          "            return tensor if wire is None else tensor.view(wire)\n"
-         "\n"),
+         "\n")
+
+FIX = Fix(
+    id="paddle-dcp-broadcast-wire-dtype",
+    kind="workaround",
+    framework="paddle",
+    version="3.3.1",
+    summary="broadcast communicators: no gloo int16/float8, no CPU float8 zeros_like; send same-width views",
+    hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "BroadcastCommunicator.communicate",
+                "747df7945b980b9f", (
+        ("        total_task_len = len(comm_tasks)\n",
+         "        total_task_len = len(comm_tasks)\n" + _WIRE),
         ("                    src_tensor = source_tensors[(tensor_name, item.file_name)]\n",
          "                    src_tensor = on_the_wire(\n"
          "                        source_tensors[(tensor_name, item.file_name)]\n"
@@ -47,19 +49,7 @@ FIX = Fix(
     )), Hunk("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "MultiGroupBroadcastCommunicator.communicate",
              "72c227e1470a331b", (
         ("        for read_items in results:\n",
-         "        # gloo carries neither int16 nor float8 (the rank exits) and CPU has no\n"
-         "        # float8 zeros_like: such chunks travel as a same-width dtype gloo carries.\n"
-         "        wire_dtypes = {\n"
-         "            \"int16\": paddle.float16,\n"
-         "            \"float8_e4m3fn\": paddle.uint8,\n"
-         "            \"float8_e5m2\": paddle.uint8,\n"
-         "        }\n"
-         "\n"
-         "        def on_the_wire(tensor):\n"
-         "            wire = wire_dtypes.get(str(tensor.dtype).split(\".\")[-1])\n"
-         "            return tensor if wire is None else tensor.view(wire)\n"
-         "\n"
-         "        for read_items in results:\n"),
+         _WIRE + "        for read_items in results:\n"),
         ("                    buffer_tensor = src_chunk_tensor.contiguous()\n",
          "                    buffer_tensor = on_the_wire(src_chunk_tensor.contiguous())\n"),
         ("                    dst_chunk_tensor = slice_tensor(\n"
