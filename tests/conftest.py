@@ -14,7 +14,8 @@ from properties.generate.profiles import register
 
 PROFILE = register()
 # Fixtures that keep a warm rank pool across tests (closed when their scope ends): the leak guard leaves them be.
-POOL_FIXTURES = {"sut_judge", "torch_judge", "uc_judge", "trainer_judge", "zcc_judge", "virtual_sides", "warm_runners"}
+POOL_FIXTURES = {"two_processes", "sut_judge", "torch_judge", "uc_judge", "trainer_judge", "zcc_judge", "virtual_sides",
+                 "warm_runners"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

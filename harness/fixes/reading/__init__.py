@@ -1,2 +1,2 @@
-"""Fixes of bugs met finding and reading a checkpoint's files: version resolution, metadata, file formats, read
+"""Fixes of bugs met finding and reading a checkpoint's files: metadata, file formats, nesting, read
 errors. Each module imports only harness.fixes.patch."""
