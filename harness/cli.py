@@ -23,8 +23,8 @@ from pathlib import Path
 from faults.strace import ERRNO_NAMES
 from harness.campaign.corpus import Corpus
 from harness.campaign.exploration import EVERY, Exploration, keep_place, parse_part, place_file, read_place
-from harness.campaign.fuzz import default_seed, fuzz, shrink_room
-from harness.campaign.results import Campaign
+from harness.campaign.fuzz import default_seed, fuzz
+from harness.campaign.results import Campaign, shrink_room
 from harness.fixes import FIXES, FixError, resolve
 from harness.fleet.driver import FleetError
 from harness.fleet.plan import PlanError

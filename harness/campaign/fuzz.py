@@ -32,7 +32,7 @@ from hypothesis.internal.observability import with_observability_callback
 from harness.campaign.corpus import replay_corpus, replay_covering
 from harness.campaign.guidance import arms, keep_odds, leave_out_weight, note_turn, slice_factor
 from harness.campaign.reduce import reduce_case
-from harness.campaign.results import Campaign, Finding
+from harness.campaign.results import Campaign, Finding, shrink_room
 from harness.coverage.merge import Tracker
 from harness.fixes import FIXED_BY, FIXES, own_fixes
 from harness.judging.fault_runs import CrashResult
@@ -538,11 +538,6 @@ def _shrink_budget(campaign: Campaign) -> float:
     if campaign.cases_per_property is not None:
         return math.inf
     return min(SHRINK_MAX, max(SHRINK_MIN, campaign.seconds * 0.1))
-
-
-def shrink_room(seconds: float) -> float:
-    """Seconds past ``--time`` a campaign may spend finishing the shrinking and proving of a failure it found."""
-    return max(60.0, seconds * 0.5)
 
 
 def _reduced(judge_case: Judge, finding: Finding, deadline: float) -> Finding:

@@ -17,6 +17,11 @@ from properties.triage.buckets import Bucket
 MAX_EXAMPLES = 50  # cases per turn at most (cheap properties of the reference)
 
 
+def shrink_room(seconds: float) -> float:
+    """Seconds past ``--time`` a campaign may spend finishing the shrinking and proving of a failure it found."""
+    return max(60.0, seconds * 0.5)
+
+
 @dataclass
 class Finding:
     case: Case

@@ -30,7 +30,16 @@ from harness.campaign.corpus import record_night, trends
 from harness.coverage.merge import Measured, read_file, write_file
 from harness.fleet.merge import busy_seconds, merge_buckets, merged_summary, pick_findings, write_fleet, write_shard
 from harness.fleet.plan import Plan, PlanError, ShardRun, missing_interpreters
-from harness.fleet.shard import FLEET_VAR, TERM_GRACE, is_coverage, is_place, pack_corpus, run_shard, sweep
+from harness.fleet.shard import (
+    FLEET_VAR,
+    TERM_GRACE,
+    is_coverage,
+    is_place,
+    overrun_bound,
+    pack_corpus,
+    run_shard,
+    sweep,
+)
 from harness.ranks.launch import REPO_ROOT, rank_pythonpath, short_tempdir
 from harness.report.coverage import fleet_coverage
 
@@ -214,7 +223,7 @@ def _schedule(plan: Plan, seconds: float, token: str, shipped: dict[str, bytes],
     clock = ray.remote(num_cpus=0)(_Clock).remote()
     task = ray.remote(max_retries=0)(_task)
     driver_path = rank_pythonpath(os.environ.get("PYTHONPATH"))
-    queue_bound = 2 * sum((r.time or seconds) + plan.slack + DRIVER_GRACE for r in plan.runs) + 60.0
+    queue_bound = 2 * sum(overrun_bound(r.time or seconds, plan.slack) + DRIVER_GRACE for r in plan.runs) + 60.0
     pending: dict[Any, _Attempt] = {}
 
     def submit(run: ShardRun, attempt: int) -> None:
@@ -261,7 +270,7 @@ def _schedule(plan: Plan, seconds: float, token: str, shipped: dict[str, bytes],
         now_wall, now = time.time(), time.monotonic()
         for ref, a in list(pending.items()):
             started = starts.get(a.key)
-            bound = (a.run.time or seconds) + plan.slack + DRIVER_GRACE
+            bound = overrun_bound(a.run.time or seconds, plan.slack) + DRIVER_GRACE
             if started is not None and now_wall - started > bound:
                 why = f"no result {bound:.0f} s after it started: cancelled"
             elif started is None and now - a.submitted > queue_bound:

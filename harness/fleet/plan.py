@@ -3,7 +3,7 @@ before any cluster is touched, so a typo costs one line (exit 2), not a night.
 
 ```toml
 [fleet]
-slack = 120          # seconds a shard may run past its time (start-up, shrinking) before it counts as overrun
+slack = 120          # seconds past its time and its campaign's shrink room (start-up, reports) before it is overrun
 retries = 1          # a shard that dies or overruns runs again this many times
 
 [[shard]]

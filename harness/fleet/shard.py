@@ -25,6 +25,7 @@ import psutil
 
 from faults.procs import kill_tree, popen
 from harness.campaign.corpus import NIGHTS
+from harness.campaign.results import shrink_room
 from harness.fleet.plan import ShardRun
 from harness.ranks.launch import REPO_ROOT, child_env, short_tempdir
 
@@ -35,12 +36,19 @@ SOCKET_ROOM = 40  # bytes the campaign's pools and fork servers take under its t
 CORPUS_LIMIT = 16 << 20  # bytes of corpus a shard carries to and from its node
 
 
+def overrun_bound(seconds: float, slack: float) -> float:
+    """Seconds a shard of ``seconds`` may run before it is overrun: its campaign's own room to finish shrinking and
+    proving a failure it found (harness.campaign.results.shrink_room), then the plan's slack for start-up and the
+    campaign's reports."""
+    return seconds + shrink_room(seconds) + slack
+
+
 def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus: dict[str, bytes],
               fleet_token: str = "", pythonpath: str = "") -> dict:
     """Run the shard's campaign; return what it left: status, exit code, seconds, its files and new corpus files.
 
     ``status``: "ok" (the campaign ran: exit 0 or 1), "failed" (exit 2: the harness could not do its job), "died"
-    (killed by a signal), "overrun" (still running ``seconds + slack`` after it started: terminated)."""
+    (killed by a signal), "overrun" (still running ``overrun_bound`` after it started: terminated)."""
     started = time.time()
     work = Path(tempfile.mkdtemp(prefix=f"ckh-shard-{run.id}-"))
     # the campaign's own temp folder (its cases', pools' and ranks'): a shard killed mid-case cannot remove what
@@ -62,7 +70,7 @@ def run_shard(run: ShardRun, seconds: float, slack: float, attempt: int, corpus:
             env["PYTHONPATH"] = str(REPO_ROOT)
         log = (work / "fuzz.log").open("wb")
         proc = popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), preexec_fn=_die_with_parent)
-        bound = (run.time or seconds) + slack
+        bound = overrun_bound(run.time or seconds, slack)
         status = "ok"
         try:
             rc = proc.wait(timeout=bound)
