@@ -189,6 +189,8 @@ class Sharded:
                 raise LayoutError("an owner mesh dim cannot also shard the tensor")
 
     def local(self, global_shape: tuple[int, ...], rank: int) -> LocalSlice | None:
+        if rank >= self.mesh.world_size:  # a rank of the job outside the tensor's mesh holds none of it
+            return None
         coord = self.mesh.coord(rank)
         if any(coord[d] != i for d, i in self.owner):
             return None
@@ -226,10 +228,12 @@ class Flat:
     offset: int
     total: int
 
-    def local(self, global_shape: tuple[int, ...], rank: int) -> LocalSlice:
+    def local(self, global_shape: tuple[int, ...], rank: int) -> LocalSlice | None:
         numel = math.prod(global_shape)
         if self.offset + numel > self.total:
             raise LayoutError(f"flat tensor [{self.offset}, {self.offset + numel}) exceeds buffer {self.total}")
+        if rank >= self.mesh.world_size:  # a rank of the job outside the buffer's mesh holds none of it
+            return None
         coord = self.mesh.coord(rank)
         lo, hi = split_range(self.total, self.mesh.shape[self.mesh_dim], coord[self.mesh_dim])
         start = min(max(lo, self.offset), self.offset + numel) - self.offset

@@ -30,6 +30,7 @@ from harness.sut._paddle_common import (
     zeros,
 )
 from harness.sut.base import RankTensor
+from properties.model.case import PROCESS_GROUP, idle_ranks
 from reference import aoa, nesting
 from reference.engine import extract
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
@@ -81,6 +82,10 @@ LOAD_APIS = ("load_state_dict", "load_merged_state_dict", "full_param", "merge_s
 # world's largest proper divisor of ranks, the whole world when its size is prime; a column of one rank is the
 # assembler's one-dimensional path). It runs split by split, num_splits of 1 to 3, as an export bounds its memory.
 FULL_PARAM_GROUPS = ("world", "hv")
+# process_group of both calls: Paddle's default (the world's group), or "subset": a group of the ranks the case's
+# layouts fix while one more rank of the job takes no part (properties.model.case.idle_ranks). Paddle names files
+# and plans reads by global rank, so the group holds ranks 0..k-1.
+PROCESS_GROUPS = ("world", "subset")
 FULL_PARAM_SPLITS = (1, 2, 3)
 
 
@@ -95,6 +100,7 @@ class PaddleDcpSut(PaddleAdapter):
         | {f"choice:load_api={a}" for a in LOAD_APIS}
         | {f"choice:full_param_groups={g}@load_api=full_param" for g in FULL_PARAM_GROUPS}
         | {f"choice:full_param_splits={k}@load_api=full_param" for k in FULL_PARAM_SPLITS}
+        | {f"choice:{PROCESS_GROUP}={g}@load_api=load_state_dict" for g in PROCESS_GROUPS}
         | {"flag:offload", "unique_id", "aoa", "producer:tp"}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
@@ -111,6 +117,9 @@ class PaddleDcpSut(PaddleAdapter):
 
         path, unique_id = _location(root, name, options)
         handle = DcpHandle([])
+        process_group, takes_part = _process_group(options)
+        if not takes_part:
+            return handle
         for sub, model_group in _families(tensors, options):
             group = _stored_form(model_group, options)
             state = {}
@@ -134,6 +143,7 @@ class PaddleDcpSut(PaddleAdapter):
                 safetensors=options.get("format") == "safetensors",
                 save_replicas=bool(options.get("save_replicas", False)),
                 coordinator_rank=_coordinator(options),
+                process_group=process_group,
             )
             if use_async:
                 queue = sys.modules[_SAVE_MODULE].async_save_queue  # Paddle keeps its writer processes here
@@ -162,6 +172,8 @@ class PaddleDcpSut(PaddleAdapter):
         if name is None and not options.get("same_dir", False):
             raise ValueError("paddle-dcp keeps versions apart only inside one directory: load latest needs same_dir")
         global _reads
+        if not _process_group(options)[1]:
+            return {}
         path, unique_id = (Path(root) / _SAME_DIR, None) if name is None else _location(root, name, options)
         out = {}
         _watch_read_plans()
@@ -256,7 +268,7 @@ class PaddleDcpSut(PaddleAdapter):
     def virtual_plays(cls, case: Any) -> bool:
         return (case.options.get("comm_method", "broadcast") in VIRTUAL_COMM
                 and case.options.get("load_api") not in ("full_param", "merge_sharded_state_dict")
-                and PRODUCER not in case.options)
+                and PRODUCER not in case.options and not idle_ranks(case.options))
 
     @classmethod
     def process_shape(cls, case: Any, index: int) -> str:
@@ -285,6 +297,11 @@ class PaddleDcpSut(PaddleAdapter):
         if case.options.get("comm_method") == "parallel_broadcast" and case.options.get("tensor_kind") == \
                 "dist_from_local":  # its resharder asserts "All sharded weights must be ShardedWeight type."
             return "parallel_broadcast loads ShardedWeights only (docs/paddle-notes.md)"
+        refused = _subset_refused(case.options)
+        lone_group = [i for i, op in enumerate(case.ops) if op.kind in ("save", "load") and idle_ranks(case.options)
+                      and case.world_size(case.op_layouts(i)) - idle_ranks(case.options) == 1]
+        if refused or lone_group:  # new_group of one rank makes a group its own rank is not a member of
+            return refused or f"op {lone_group[0]} runs on a process group of one rank (docs/paddle-notes.md)"
         if case.options.get("load_api") == "full_param" and case.options.get("full_param_groups") == "hv" and lone:
             return f"op {lone[0]} runs full_param on horizontal and vertical groups in a world of one"
         return super().refuses(case)
@@ -472,8 +489,24 @@ def _load_arguments(options: dict) -> dict[str, Any]:
             "comm_method": options.get("comm_method", "broadcast"),
             "worker_groups": _worker_groups(options.get("comm_method", "broadcast")),
             "coordinator_rank": _coordinator(options),
+            "process_group": _process_group(options)[0],
             "offload": bool(options.get("offload", False)),
             "mw_name_compatibility": options.get("mw_names") != "off"}
+
+
+def _subset_refused(options: dict) -> str | None:
+    """What a process group of a subset of the job is not modelled with: the calls that take no process_group
+    (load_merged_state_dict, merge_sharded_state_dict), worker groups and full_param's groups, which this adapter
+    makes over the whole job, and a producer's model, whose fleet groups are the whole job's."""
+    if not idle_ranks(options):
+        return None
+    if options.get("load_api", "load_state_dict") != "load_state_dict":
+        return f"load_api {options['load_api']} on a process group of a subset of the job"
+    if options.get("comm_method") in ("multi_group_broadcast", "parallel_broadcast"):
+        return f"comm_method {options['comm_method']}'s worker groups on a process group of a subset of the job"
+    if PRODUCER in options:
+        return "a producer's model on a process group of a subset of the job"
+    return None
 
 
 def _load_produced(path: Path, unique_id: int | None, targets: dict[str, RankTensor],
@@ -608,11 +641,24 @@ def _same_on_every_rank(whole: dict[str, Any]) -> None:
 
 
 def _coordinator(options: dict) -> int:
-    """``coordinator_rank`` of a save or load: the option's rank, a negative one counted from the world's end."""
+    """``coordinator_rank`` of a save or load: the option's rank, a negative one counted from the end of the ranks
+    that take part."""
     import paddle.distributed as dist
 
     rank = int(options.get("coordinator_rank", 0))
-    return rank % dist.get_world_size() if rank < 0 else rank
+    return rank % (dist.get_world_size() - idle_ranks(options)) if rank < 0 else rank
+
+
+def _process_group(options: dict) -> tuple[Any, bool]:
+    """The calls' ``process_group`` (None: Paddle's default) and whether this rank takes part in them. Every rank
+    makes the group, the idle ones too, as Paddle's ``new_group`` requires."""
+    import paddle.distributed as dist
+
+    idle = idle_ranks(options)
+    if not idle:
+        return None, True
+    busy = dist.get_world_size() - idle
+    return _group(tuple(range(busy))), dist.get_rank() < busy
 
 
 def state_key(name: str, options: dict, side: str) -> str:

@@ -70,6 +70,16 @@ SPECIAL_BITS: dict[str, tuple[int, ...]] = {
 }
 
 
+# options["process_group"] == "subset": the SUT's calls run on a process group of the ranks the layouts fix, and the
+# job has one rank more that takes no part in them (a job whose other ranks do other work, or none).
+PROCESS_GROUP = "process_group"
+
+
+def idle_ranks(options: dict) -> int:
+    """Ranks of an op's job outside the process group its calls run on."""
+    return 1 if options.get(PROCESS_GROUP) == "subset" else 0
+
+
 class CaseError(ValueError):
     """A case file is malformed; the message names the file and the field."""
 
@@ -284,8 +294,10 @@ class Case:
         return None if value is None else str(value)
 
     def world_size(self, which: str) -> int:
+        """The ranks a ``which`` op runs on: those its layouts fix, and the idle ranks of the case's options."""
         sizes = {lay.mesh.world_size for lay in self.layouts(which).values()}
-        return sizes.pop() if len(sizes) == 1 else int(self.options.get(f"{which}_world_size", 1))
+        fixed = sizes.pop() if len(sizes) == 1 else int(self.options.get(f"{which}_world_size", 1))
+        return fixed + idle_ranks(self.options)
 
     def to_json(self) -> dict:
         """A new dict each call (a caller may change its own); built once per case object, as JSON text: the
