@@ -300,8 +300,9 @@ class PaddleDcpSut(PaddleAdapter):
         refused = _subset_refused(case.options)
         lone_group = [i for i, op in enumerate(case.ops) if op.kind in ("save", "load") and idle_ranks(case.options)
                       and case.world_size(case.op_layouts(i)) - idle_ranks(case.options) == 1]
-        if refused or lone_group:  # new_group of one rank makes a group its own rank is not a member of
-            return refused or f"op {lone_group[0]} runs on a process group of one rank (docs/paddle-notes.md)"
+        if refused or lone_group:  # Paddle: a group of fewer than 2 ranks has no members (Group.is_member)
+            return refused or (f"op {lone_group[0]} runs on a process group of one rank, which has no members "
+                               "(docs/paddle-notes.md §5)")
         if case.options.get("load_api") == "full_param" and case.options.get("full_param_groups") == "hv" and lone:
             return f"op {lone[0]} runs full_param on horizontal and vertical groups in a world of one"
         return super().refuses(case)
