@@ -155,25 +155,42 @@ def read_golden() -> dict:
 
 def main(argv: list[str]) -> int:
     """``--update``: keep the outcomes of fixes a row reached before, run only the newly reached ones (after a change
-    of what counts as reached)."""
-    update = "--update" in argv
-    argv = [a for a in argv if a != "--update"]
-    wanted = argv or [s for s in rows() if runnable(s)]
+    of what counts as reached). A row whose case file is gone (a case renamed or removed) is dropped. Exit 2 on a
+    stem with no case file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.fix_table", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--update", action="store_true", help="run only the fixes a row newly reaches")
+    parser.add_argument("stems", nargs="*", help="regression case stems (default: every row runnable here)")
+    args = parser.parse_args(argv)
+    unknown = [s for s in args.stems if s not in rows()]
+    if unknown:
+        print(f"python -m tests.fix_table: no regression case {', '.join(unknown)} in {REGRESSIONS}", file=sys.stderr)
+        return 2
+    stale = sorted(set(read_golden()) - set(rows()))
+    if stale:
+        print("dropped rows with no case file:", ", ".join(stale), flush=True)
+        _write({k: v for k, v in read_golden().items() if k not in stale})
+    wanted = args.stems or [s for s in rows() if runnable(s)]
     tables = Tables(log=lambda line: print(line, flush=True))
     try:
         for stem in wanted:
             print(stem, flush=True)
-            line = tables.row(stem, read_golden().get(stem, {}).get("alone", {}) if update else True)
+            line = tables.row(stem, read_golden().get(stem, {}).get("alone", {}) if args.update else True)
             table = read_golden()  # read again: another environment may be writing its rows meanwhile
             why = table.get(stem, {}).get("why")
             table[stem] = line | ({"why": why} if why else {})
             print(" ", json.dumps(line), flush=True)
-            GOLDEN.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
+            _write(table)
     finally:
         tables.close()
     for problem in violations(read_golden()):
         print("VIOLATION:", problem)
     return 0
+
+
+def _write(table: dict) -> None:
+    GOLDEN.write_text(json.dumps(dict(sorted(table.items())), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ that a stock run reaches what the table says; the nightly run rebuilds every row
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from harness.fixes import FIXES, own_fixes
@@ -59,3 +61,19 @@ def test_each_row_is_as_the_golden_table_says(stem: str) -> None:
         tables.close()
     golden = {k: v for k, v in GOLDEN.get(stem, {}).items() if k != "why"}
     assert line == golden, f"{stem}: the table says {golden}, the run {line}"
+
+
+def test_rebuilding_drops_rows_without_a_case_and_refuses_unknown_stems(tmp_path, monkeypatch, capsys) -> None:
+    """A case renamed or removed leaves no row behind it; a stem with no case file is bad input (exit 2)."""
+    from tests import fix_table
+
+    golden = tmp_path / "fix_table.json"
+    kept = rows()[0]
+    golden.write_text(json.dumps({kept: GOLDEN[kept], "a-case-renamed-since": GOLDEN[kept]}))
+    monkeypatch.setattr(fix_table, "GOLDEN", golden)
+    monkeypatch.setattr(fix_table, "runnable", lambda stem: False)  # rebuild no row: only the drop is under test
+    assert fix_table.main(["no-such-case"]) == 2 and "no regression case no-such-case" in capsys.readouterr().err
+    assert json.loads(golden.read_text()) == {kept: GOLDEN[kept], "a-case-renamed-since": GOLDEN[kept]}
+    assert fix_table.main([]) == 0
+    assert json.loads(golden.read_text()) == {kept: GOLDEN[kept]}
+    assert "dropped rows with no case file: a-case-renamed-since" in capsys.readouterr().out
