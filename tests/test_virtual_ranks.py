@@ -267,14 +267,20 @@ def test_messages_agree_whatever_address_the_allocator_gave_an_object() -> None:
 def two_processes():
     """A process that shares between virtual ranks and one that does not, each running the same cases in the same
     order: Paddle's own process history (name counters, what a failed load leaves) is then the same on both sides.
-    A worker Paddle aborts is replaced by its pool; every worker the pools ever had is killed here."""
+    Both run under the hash seed of a launched rank (harness.ranks.launch.child_env): where Paddle walks a set of names,
+    a failing load then names the same key on both sides. A worker Paddle aborts is replaced by its pool; every worker
+    the pools ever had is killed here."""
     import multiprocessing
 
     import psutil
 
+    from harness.ranks.launch import child_env
+
     ctx = multiprocessing.get_context("spawn")
-    pools = [ctx.Pool(1), ctx.Pool(1)]
-    yield pools
+    with pytest.MonkeyPatch.context() as env:  # held while the pools live: a replaced worker is spawned later
+        env.setenv("PYTHONHASHSEED", child_env()["PYTHONHASHSEED"])
+        pools = [ctx.Pool(1), ctx.Pool(1)]
+        yield pools
     for pool in pools:
         pool.close()  # no worker is replaced from here on
     for pool in pools:  # SIGKILL, tree first: Paddle's SIGTERM handler can leave a worker that never exits
