@@ -18,7 +18,23 @@ concat     ``parts`` equal parts along ``axis``                    ``K.aoa_part_
 split      two model tensors of one shape, dtype and layout,      ``A.aoa_fused -> A, B, axis=a``
            fused along ``axis`` (A first), which that layout
            must not shard
+ffn        gate and up (a split's two tensors) fused as a         ``A.aoa_fused -> A, B, fused_ffn, axis=a``
+           tensor-parallel job of degree ``S`` holds them: per
+           shard ``r`` of ``S``, gate's ``r``-th ``S``-th, then
+           up's
+qkv        Q, K, V (one dtype and layout, shapes equal off        ``Q.aoa_fused -> Q, K, V, fused_qkv,
+           ``axis``; Q holds ``heads`` heads, K and V ``groups``  num_heads=H, num_key_value_groups=G, axis=a``
+           each) fused per key-value group ``g``: Q's heads of
+           that group (``heads/groups`` of them), K's ``g``-th
+           head, V's ``g``-th head
+qkv_tp     Q, K, V as for qkv, fused as a tensor-parallel job    ``Q.aoa_fused -> Q, K, V, fused_qkv_old,
+           of degree ``S`` holds them: per shard ``r``, Q's       num_heads=H, num_key_value_groups=G, axis=a``
+           ``r``-th ``S``-th of heads, then K's, then V's
 =========  =====================================================  ==============================================
+
+A fusion's degree ``S`` is how many distinct pieces the checkpoint holds of the fused tensor (what a
+tensor-parallel job of degree ``S`` saves): the save layout's count for the model tensors, the checkpoint's own
+count on load (``degree``). It must divide what it splits (``check``).
 
 A tensor no transformation names is stored as it is. A case's transformations are ``options["aoa"]``, a list of
 dicts ``{"op": ..., "name": ...}`` (``names`` for split); ``check`` says which are well formed for the case's
@@ -39,9 +55,14 @@ concat     star       ``K.aoa_part_* -> K, axis=a``: every stored key of that pr
 concat     array      ``K.aoa_part[0:n] -> K, axis=a``: the names ``K.aoa_part_0`` to ``K.aoa_part_{n-1}``
 =========  =========  ================================================================================
 
-Not covered: the fused QKV and FFN macros (``fused_qkv``, ``fused_qkv_old``, ``fused_ffn``: heads and
-tensor-parallel shards interleaved in one tensor, a layout this module does not model), ``$LAYER_ID_OFFSET``, casts
-named by ``src_dtype``/``dst_dtype``, and configs applied in reverse (``aoa_config_reverse``).
+One spelling changes what the checkpoint holds: ``offset`` (``P.$LAYER_ID_OFFSET.S.aoa_renamed ->
+P.$LAYER_ID_OFFSET.S``, each number found among the stored keys mapped to the one below it) renames a family whose
+checkpoint numbers it from one more, the model's ``P.n.S`` stored as ``P.(n+1).S.aoa_renamed``. The statement
+takes every stored key its pattern fits, so every rename of that family must be spelled so (``check``).
+
+Not covered: the fused macros' other directions (a model tensor that is fused, whose checkpoint holds the parts;
+a fused tensor re-fused for another degree), ``$LAYER_ID_OFFSET``, casts named by ``src_dtype``/``dst_dtype``, and
+configs applied in reverse (``aoa_config_reverse``).
 """
 
 from __future__ import annotations
@@ -59,12 +80,16 @@ from .layout import Box, FlatRange, Region
 from .tensor import Tensor
 
 AOA = "aoa"  # case option: the transformations
-OPS = ("rename", "permute", "cast", "concat", "split")
+OPS = ("rename", "permute", "cast", "concat", "split", "ffn", "qkv", "qkv_tp")
+# Ops that store several model tensors as one fused tensor (under the first one's name), and how many they fuse.
+FUSIONS = {"split": 2, "ffn": 2, "qkv": 3, "qkv_tp": 3}
+DEGREED = ("ffn", "qkv_tp")  # fusions whose block order follows the checkpoint's tensor-parallel degree
+MACROS = {"ffn": "fused_ffn", "qkv": "fused_qkv", "qkv_tp": "fused_qkv_old"}
 # Model dtypes a cast stores widened to F32, and their AoA names. Not BF16: Paddle's float32 -> bfloat16 cast gives
 # every NaN as 0x7fff (sign and payload lost, measured on 3.3.1), which a bitwise oracle cannot tell from a bug.
 CASTS = {"F16": "float16"}
 PIECEWISE = ("rename", "cast")  # the ops a flattened piece (a row-major range, not a box) can be stored through
-SPELLINGS = {"rename": ("name", "id"), "permute": ("perm", "T"), "concat": ("list", "star", "array")}
+SPELLINGS = {"rename": ("name", "id", "offset"), "permute": ("perm", "T"), "concat": ("list", "star", "array")}
 NUMBERED = re.compile(r"(?<![^./])\d+(?![^./])")  # a name's number between separators (a layer's or an expert's)
 
 
@@ -83,16 +108,30 @@ class StoredPiece:
     dtype: str
     region: Region
     bits: np.ndarray
+    shift: int = 0  # what the stored key adds to the owner's last number (an offset rename's 1)
+
+    @property
+    def key(self) -> str:
+        return shifted(self.owner, self.shift) + self.suffix
+
+
+def shifted(name: str, by: int) -> str:
+    """``name`` with its last number (between separators) ``by`` more."""
+    if not by:
+        return name
+    last = list(NUMBERED.finditer(name))[-1]
+    return name[:last.start()] + str(int(last.group()) + by) + name[last.end():]
 
 
 def named(transform: Mapping) -> tuple[str, ...]:
     """The model tensors a transformation names."""
-    return tuple(transform["names"]) if transform["op"] == "split" else (str(transform["name"]),)
+    return tuple(transform["names"]) if transform["op"] in FUSIONS else (str(transform["name"]),)
 
 
-def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[int, ...]]]) -> None:
+def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[int, ...]]],
+          degrees: Mapping[str, int] | None = None) -> None:
     """Raise AoaError unless every transformation fits ``tensors`` (name -> (dtype, shape)) and none names a
-    tensor another one names."""
+    tensor another one names; ``degrees`` (``degrees_of``), where given, must divide what their fusions split."""
     seen: set[str] = set()
     for t in transforms:
         op = t.get("op")
@@ -110,21 +149,96 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: permute {list(t['perm'])} is no permutation of {name!r}'s {len(shape)} axes")
         if op == "cast" and dtype not in CASTS:
             raise AoaError(f"aoa: cast stores {name!r} widened to F32, which needs {' or '.join(CASTS)}, not {dtype}")
-        if op in ("concat", "split"):
+        if op == "concat" or op in FUSIONS:
             axis = int(t["axis"])
             if not 0 <= axis < len(shape):
                 raise AoaError(f"aoa: {op} axis {axis} is outside {names[0]!r}'s {len(shape)} axes")
         if op == "concat" and (int(t["parts"]) < 2 or shape[int(t["axis"])] % int(t["parts"])):
             raise AoaError(f"aoa: concat of {t['parts']} parts does not divide {name!r}'s axis {t['axis']}")
-        if op == "split" and (len(names) != 2 or tensors[names[1]] != tensors[names[0]]):
-            raise AoaError(f"aoa: split fuses two tensors of one dtype and shape, not {list(names)}")
+        if op in FUSIONS:
+            _check_fusion(t, [tensors[n] for n in names], (degrees or {}).get(names[0]))
         spelling = t.get("spelling")
         if spelling is not None and spelling not in SPELLINGS.get(op, ()):
             raise AoaError(f"aoa: {op} has no spelling {spelling!r} (known: {', '.join(SPELLINGS.get(op, ()))})")
         if spelling == "T" and list(t["perm"]) != list(range(len(shape)))[::-1]:
             raise AoaError(f"aoa: ^T reverses the axes; permute {list(t['perm'])} does not")
-        if spelling == "id" and not NUMBERED.search(names[0]):
+        if spelling in ("id", "offset") and not NUMBERED.search(names[0]):
             raise AoaError(f"aoa: an id placeholder needs a number in the name, which {names[0]!r} lacks")
+    renames = [t for t in transforms if t["op"] == "rename" and NUMBERED.search(str(t["name"]))]
+    offset = {offset_pattern(str(t["name"])) for t in renames if t.get("spelling") == "offset"}
+    mixed = [str(t["name"]) for t in renames
+             if offset_pattern(str(t["name"])) in offset and t.get("spelling") != "offset"]
+    if mixed:
+        raise AoaError(f"aoa: {mixed[0]!r} is renamed in a family an offset renames: its statement takes them all")
+
+
+def _check_fusion(t: Mapping, members: list[tuple[str, tuple[int, ...]]], degree: int | None) -> None:
+    op, names, axis = t["op"], list(named(t)), int(t["axis"])
+    if len(names) != FUSIONS[op] or len({dtype for dtype, _ in members}) > 1 \
+            or len({_off_axis(shape, axis) for _, shape in members}) > 1:
+        raise AoaError(f"aoa: {op} fuses {FUSIONS[op]} tensors of one dtype and one shape off axis {axis}, "
+                       f"not {names}")
+    sizes = [shape[axis] for _, shape in members]
+    if op in ("split", "ffn") and sizes[0] != sizes[1]:
+        raise AoaError(f"aoa: {op} fuses two tensors of one shape, not {names}")
+    if op in ("qkv", "qkv_tp"):
+        heads, groups = int(t["heads"]), int(t["groups"])
+        if heads < 1 or groups < 1 or heads % groups:
+            raise AoaError(f"aoa: {op} needs heads ({heads}) a multiple of groups ({groups}), both positive")
+        if sizes[0] % heads or sizes[1] != sizes[2] or sizes[0] // heads * groups != sizes[1]:
+            raise AoaError(f"aoa: {op} of {names}: {heads} query heads and {groups} key and value heads are not "
+                           f"heads of one size along axis {axis} ({sizes})")
+    if op in DEGREED and degree is not None:
+        divided = [sizes[0]] if op == "ffn" else [int(t["heads"]), int(t["groups"])]
+        if degree < 1 or any(n % degree for n in divided):
+            raise AoaError(f"aoa: {op} of {names} at degree {degree}: the degree does not divide {divided}")
+
+
+def _off_axis(values: Iterable[int], axis: int) -> tuple[int, ...]:
+    return tuple(v for i, v in enumerate(values) if i != axis)
+
+
+def blocks(t: Mapping, sizes: list[int], degree: int = 1) -> list[tuple[int, int, int]]:
+    """A fusion's fused tensor along its axis, block by block: (member, start, stop), the member's extent that
+    block holds (``sizes``: each member's extent along the axis; ``degree``: the fusion's, where it has one)."""
+    op = t["op"]
+    if op == "split":
+        return [(0, 0, sizes[0]), (1, 0, sizes[1])]
+    if op == "ffn":
+        chunk = sizes[0] // degree
+        return [(m, r * chunk, (r + 1) * chunk) for r in range(degree) for m in (0, 1)]
+    heads, groups = int(t["heads"]), int(t["groups"])
+    head = sizes[0] // heads
+    if op == "qkv":
+        q = heads // groups * head  # a key-value group's query heads
+        return [b for g in range(groups) for b in ((0, g * q, (g + 1) * q), (1, g * head, (g + 1) * head),
+                                                   (2, g * head, (g + 1) * head))]
+    q, kv = heads // degree * head, groups // degree * head  # one shard's query heads, and its key (value) heads
+    return [b for r in range(degree) for b in ((0, r * q, (r + 1) * q), (1, r * kv, (r + 1) * kv),
+                                               (2, r * kv, (r + 1) * kv))]
+
+
+def member_sizes(t: Mapping, name: str, size: int) -> list[int]:
+    """Every member's extent along a fusion's axis, from one member's (``name``'s ``size``)."""
+    if t["op"] in ("split", "ffn"):
+        return [size, size]
+    heads, groups = int(t["heads"]), int(t["groups"])
+    head = size // (heads if name == t["names"][0] else groups)
+    return [heads * head, groups * head, groups * head]
+
+
+def degrees_of(transforms: Iterable[Mapping], pieces: Callable[[str], int]) -> dict[str, int]:
+    """Each degreed fusion's degree, under its first member's name: ``pieces(name)``, how many distinct pieces
+    the checkpoint holds (or the save layout gives) of that member, which the fused tensor has too."""
+    return {t["names"][0]: pieces(t["names"][0]) for t in transforms if t["op"] in DEGREED}
+
+
+def _degree(t: Mapping, degrees: Mapping[str, int] | None) -> int:
+    if t["op"] not in DEGREED:
+        return 1
+    if degrees is None or t["names"][0] not in degrees:
+        raise AoaError(f"aoa: {t['op']} of {list(t['names'])} needs the checkpoint's degree of the fused tensor")
+    return degrees[t["names"][0]]
 
 
 def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes: Mapping[str, str]) -> list[str]:
@@ -138,9 +252,14 @@ def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes:
         k = key(names[0])
         if op == "rename":
             pattern = _id_pattern(k) if NUMBERED.search(k) else None
-            if spelling == "id" or pattern not in patterns:  # one id statement renames all its pattern fits
+            if spelling == "offset":
+                at = offset_pattern(k)
+                line = f"{at}.aoa_renamed -> {at}"
+            elif spelling == "id" or pattern not in patterns:  # one id statement renames all its pattern fits
                 line = f"{pattern}.aoa_renamed -> {pattern}" if spelling == "id" else f"{k}.aoa_renamed -> {k}"
-                if line not in out:
+            else:
+                continue
+            if line not in out:
                     out.append(line)
         elif op == "permute":
             out.append(f"{k}.aoa_t^T -> {k}" if spelling == "T" else f"{k}.aoa_t -> {k}, permute='{list(t['perm'])}'")
@@ -151,8 +270,17 @@ def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes:
                 spelling or "list", ", ".join(f"{k}.aoa_part_{i}" for i in range(int(t["parts"]))))
             out.append(f"{parts} -> {k}, axis={int(t['axis'])}")
         else:
-            out.append(f"{k}.aoa_fused -> {', '.join(key(n) for n in names)}, axis={int(t['axis'])}")
+            macro = f", {MACROS[op]}" if op in MACROS else ""
+            if op in ("qkv", "qkv_tp"):
+                macro += f", num_heads={int(t['heads'])}, num_key_value_groups={int(t['groups'])}"
+            out.append(f"{k}.aoa_fused -> {', '.join(key(n) for n in names)}{macro}, axis={int(t['axis'])}")
     return out
+
+
+def offset_pattern(key: str) -> str:
+    """``key`` with its last number the offset placeholder: the family an offset rename takes whole."""
+    last = list(NUMBERED.finditer(key))[-1]
+    return key[:last.start()] + "$LAYER_ID_OFFSET" + key[last.end():]
 
 
 def _id_pattern(key: str) -> str:
@@ -172,32 +300,34 @@ class Piece:
     bits: np.ndarray
 
 
-def stored(transforms: Iterable[Mapping], pieces: Mapping[str, Piece]) -> list[StoredPiece]:
+def stored(transforms: Iterable[Mapping], pieces: Mapping[str, Piece],
+           degrees: Mapping[str, int] | None = None) -> list[StoredPiece]:
     """How the checkpoint stores one rank's ``pieces`` of the model's tensors: as they are, or through the inverse
-    of the transformation that names them (a split's two pieces become one piece of the fused tensor, so each must
-    span the split axis whole: AoaError otherwise)."""
+    of the transformation that names them (a fusion's pieces become one piece of the fused tensor, so each must
+    span the fused axis whole: AoaError otherwise; ``degrees``: degrees_of the save layout)."""
     transforms = list(transforms)
     out: list[StoredPiece] = []
     for name, piece in pieces.items():
         t = next((t for t in transforms if name in named(t)), None)
         if t is None:
             out.append(StoredPiece(name, "", piece.global_shape, piece.dtype, piece.region, piece.bits))
-        elif t["op"] == "split":
+        elif t["op"] in FUSIONS:
             if name == t["names"][0]:
-                out.append(_fused(t, name, piece, pieces.get(t["names"][1])))
+                out.append(_fused(t, [pieces.get(n) for n in t["names"]], _degree(t, degrees)))
         else:
             out.extend(_stored_one(t, name, piece))
     return out
 
 
-def stored_locals(transforms: Iterable[Mapping], local: Mapping[str, LocalTensor]) -> dict[str, LocalTensor]:
+def stored_locals(transforms: Iterable[Mapping], local: Mapping[str, LocalTensor],
+                  degrees: Mapping[str, int] | None = None) -> dict[str, LocalTensor]:
     """``stored`` for a rank's local tensors: each stored piece under its owner's name and suffix, saved by the
     ranks that save its owner (a replica is saved once, stored or not)."""
     pieces = {n: Piece(lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, lt.tensor.bits)
               for n, lt in local.items()}
-    return {p.owner + p.suffix: LocalTensor(p.global_shape, p.region, Tensor(DTYPES[p.dtype], p.bits),
+    return {p.key: LocalTensor(p.global_shape, p.region, Tensor(DTYPES[p.dtype], p.bits),
                                             saves=local[p.owner].saves)
-            for p in stored(transforms, pieces)}
+            for p in stored(transforms, pieces, degrees)}
 
 
 def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
@@ -205,7 +335,8 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
     if isinstance(region, FlatRange) and op not in PIECEWISE:
         raise AoaError(f"aoa: {op} cannot store a flattened piece of {name!r}")
     if op == "rename":
-        return [StoredPiece(name, ".aoa_renamed", shape, piece.dtype, region, piece.bits)]
+        return [StoredPiece(name, ".aoa_renamed", shape, piece.dtype, region, piece.bits,
+                            int(t.get("spelling") == "offset"))]
     if op == "cast":
         return [StoredPiece(name, ".aoa_f32", shape, "F32", region, widened(piece.dtype, piece.bits))]
     assert isinstance(region, Box)
@@ -247,20 +378,28 @@ def _parts(t: Mapping, shape: tuple[int, ...], region: Box
     return out
 
 
-def _fused(t: Mapping, name: str, first: Piece, second: Piece | None) -> StoredPiece:
-    """The piece of the fused tensor a rank holding ``first`` and ``second`` stores: the two side by side."""
-    axis = int(t["axis"])
-    whole = second is not None and all(
-        isinstance(p.region, Box) and p.region.shape[axis] == p.global_shape[axis] for p in (first, second)) and \
-        first.region == second.region
-    if not whole:
-        raise AoaError(f"aoa: split of {list(t['names'])}: a rank's pieces must be the same box, whole along axis "
-                       f"{axis}, to be one piece of the fused tensor")
-    assert isinstance(first.region, Box) and second is not None
-    fused = tuple(n * 2 if i == axis else n for i, n in enumerate(first.global_shape))
-    extent = tuple(n * 2 if i == axis else n for i, n in enumerate(first.region.shape))
-    return StoredPiece(name, ".aoa_fused", fused, first.dtype, Box(first.region.offsets, extent),
-                       np.ascontiguousarray(np.concatenate([first.bits, second.bits], axis=axis)))
+def _fused(t: Mapping, members: list[Piece | None], degree: int) -> StoredPiece:
+    """The piece of the fused tensor a rank holding the fusion's ``members`` stores: their blocks in order."""
+    axis, names = int(t["axis"]), list(named(t))
+    held = [p for p in members if p is not None and isinstance(p.region, Box)
+            and p.region.shape[axis] == p.global_shape[axis]]
+    if len(held) != len(members) or len({_off_axis(p.region.offsets, axis) + _off_axis(p.region.shape, axis)
+                                         for p in held}) != 1:
+        raise AoaError(f"aoa: {t['op']} of {names}: a rank's pieces must be one box, whole along axis {axis}, to be "
+                       "one piece of the fused tensor")
+    first = held[0]
+    assert isinstance(first.region, Box)
+    sizes = [p.global_shape[axis] for p in held]
+    cut = [slice(None)] * len(first.global_shape)
+    parts = []
+    for member, start, stop in blocks(t, sizes, degree):
+        cut[axis] = slice(start, stop)
+        parts.append(held[member].bits[tuple(cut)])
+    total = sum(sizes)
+    fused = tuple(total if i == axis else n for i, n in enumerate(first.global_shape))
+    extent = tuple(total if i == axis else n for i, n in enumerate(first.region.shape))
+    return StoredPiece(names[0], ".aoa_fused", fused, first.dtype, Box(first.region.offsets, extent),
+                       np.ascontiguousarray(np.concatenate(parts, axis=axis)))
 
 
 @dataclass(frozen=True)
@@ -274,9 +413,10 @@ class Read:
 
 
 def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tuple[int, ...],
-          region: Region) -> list[Read]:
+          region: Region, degrees: Mapping[str, int] | None = None) -> list[Read]:
     """What the statements read to give this piece of model tensor ``name``: the forward meaning of each
-    transformation, in regions of the stored tensors (``assemble`` puts them together)."""
+    transformation, in regions of the stored tensors (``assemble`` puts them together; ``degrees``: degrees_of
+    the checkpoint)."""
     t = next((t for t in transforms if name in named(t)), None)
     op = t["op"] if t is not None else None
     if op is None:
@@ -284,21 +424,40 @@ def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tu
     if isinstance(region, FlatRange) and op not in PIECEWISE:
         raise AoaError(f"aoa: {op} cannot give a flattened piece of {name!r}")
     if op == "rename":
-        return [Read(name + ".aoa_renamed", dtype, global_shape, region)]
+        return [Read(shifted(name, int(t.get("spelling") == "offset")) + ".aoa_renamed", dtype, global_shape, region)]
     if op == "cast":
         return [Read(name + ".aoa_f32", "F32", global_shape, region)]
     assert isinstance(region, Box)
     if op == "permute":
         _, stored_shape, box = _transposed(t["perm"], global_shape, region)
         return [Read(name + ".aoa_t", dtype, stored_shape, box)]
-    axis = int(t["axis"])
-    if op == "split":
-        offset = global_shape[axis] if name == t["names"][1] else 0
-        fused = tuple(n * 2 if i == axis else n for i, n in enumerate(global_shape))
-        at = tuple(o + offset if i == axis else o for i, o in enumerate(region.offsets))
-        return [Read(t["names"][0] + ".aoa_fused", dtype, fused, Box(at, region.shape))]
+    if op in FUSIONS:
+        return _fused_reads(t, name, dtype, global_shape, region, _degree(t, degrees))
     return [Read(f"{name}.aoa_part_{part}", dtype, part_shape, box)
             for part, part_shape, box, _ in _parts(t, global_shape, region)]
+
+
+def _fused_reads(t: Mapping, name: str, dtype: str, global_shape: tuple[int, ...], region: Box,
+                 degree: int) -> list[Read]:
+    """The regions of the fused tensor that make a member's piece: the member's blocks it meets, in the member's
+    own order."""
+    axis, member = int(t["axis"]), list(named(t)).index(name)
+    sizes = member_sizes(t, name, global_shape[axis])
+    fused = tuple(sum(sizes) if i == axis else n for i, n in enumerate(global_shape))
+    lo, hi = region.offsets[axis], region.offsets[axis] + region.shape[axis]
+    at, mine = 0, []
+    for m, start, stop in blocks(t, sizes, degree):
+        if m == member:
+            mine.append((start, stop, at))
+        at += stop - start
+    out = []
+    for start, stop, place in sorted(mine):
+        a, b = max(lo, start), min(hi, stop)
+        if a < b:
+            offsets = tuple(place + a - start if i == axis else o for i, o in enumerate(region.offsets))
+            extent = tuple(b - a if i == axis else n for i, n in enumerate(region.shape))
+            out.append(Read(t["names"][0] + ".aoa_fused", dtype, fused, Box(offsets, extent)))
+    return out
 
 
 def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Region,
@@ -311,7 +470,7 @@ def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Regio
         return got[0].view(np.float32).astype(np.float16).view(np.uint16)
     if op == "permute":
         return np.ascontiguousarray(np.transpose(got[0], t["perm"]))
-    if op == "concat":
+    if op == "concat" or op in FUSIONS:
         return np.concatenate(got, axis=int(t["axis"])) if got else empty
     return got[0]
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 
 from harness.judging.fidelity import max_world
 from properties.model.case import Case
+from reference.aoa import AOA
 from reference.layout import LayoutError
 
 #: Judges a candidate: True when it fails in the finding's bucket core (harness.campaign.fuzz supplies it).
@@ -79,6 +80,8 @@ def reshaped(case: Case, shaper: Callable[[list[int]], list[int]]) -> Case | Non
             for name, layout in layouts.items():
                 for rank in range(layout.mesh.world_size if name in shapes else 0):
                     layout.local(shapes[name], rank)
+        if AOA in options:
+            smaller.check_aoa()  # a fusion's degree is the mesh's: a smaller one may not divide its heads
     except (LayoutError, ValueError):
         return None
     return smaller

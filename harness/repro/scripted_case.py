@@ -16,7 +16,7 @@ from faults.spec import CorruptFault, ErrorFault, KillFault, KillWhenFault, Stat
 from properties.model.case import Case
 from reference import aoa
 from reference.engine import local_tensors
-from reference.layout import Box, Flat, FlatRange, Sharded
+from reference.layout import Box, Flat, FlatRange, Sharded, piece_count
 from reference.layout import Shard as ShardPlacement
 from reference.training import Param, TrainingSpec
 
@@ -415,14 +415,15 @@ def _table(case: Case, which: str, version: int, world: int, stored: bool = Fals
     state = case.expected(version, which)
     layouts = case.layouts(which)
     out: dict[int, dict[str, Piece]] = {}
+    degrees = aoa.degrees_of(case.options.get(aoa.AOA, ()), lambda n: piece_count(layouts.get(n), state[n].shape))
     for rank in range(world):
         pieces = {}
         local = local_tensors(state, layouts, rank)
         if stored:
             model = {n: aoa.Piece(lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, lt.tensor.bits)
                      for n, lt in local.items()}
-            for p in aoa.stored(case.options[aoa.AOA], model):
-                pieces[p.owner + p.suffix] = _piece(p.dtype, p.global_shape, p.region, p.bits, None)
+            for p in aoa.stored(case.options[aoa.AOA], model, degrees):
+                pieces[p.key] = _piece(p.dtype, p.global_shape, p.region, p.bits, None)
         for name, lt in ({} if stored else local).items():
             pieces[name] = _piece(lt.tensor.dtype.name, lt.global_shape, lt.region, lt.tensor.bits,
                                   layouts.get(name))

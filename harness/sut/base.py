@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from reference import nesting
+from reference import aoa, nesting
 from reference.engine import LocalTensor
-from reference.layout import Region, TensorLayout, whole_on_every_rank
+from reference.layout import Region, TensorLayout, piece_count, whole_on_every_rank
 from reference.moe import keyed_expert_id, whole_on_its_ep_ranks
 from reference.tensor import Tensor
 
@@ -32,6 +32,13 @@ class RankTensor:
     @property
     def region(self) -> Region:
         return self.local.region
+
+
+def aoa_stored(tensors: dict[str, RankTensor], transforms: list) -> dict[str, LocalTensor]:
+    """A save's pieces as a checkpoint in another model's structure stores them (reference.aoa), each under its
+    owner's name and suffix; a fusion at the degree its save layout gives it (as many pieces as the layout cuts)."""
+    degrees = aoa.degrees_of(transforms, lambda n: piece_count(tensors[n].layout, tensors[n].local.global_shape))
+    return aoa.stored_locals(transforms, {n: rt.local for n, rt in tensors.items()}, degrees)
 
 
 class SutAdapter:

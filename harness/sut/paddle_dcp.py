@@ -29,7 +29,7 @@ from harness.sut._paddle_common import (
     trailing_int,
     zeros,
 )
-from harness.sut.base import RankTensor
+from harness.sut.base import RankTensor, aoa_stored
 from properties.model.case import PROCESS_GROUP, idle_ranks
 from reference import aoa, nesting
 from reference.engine import extract
@@ -471,7 +471,7 @@ def _stored_form(group: dict[str, RankTensor], options: dict) -> dict[str, RankT
     the load's AoA statements map back (reference.aoa), each under its owner's name and suffix."""
     if aoa.AOA not in options:
         return group
-    stored = aoa.stored_locals(options[aoa.AOA], {name: rt.local for name, rt in group.items()})
+    stored = aoa_stored(group, options[aoa.AOA])
     return {name: RankTensor(name, None, lt) for name, lt in stored.items()}
 
 

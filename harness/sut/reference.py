@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.sut.base import RankTensor, SutAdapter
+from harness.sut.base import RankTensor, SutAdapter, aoa_stored
 from reference import (
     AsyncSaver,
     AsyncWriterError,
@@ -29,7 +29,7 @@ from reference import (
 from reference.disk.commit import rotate as rotate_checkpoints
 from reference.disk.index import read_index
 from reference.dtypes import DTYPES
-from reference.engine import LocalTensor
+from reference.engine import LocalTensor, open_checkpoint
 from reference.tensor import Tensor
 
 COMMIT_TIMEOUT = 60.0
@@ -64,7 +64,7 @@ class ReferenceSut(SutAdapter):
         return []
 
     def save(self, root: Path, name: str, tensors: dict[str, RankTensor], *, use_async: bool, options: dict):
-        local = _stored_form({n: rt.local for n, rt in tensors.items()}, options)
+        local = _stored_form(tensors, options)
         save_id = agreed_save_id(name, int(options.get("save_attempt", 0)))
         timeout = float(options.get("commit_timeout", COMMIT_TIMEOUT))  # how long rank 0 waits for the others
         if use_async:
@@ -129,16 +129,19 @@ class ReferenceSut(SutAdapter):
         return sorted(n for n in committed_checkpoints(root) if n in names)
 
 
-def _stored_form(local: dict[str, LocalTensor], options: dict) -> dict[str, LocalTensor]:
+def _stored_form(tensors: dict[str, RankTensor], options: dict) -> dict[str, LocalTensor]:
     """A save's pieces in the structure ``options["aoa"]`` says the checkpoint has (reference.aoa)."""
-    return aoa.stored_locals(options[aoa.AOA], local) if aoa.AOA in options else local
+    return aoa_stored(tensors, options[aoa.AOA]) if aoa.AOA in options else {n: rt.local for n, rt in tensors.items()}
 
 
 def _through_aoa(root: Path, name: str | None, transforms: list, tensor: str, rt: RankTensor) -> Tensor:
     """One target piece as the AoA statements give it: each region they read, loaded on its own (two pieces may
-    read one stored tensor), put together (reference.aoa.reads, assemble)."""
+    read one stored tensor), put together (reference.aoa.reads, assemble). A fusion's degree is how many distinct
+    pieces the checkpoint holds of the fused tensor."""
     lt = rt.local
+    index = open_checkpoint(root, name)[1]
+    degrees = aoa.degrees_of(transforms, lambda n: len({s.region for s in index.slices_of(n + ".aoa_fused")}))
     got = [load(root, {r.key: Target(DTYPES[r.dtype], r.global_shape, r.region)}, name=name)[r.key].bits
-           for r in aoa.reads(transforms, tensor, lt.tensor.dtype.name, tuple(lt.global_shape), lt.region)]
+           for r in aoa.reads(transforms, tensor, lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, degrees)]
     return Tensor(lt.tensor.dtype, aoa.assemble(transforms, tensor, lt.tensor.dtype.name, lt.region, got,
                                                 np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype)))

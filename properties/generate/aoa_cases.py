@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
-from itertools import combinations
 
 from hypothesis import strategies as st
 
 from properties.generate.cases import Caps, cases, unmet_choices_dropped
 from properties.model.case import Case, TensorCase
-from reference.aoa import AOA, CASTS, NUMBERED, SPELLINGS, named
-from reference.layout import Flat, Shard, Sharded, TensorLayout
+from reference.aoa import AOA, CASTS, FUSIONS, NUMBERED, SPELLINGS, named, offset_pattern
+from reference.layout import Flat, LayoutError, Shard, Sharded, TensorLayout, piece_count
 from reference.nesting import EMPTY_DICTS, NESTED
 
 # What the case's load must not do besides the AoA config: rename master weights its own way, or load merged
@@ -29,12 +29,40 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
     save, load = base.layouts("save"), base.layouts("load")
     tensors = {t.name: t for t in base.tensors}
     transforms: list[dict] = []
-    pairs = [(a, b) for a, b in combinations(sorted(tensors), 2)
-             if _splittable_axes(tensors[a], tensors[b], save, load)]
-    if pairs and draw(st.booleans()):
-        a, b = draw(st.sampled_from(pairs))
-        axis = draw(st.sampled_from(_splittable_axes(tensors[a], tensors[b], save, load)))
-        transforms.append({"op": "split", "names": [a, b], "axis": axis})
+    save_layout, load_layout = dict(base.save_layout), dict(base.load_layout)
+    # fusions first (up to two, as a model fuses in every layer, through the same temporary names): their members
+    # take the lead's dtype and save layout
+    for fusion in [draw(st.sampled_from(["pair", "qkv"])) for _ in range(draw(st.sampled_from([0, 1, 2])))]:
+        taken = {n for t in transforms for n in named(t)}
+        fusable = [n for n in _fusable(tensors, save, load) if n not in taken]
+        leads = [n for n in fusable if _free_axes(save[n], tensors[n].shape or (1,))]
+        if not leads:
+            break
+        lead = draw(st.sampled_from(leads))
+        size, others = FUSIONS["split" if fusion == "pair" else "qkv"], [m for m in fusable if m != lead]
+        rest = draw(st.lists(st.sampled_from(others), max_size=size - 1, unique=True)) if others else []
+        for i in range(size - 1 - len(rest)):  # members the case lacks: new tensors, loaded as the lead is
+            name = f"{lead}_fused{i}"
+            tensors[name] = TensorCase(name, tensors[lead].dtype, (), draw(st.integers(1, 2**31 - 1)))
+            load_layout[name] = base.load_layout[lead]
+            rest.append(name)
+        # the lead's shape with elements: a 0-d lead (unsharded) becomes a vector, an empty axis one element
+        shape = tuple(max(1, n) for n in tensors[lead].shape) or (draw(st.integers(1, 4)),)
+        axis = draw(st.sampled_from(_free_axes(save[lead], shape)))
+        degree = piece_count(save[lead], shape)
+        if fusion == "pair":
+            ops = ["split", *(("ffn",) if shape[axis] % degree == 0 else ())]
+            t, names, shapes = {"op": draw(st.sampled_from(ops))}, [lead, *rest], [shape, shape]
+        else:  # the lead is K; Q holds heads/groups times its heads
+            t = draw(_qkv(shape[axis], degree))
+            q = tuple(n * t["heads"] // t["groups"] if i == axis else n for i, n in enumerate(shape))
+            names, shapes = [rest[0], lead, rest[1]], [q, shape, shape]
+        for name, member_shape in zip(names, shapes):
+            tensors[name] = _reshaped(tensors[name], member_shape, tensors[lead].dtype)
+            save_layout[name] = base.save_layout[lead]
+            if not _holds(load.get(name), member_shape):  # its load layout shards an axis it no longer has
+                load_layout[name] = base.load_layout[lead]
+        transforms.append({**t, "names": names, "axis": axis})
     for name in sorted(set(tensors) - {n for t in transforms for n in t.get("names", ())}):
         boxed = not any(isinstance(layouts.get(name), Flat) for layouts in (save, load))
         t = draw(st.one_of(st.none(), _transform(tensors[name], boxed)))
@@ -42,10 +70,67 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
             transforms.append(t)
     if not transforms and tensors:
         transforms.append({"op": "rename", "name": draw(st.sampled_from(sorted(tensors)))})
-    transforms = [draw(_spelled(t, tensors[named(t)[0]])) for t in transforms]
+    transforms = _offset_families([draw(_spelled(t, tensors[named(t)[0]])) for t in transforms])
     options = unmet_choices_dropped({k: v for k, v in base.options.items() if k not in _LEFT_OUT}, Caps(caps))
     options["tensor_kind"] = "sharded_weight"  # stored tensors of other shapes than the model's: no dist tensors
-    return dataclasses.replace(base, property=prop, options={**options, AOA: transforms})
+    return dataclasses.replace(base, property=prop, tensors=tuple(tensors.values()), save_layout=save_layout,
+                               load_layout=load_layout, options={**options, AOA: transforms})
+
+
+def _offset_families(transforms: list[dict]) -> list[dict]:
+    """An offset's statement renames every stored key of its family (reference.aoa): each rename of a family one
+    of them offsets is spelled so too."""
+    families = {offset_pattern(t["name"]) for t in transforms if t.get("spelling") == "offset"}
+    return [{**t, "spelling": "offset"} if t["op"] == "rename" and NUMBERED.search(t["name"])
+            and offset_pattern(t["name"]) in families else t for t in transforms]
+
+
+def _fusable(tensors: dict[str, TensorCase], save: dict[str, TensorLayout],
+             load: dict[str, TensorLayout]) -> list[str]:
+    """Tensors a fusion can take, made to fit it (reshaped like its first member, saved under its layout): saved
+    by a plain layout (no expert's owner, no flat buffer), loaded by any but a flattened one."""
+    return [n for n in sorted(tensors) if isinstance(save.get(n), Sharded) and not save[n].owner
+            and not isinstance(load.get(n), Flat)]
+
+
+def _holds(layout: TensorLayout | None, shape: tuple[int, ...]) -> bool:
+    """Whether ``layout`` can place a tensor of ``shape`` on every rank of its mesh."""
+    if layout is None:
+        return True
+    try:
+        for rank in range(layout.mesh.world_size):
+            layout.local(shape, rank)
+    except LayoutError:
+        return False
+    return True
+
+
+def _free_axes(layout: TensorLayout, shape: tuple[int, ...]) -> list[int]:
+    """The axes a save layout does not shard: a rank's pieces of the members then sit side by side there."""
+    sharded = {p.dim for p in layout.placements if isinstance(p, Shard)} if isinstance(layout, Sharded) else set()
+    return [axis for axis in range(len(shape)) if axis not in sharded]
+
+
+def _reshaped(tensor: TensorCase, shape: tuple[int, ...], dtype: str) -> TensorCase:
+    """``tensor`` at another shape and dtype; its explicit bits (special values) repeated to fill it where the
+    dtype stays, else drawn from its seed."""
+    bits = tensor.bits if dtype == tensor.dtype else None
+    if bits:
+        bits = tuple(bits[i % len(bits)] for i in range(math.prod(shape)))
+    return dataclasses.replace(tensor, shape=shape, dtype=dtype, bits=bits or None)
+
+
+def _qkv(size: int, degree: int) -> st.SearchStrategy[dict]:
+    """Heads for a Q, K, V fusion whose K and V are ``size`` long on its axis: ``groups`` key-value heads of one
+    size, ``heads`` query heads a multiple of them; the tensor-parallel layout where ``degree`` divides both."""
+    groups = [g for g in range(1, size + 1) if size % g == 0]
+
+    def spelled(g: int, ratio: int) -> st.SearchStrategy[dict]:
+        heads = g * ratio
+        ops = ["qkv", *(("qkv_tp",) if heads % degree == 0 and g % degree == 0 else ())]
+        return st.sampled_from(ops).map(lambda op: {"op": op, "heads": heads, "groups": g})
+
+    return st.tuples(st.sampled_from(groups), st.sampled_from((1, 2, 3))).flatmap(lambda gr: spelled(*gr))
 
 
 def _transform(tensor: TensorCase, boxed: bool) -> st.SearchStrategy[dict]:
@@ -72,19 +157,6 @@ def _spelled(transform: dict, tensor: TensorCase) -> st.SearchStrategy[dict]:
     op = transform["op"]
     fits = [s for s in SPELLINGS.get(op, ())[1:]
             if not (s == "T" and list(transform["perm"]) != list(range(len(tensor.shape)))[::-1])
-            and not (s == "id" and not NUMBERED.search(tensor.name))]
+            and not (s in ("id", "offset") and not NUMBERED.search(tensor.name))]
     return st.sampled_from([None, *fits]).map(
         lambda s: transform if s is None else {**transform, "spelling": s})
-
-
-def _splittable_axes(a: TensorCase, b: TensorCase, save: dict[str, TensorLayout],
-                     load: dict[str, TensorLayout]) -> list[int]:
-    """Axes two tensors can be fused along: one dtype, shape and save layout, none of it flattened or sharding
-    that axis (each rank's two pieces then sit side by side in one piece of the fused tensor), nor their load
-    layouts flattened."""
-    layout = save.get(a.name)
-    if (a.dtype, a.shape) != (b.dtype, b.shape) or layout != save.get(b.name) or 0 in a.shape \
-            or any(isinstance(layouts.get(n), Flat) for layouts in (save, load) for n in (a.name, b.name)):
-        return []
-    sharded = {p.dim for p in layout.placements if isinstance(p, Shard)} if isinstance(layout, Sharded) else set()
-    return [axis for axis in range(len(a.shape)) if axis not in sharded]

@@ -35,7 +35,7 @@ from reference import aoa, nesting, producers
 from reference.aoa import AOA
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
-from reference.layout import TensorLayout, layout_from_json
+from reference.layout import TensorLayout, layout_from_json, piece_count
 from reference.nesting import EMPTY_DICTS, NESTED
 from reference.producers import PRODUCER
 from reference.tensor import Tensor
@@ -234,6 +234,16 @@ class Case:
     def params(self) -> tuple[Param, ...]:
         return tuple(Param(t.name, t.dtype, t.shape, t.seed) for t in self.tensors)
 
+    def check_aoa(self) -> None:
+        """Raise reference.aoa.AoaError unless the case's AoA transformations fit its tensors, and each fusion's
+        degree under every layout a save runs under divides what it splits (a smaller mesh may not)."""
+        tensors = {t.name: (t.dtype, tuple(t.shape)) for t in self.tensors}
+        saves = {self.op_layouts(i) for i, op in enumerate(self.ops) if op.kind == "save"}
+        for which in sorted(saves or {"save"}):
+            layouts = self.layouts(which)
+            aoa.check(self.options[AOA], tensors,
+                      aoa.degrees_of(self.options[AOA], lambda n, lay=layouts: piece_count(lay.get(n), tensors[n][1])))
+
     def op_layouts(self, index: int) -> str:
         """Which layouts (and world) op ``index`` runs under: the op's own ``layout`` where it names one; else loads
         the load layouts; in a training case the live state lives under the save layouts until the first load and
@@ -373,7 +383,7 @@ class Case:
             if NESTED in case.options:
                 nesting.check([t.name for t in tensors], case.options[NESTED], case.options.get(EMPTY_DICTS, ()))
             if AOA in case.options:
-                aoa.check(case.options[AOA], {t.name: (t.dtype, t.shape) for t in tensors})
+                case.check_aoa()
             if PRODUCER in case.options:
                 if case.options[PRODUCER] != "tp":
                     raise ValueError(f"unknown producer {case.options[PRODUCER]!r} (known: 'tp')")
