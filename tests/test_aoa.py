@@ -293,16 +293,19 @@ def _paddle_judged(tensors: dict[str, tuple[str, list[int], str, str]], transfor
 @pytest.mark.multirank
 def test_paddle_loads_through_every_spelling() -> None:
     """One real load through each macro: an expert family renamed by ``$EXPERT_ID``, parts found by ``*`` and
-    ``[0:n]``, a transpose by ``^T``."""
+    ``[0:n]``, a transpose by ``^T``, a layer family stored one number up by ``$LAYER_ID_OFFSET``."""
     _paddle_judged(
         {"model/moe.experts.0.w1": ("F32", [2, 3], "R", "S1"), "model/moe.experts.1.w1": ("F32", [2, 3], "S0", "R"),
          "model/w": ("F32", [4, 2], "S1", "S0"), "model/b": ("BF16", [2, 3], "S0", "S1"),
-         "model/emb": ("F32", [6], "S0", "R")},
+         "model/emb": ("F32", [6], "S0", "R"), "model/layers.0.u": ("F32", [4, 2], "S0", "R"),
+         "model/layers.3.u": ("BF16", [3], "R", "S0")},
         [{"op": "rename", "name": "model/moe.experts.0.w1", "spelling": "id"},
          {"op": "rename", "name": "model/moe.experts.1.w1"},
          {"op": "concat", "name": "model/w", "axis": 0, "parts": 2, "spelling": "star"},
          {"op": "permute", "name": "model/b", "perm": [1, 0], "spelling": "T"},
-         {"op": "concat", "name": "model/emb", "axis": 0, "parts": 3, "spelling": "array"}])
+         {"op": "concat", "name": "model/emb", "axis": 0, "parts": 3, "spelling": "array"},
+         {"op": "rename", "name": "model/layers.0.u", "spelling": "offset"},
+         {"op": "rename", "name": "model/layers.3.u", "spelling": "offset"}])
 
 
 @pytest.mark.multirank
