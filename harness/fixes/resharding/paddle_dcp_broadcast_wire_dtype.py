@@ -6,8 +6,8 @@ communicators that broadcast chunks do it: the world's (``broadcast``) and the w
 
 from harness.fixes.patch import Fix, Hunk
 
-# What both communicators gain before their loop: the wire dtypes, and a same-width view of a tensor in one.
-_WIRE = ("        # gloo carries neither int16 nor float8 (the rank exits) and CPU has no\n"
+# What a communicator gains before its loop: the wire dtypes, and a same-width view of a tensor in one.
+WIRE = ("        # gloo carries neither int16 nor float8 (the rank exits) and CPU has no\n"
          "        # float8 zeros_like: such chunks travel as a same-width dtype gloo carries.\n"
          "        wire_dtypes = {\n"
          "            \"int16\": paddle.float16,\n"
@@ -29,7 +29,7 @@ FIX = Fix(
     hunks=(Hunk("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "BroadcastCommunicator.communicate",
                 "747df7945b980b9f", (
         ("        total_task_len = len(comm_tasks)\n",
-         "        total_task_len = len(comm_tasks)\n" + _WIRE),
+         "        total_task_len = len(comm_tasks)\n" + WIRE),
         ("                    src_tensor = source_tensors[(tensor_name, item.file_name)]\n",
          "                    src_tensor = on_the_wire(\n"
          "                        source_tensors[(tensor_name, item.file_name)]\n"
@@ -49,7 +49,7 @@ FIX = Fix(
     )), Hunk("paddle.distributed.flex_checkpoint.dcp.reshard_comm", "MultiGroupBroadcastCommunicator.communicate",
              "72c227e1470a331b", (
         ("        for read_items in results:\n",
-         _WIRE + "        for read_items in results:\n"),
+         WIRE + "        for read_items in results:\n"),
         ("                    buffer_tensor = src_chunk_tensor.contiguous()\n",
          "                    buffer_tensor = on_the_wire(src_chunk_tensor.contiguous())\n"),
         ("                    dst_chunk_tensor = slice_tensor(\n"
