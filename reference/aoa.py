@@ -30,6 +30,9 @@ qkv        Q, K, V (one dtype and layout, shapes equal off        ``Q.aoa_fused 
 qkv_tp     Q, K, V as for qkv, fused as a tensor-parallel job    ``Q.aoa_fused -> Q, K, V, fused_qkv_old,
            of degree ``S`` holds them: per shard ``r``, Q's       num_heads=H, num_key_value_groups=G, axis=a``
            ``r``-th ``S``-th of heads, then K's, then V's
+qkv_parts  one model tensor that is a qkv fusion (``heads``,         ``Q.aoa_q, Q.aoa_k, Q.aoa_v -> Q, fused_qkv,
+           ``groups``) of parts the checkpoint holds apart:      num_heads=H, num_key_value_groups=G, axis=a``
+           ``K.aoa_q``, ``K.aoa_k``, ``K.aoa_v``
 =========  =====================================================  ==============================================
 
 A fusion's degree ``S`` is how many distinct pieces the checkpoint holds of the fused tensor (what a
@@ -60,9 +63,9 @@ P.$LAYER_ID_OFFSET.S``, each number found among the stored keys mapped to the on
 checkpoint numbers it from one more, the model's ``P.n.S`` stored as ``P.(n+1).S.aoa_renamed``. The statement
 takes every stored key its pattern fits, so every rename of that family must be spelled so (``check``).
 
-Not covered: the fused macros' other directions (a model tensor that is fused, whose checkpoint holds the parts;
-a fused tensor re-fused for another degree), ``$LAYER_ID_OFFSET``, casts named by ``src_dtype``/``dst_dtype``, and
-configs applied in reverse (``aoa_config_reverse``).
+Not covered: the fused macros' other directions where a degree is the load's (``fused_ffn`` and ``fused_qkv_old``
+into a model tensor that is fused; a fused tensor re-fused for another degree), casts named by
+``src_dtype``/``dst_dtype``, and configs applied in reverse (``aoa_config_reverse``).
 """
 
 from __future__ import annotations
@@ -80,7 +83,8 @@ from .layout import Box, FlatRange, Region
 from .tensor import Tensor
 
 AOA = "aoa"  # case option: the transformations
-OPS = ("rename", "permute", "cast", "concat", "split", "ffn", "qkv", "qkv_tp")
+OPS = ("rename", "permute", "cast", "concat", "split", "ffn", "qkv", "qkv_tp", "qkv_parts")
+PARTS = (".aoa_q", ".aoa_k", ".aoa_v")  # where a qkv_parts checkpoint holds Q, K and V
 # Ops that store several model tensors as one fused tensor (under the first one's name), and how many they fuse.
 FUSIONS = {"split": 2, "ffn": 2, "qkv": 3, "qkv_tp": 3}
 DEGREED = ("ffn", "qkv_tp")  # fusions whose block order follows the checkpoint's tensor-parallel degree
@@ -149,7 +153,7 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: permute {list(t['perm'])} is no permutation of {name!r}'s {len(shape)} axes")
         if op == "cast" and dtype not in CASTS:
             raise AoaError(f"aoa: cast stores {name!r} widened to F32, which needs {' or '.join(CASTS)}, not {dtype}")
-        if op == "concat" or op in FUSIONS:
+        if op in ("concat", "qkv_parts") or op in FUSIONS:
             axis = int(t["axis"])
             if not 0 <= axis < len(shape):
                 raise AoaError(f"aoa: {op} axis {axis} is outside {names[0]!r}'s {len(shape)} axes")
@@ -157,6 +161,8 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: concat of {t['parts']} parts does not divide {name!r}'s axis {t['axis']}")
         if op in FUSIONS:
             _check_fusion(t, [tensors[n] for n in names], (degrees or {}).get(names[0]))
+        if op == "qkv_parts":
+            _check_heads(t, names[0], shape[int(t["axis"])])
         spelling = t.get("spelling")
         if spelling is not None and spelling not in SPELLINGS.get(op, ()):
             raise AoaError(f"aoa: {op} has no spelling {spelling!r} (known: {', '.join(SPELLINGS.get(op, ()))})")
@@ -192,6 +198,19 @@ def _check_fusion(t: Mapping, members: list[tuple[str, tuple[int, ...]]], degree
         divided = [sizes[0]] if op == "ffn" else [int(t["heads"]), int(t["groups"])]
         if degree < 1 or any(n % degree for n in divided):
             raise AoaError(f"aoa: {op} of {names} at degree {degree}: the degree does not divide {divided}")
+
+
+def _check_heads(t: Mapping, name: str, size: int) -> None:
+    heads, groups = int(t["heads"]), int(t["groups"])
+    if heads < 1 or groups < 1 or heads % groups or size % (heads + 2 * groups):
+        raise AoaError(f"aoa: qkv_parts of {name!r}: {heads} query heads and {groups} key and value heads, heads a "
+                       f"multiple of groups, are not heads of one size along its axis ({size})")
+
+
+def _parts_sizes(t: Mapping, size: int) -> list[int]:
+    """Q's, K's and V's extents along a qkv_parts axis of the fused tensor's ``size``."""
+    head = size // (int(t["heads"]) + 2 * int(t["groups"]))
+    return [int(t["heads"]) * head, int(t["groups"]) * head, int(t["groups"]) * head]
 
 
 def _off_axis(values: Iterable[int], axis: int) -> tuple[int, ...]:
@@ -269,6 +288,9 @@ def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes:
             parts = {"star": f"{k}.aoa_part_*", "array": f"{k}.aoa_part[0:{int(t['parts'])}]"}.get(
                 spelling or "list", ", ".join(f"{k}.aoa_part_{i}" for i in range(int(t["parts"]))))
             out.append(f"{parts} -> {k}, axis={int(t['axis'])}")
+        elif op == "qkv_parts":
+            out.append(f"{', '.join(k + part for part in PARTS)} -> {k}, fused_qkv, num_heads={int(t['heads'])}, "
+                       f"num_key_value_groups={int(t['groups'])}, axis={int(t['axis'])}")
         else:
             macro = f", {MACROS[op]}" if op in MACROS else ""
             if op in ("qkv", "qkv_tp"):
@@ -340,6 +362,8 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
     if op == "cast":
         return [StoredPiece(name, ".aoa_f32", shape, "F32", region, widened(piece.dtype, piece.bits))]
     assert isinstance(region, Box)
+    if op == "qkv_parts":
+        return _parts_stored(t, name, piece)
     if op == "permute":
         inverse, stored_shape, box = _transposed(t["perm"], shape, region)
         return [StoredPiece(name, ".aoa_t", stored_shape, piece.dtype, box,
@@ -347,6 +371,28 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
     return [StoredPiece(name, f".aoa_part_{part}", part_shape, piece.dtype, box,
                         np.ascontiguousarray(piece.bits[take]))
             for part, part_shape, box, take in _parts(t, shape, region)]
+
+
+def _parts_stored(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
+    """Q's, K's and V's pieces of a rank's piece of the fused model tensor (whole along the axis): each member's
+    blocks, gathered in order."""
+    axis, region = int(t["axis"]), piece.region
+    assert isinstance(region, Box)
+    if region.shape[axis] != piece.global_shape[axis]:
+        raise AoaError(f"aoa: qkv_parts of {name!r}: a rank's piece must be whole along axis {axis}")
+    sizes, cut, at = _parts_sizes(t, piece.global_shape[axis]), [slice(None)] * len(region.shape), 0
+    gathered: list[list[np.ndarray]] = [[], [], []]
+    for member, start, stop in blocks({**t, "op": "qkv"}, sizes):
+        cut[axis] = slice(at, at + stop - start)
+        gathered[member].append(piece.bits[tuple(cut)])
+        at += stop - start
+    out = []
+    for member, part in enumerate(PARTS):
+        shape = tuple(sizes[member] if i == axis else n for i, n in enumerate(piece.global_shape))
+        extent = tuple(sizes[member] if i == axis else n for i, n in enumerate(region.shape))
+        out.append(StoredPiece(name, part, shape, piece.dtype, Box(region.offsets, extent),
+                               np.ascontiguousarray(np.concatenate(gathered[member], axis=axis))))
+    return out
 
 
 def _transposed(perm: Iterable[int], shape: tuple[int, ...], region: Box
@@ -433,6 +479,8 @@ def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tu
         return [Read(name + ".aoa_t", dtype, stored_shape, box)]
     if op in FUSIONS:
         return _fused_reads(t, name, dtype, global_shape, region, _degree(t, degrees))
+    if op == "qkv_parts":
+        return _parts_reads(t, name, dtype, global_shape, region)
     return [Read(f"{name}.aoa_part_{part}", dtype, part_shape, box)
             for part, part_shape, box, _ in _parts(t, global_shape, region)]
 
@@ -460,6 +508,24 @@ def _fused_reads(t: Mapping, name: str, dtype: str, global_shape: tuple[int, ...
     return out
 
 
+def _parts_reads(t: Mapping, name: str, dtype: str, global_shape: tuple[int, ...], region: Box) -> list[Read]:
+    """The regions of Q, K and V that make a piece of the fused model tensor: the blocks it meets, in the fused
+    order."""
+    axis = int(t["axis"])
+    sizes = _parts_sizes(t, global_shape[axis])
+    lo, hi = region.offsets[axis], region.offsets[axis] + region.shape[axis]
+    at, out = 0, []
+    for member, start, stop in blocks({**t, "op": "qkv"}, sizes):
+        a, b = max(lo, at), min(hi, at + stop - start)
+        if a < b:
+            shape = tuple(sizes[member] if i == axis else n for i, n in enumerate(global_shape))
+            offsets = tuple(start + a - at if i == axis else o for i, o in enumerate(region.offsets))
+            extent = tuple(b - a if i == axis else n for i, n in enumerate(region.shape))
+            out.append(Read(name + PARTS[member], dtype, shape, Box(offsets, extent)))
+        at += stop - start
+    return out
+
+
 def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Region,
              got: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
     """The model piece from the bits of its ``reads`` in order (``empty``: the piece's bits when no read is
@@ -470,7 +536,7 @@ def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Regio
         return got[0].view(np.float32).astype(np.float16).view(np.uint16)
     if op == "permute":
         return np.ascontiguousarray(np.transpose(got[0], t["perm"]))
-    if op == "concat" or op in FUSIONS:
+    if op in ("concat", "qkv_parts") or op in FUSIONS:
         return np.concatenate(got, axis=int(t["axis"])) if got else empty
     return got[0]
 

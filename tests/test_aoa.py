@@ -136,6 +136,28 @@ def test_every_load_piece_reads_back_what_the_fusion_stored(t, load_cuts) -> Non
             assert np.array_equal(aoa.assemble([t], name, "BF16", box, got, np.zeros(want.shape, np.uint16)), want)
 
 
+@pytest.mark.parametrize("save_cuts", [{}, {1: 3}])
+@pytest.mark.parametrize("load_cuts", [{}, {0: 2}, {0: 3, 1: 2}, {0: 8}])
+def test_a_fused_model_tensor_is_stored_as_its_parts_and_read_back(save_cuts, load_cuts) -> None:
+    """qkv_parts: the model holds Q, K, V fused (4 query heads in 2 groups, a head a row); the checkpoint holds the
+    parts apart, Q's heads in order, and any load piece of the fused tensor reads back from them."""
+    t = {"op": "qkv_parts", "name": "m/f", "heads": 4, "groups": 2, "axis": 0}
+    fused = np.array([[r * 10 + c for c in range(3)] for r in range(8)], np.uint16)
+    aoa.check([t], {"m/f": ("BF16", fused.shape)})
+    whole = _assembled([p for rank in _pieces("m/f", "BF16", fused, save_cuts) for p in aoa.stored([t], rank)])
+    rows = {k: list(v[:, 0] // 10) for k, v in whole.items()}  # the fused rows each part holds
+    assert rows == {"m/f.aoa_q": [0, 1, 4, 5], "m/f.aoa_k": [2, 6], "m/f.aoa_v": [3, 7]}
+    for box in _boxes(fused.shape, load_cuts):
+        got = [whole[r.key][tuple(slice(o, o + n) for o, n in zip(r.region.offsets, r.region.shape))]
+               for r in aoa.reads([t], "m/f", "BF16", fused.shape, box)]
+        want = fused[tuple(slice(o, o + n) for o, n in zip(box.offsets, box.shape))]
+        assert np.array_equal(aoa.assemble([t], "m/f", "BF16", box, got, np.zeros(want.shape, np.uint16)), want)
+    assert aoa.statements([t], lambda n: n.replace("/", "."), {}) == [
+        "m.f.aoa_q, m.f.aoa_k, m.f.aoa_v -> m.f, fused_qkv, num_heads=4, num_key_value_groups=2, axis=0"]
+    with pytest.raises(aoa.AoaError, match="heads of one size"):
+        aoa.check([{**t, "heads": 3, "groups": 3}], {"m/f": ("BF16", fused.shape)})
+
+
 def test_a_fusion_statement_names_its_macro_and_heads() -> None:
     key = lambda n: n.replace("/", ".")  # noqa: E731
     transforms = [{"op": "qkv", "names": ["m/q", "m/k", "m/v"], "axis": 1, "heads": 4, "groups": 2},
@@ -254,7 +276,7 @@ def test_p_aoa_draws_every_spelling() -> None:
     from harness.sut.paddle_dcp import PaddleDcpSut
     from properties.registry import property_cases
 
-    for op, spellings in [*aoa.SPELLINGS.items(), *((op, (None, None)) for op in aoa.FUSIONS)]:
+    for op, spellings in [*aoa.SPELLINGS.items(), *((op, (None, None)) for op in (*aoa.FUSIONS, "qkv_parts"))]:
         for spelling in spellings[1:]:
             find(property_cases("P-AOA", "paddle-dcp", 2, PaddleDcpSut.capabilities),
                  lambda c, o=op, sp=spelling: any(t["op"] == o and t.get("spelling") == sp for t in c.options["aoa"]),
@@ -311,12 +333,15 @@ def test_paddle_loads_through_every_spelling() -> None:
 @pytest.mark.multirank
 def test_paddle_loads_through_the_fused_macros() -> None:
     """fused_qkv (4 query heads in 2 key-value groups), fused_qkv_old and fused_ffn of a checkpoint saved by a
-    tensor-parallel job of degree 2 (its pieces cut along the other axis), loaded under other layouts."""
+    tensor-parallel job of degree 2 (its pieces cut along the other axis), loaded under other layouts; and
+    fused_qkv the other way, a fused model tensor whose checkpoint holds Q, K and V apart."""
     _paddle_judged(
         {"model/q": ("F32", [4, 4], "S1", "S0"), "model/k": ("F32", [2, 4], "S1", "R"),
          "model/v": ("F32", [2, 4], "S1", "S1"), "model/a": ("BF16", [8, 2], "S1", "S0"),
          "model/b": ("BF16", [4, 2], "S1", "R"), "model/c": ("BF16", [4, 2], "S1", "S0"),
-         "model/g": ("F32", [4, 6], "S1", "S0"), "model/u": ("F32", [4, 6], "S1", "R")},
+         "model/g": ("F32", [4, 6], "S1", "S0"), "model/u": ("F32", [4, 6], "S1", "R"),
+         "model/f": ("F32", [8, 2], "S1", "S0")},
         [{"op": "qkv", "names": ["model/q", "model/k", "model/v"], "axis": 0, "heads": 4, "groups": 2},
          {"op": "qkv_tp", "names": ["model/a", "model/b", "model/c"], "axis": 0, "heads": 4, "groups": 2},
-         {"op": "ffn", "names": ["model/g", "model/u"], "axis": 0}])
+         {"op": "ffn", "names": ["model/g", "model/u"], "axis": 0},
+         {"op": "qkv_parts", "name": "model/f", "axis": 0, "heads": 4, "groups": 2}])

@@ -65,7 +65,8 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
         transforms.append({**t, "names": names, "axis": axis})
     for name in sorted(set(tensors) - {n for t in transforms for n in t.get("names", ())}):
         boxed = not any(isinstance(layouts.get(name), Flat) for layouts in (save, load))
-        t = draw(st.one_of(st.none(), _transform(tensors[name], boxed)))
+        free = _free_axes(save[name], tensors[name].shape) if boxed and name in save else []
+        t = draw(st.one_of(st.none(), _transform(tensors[name], boxed, free)))
         if t is not None:
             transforms.append(t)
     if not transforms and tensors:
@@ -133,9 +134,10 @@ def _qkv(size: int, degree: int) -> st.SearchStrategy[dict]:
     return st.tuples(st.sampled_from(groups), st.sampled_from((1, 2, 3))).flatmap(lambda gr: spelled(*gr))
 
 
-def _transform(tensor: TensorCase, boxed: bool) -> st.SearchStrategy[dict]:
+def _transform(tensor: TensorCase, boxed: bool, free: list[int]) -> st.SearchStrategy[dict]:
     """The transformations one tensor can be stored through; ``boxed``: neither its save nor its load layout is
-    flattened (a flattened piece is a row-major range, not a box to transpose or cut)."""
+    flattened (a flattened piece is a row-major range, not a box to transpose or cut); ``free``: the axes its save
+    layout does not cut, along which it can be a Q, K, V fusion the checkpoint holds apart."""
     shape = tensor.shape
     out = [st.just({"op": "rename", "name": tensor.name})]
     if tensor.dtype in CASTS:
@@ -147,6 +149,11 @@ def _transform(tensor: TensorCase, boxed: bool) -> st.SearchStrategy[dict]:
     if boxed and splits:
         out.append(st.sampled_from(splits).map(
             lambda s: {"op": "concat", "name": tensor.name, "axis": s[0], "parts": s[1]}))
+    heads = [(axis, ratio * g, g) for axis in free for g in (1, 2, 3) for ratio in (1, 2, 3)
+             if shape[axis] and shape[axis] % (ratio * g + 2 * g) == 0]
+    if heads:
+        out.append(st.sampled_from(heads).map(
+            lambda h: {"op": "qkv_parts", "name": tensor.name, "axis": h[0], "heads": h[1], "groups": h[2]}))
     return st.one_of(out)
 
 
