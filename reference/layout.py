@@ -293,13 +293,17 @@ def replicated(mesh: Mesh) -> Sharded:
     return Sharded(mesh, tuple(Replicate() for _ in mesh.shape))
 
 
-def piece_count(layout: TensorLayout | None, shape: tuple[int, ...]) -> int:
-    """How many distinct pieces ``layout`` cuts a tensor of ``shape`` into, replicas counted once (a tensor
-    without a layout lives whole on rank 0: one piece)."""
+def pieces(layout: TensorLayout | None, shape: tuple[int, ...]) -> set[Region]:
+    """The distinct pieces ``layout`` cuts a tensor of ``shape`` into, replicas once (a tensor without a layout
+    lives whole on rank 0: one piece)."""
     if layout is None:
-        return 1
-    return len({piece.region for rank in range(layout.mesh.world_size)
-                if (piece := layout.local(shape, rank)) is not None})
+        return {Box((0,) * len(shape), tuple(shape))}
+    return {piece.region for rank in range(layout.mesh.world_size)
+            if (piece := layout.local(shape, rank)) is not None}
+
+
+def piece_count(layout: TensorLayout | None, shape: tuple[int, ...]) -> int:
+    return len(pieces(layout, shape))
 
 
 def whole_on_every_rank(layout: TensorLayout) -> bool:

@@ -35,7 +35,7 @@ from reference import aoa, nesting, producers
 from reference.aoa import AOA
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
-from reference.layout import TensorLayout, layout_from_json, piece_count
+from reference.layout import TensorLayout, layout_from_json, pieces
 from reference.nesting import EMPTY_DICTS, NESTED
 from reference.producers import PRODUCER
 from reference.tensor import Tensor
@@ -236,13 +236,18 @@ class Case:
 
     def check_aoa(self) -> None:
         """Raise reference.aoa.AoaError unless the case's AoA transformations fit its tensors, and each fusion's
-        degree under every layout a save runs under divides what it splits (a smaller mesh may not)."""
+        degree under every layout a save runs under divides what it splits (a smaller mesh may not) and counts
+        pieces that all hold elements (an empty piece makes the degree the checkpoint shows ambiguous)."""
         tensors = {t.name: (t.dtype, tuple(t.shape)) for t in self.tensors}
         saves = {self.op_layouts(i) for i, op in enumerate(self.ops) if op.kind == "save"}
         for which in sorted(saves or {"save"}):
             layouts = self.layouts(which)
-            aoa.check(self.options[AOA], tensors,
-                      aoa.degrees_of(self.options[AOA], lambda n, lay=layouts: piece_count(lay.get(n), tensors[n][1])))
+            cut = {n: pieces(layouts.get(n), tensors[n][1]) for n in aoa.degrees_of(self.options[AOA], lambda n: 0)}
+            empty = sorted(n for n, regions in cut.items() if any(r.numel == 0 for r in regions))
+            if empty:
+                raise aoa.AoaError(f"aoa: {empty[0]!r}'s {which} layout leaves a rank an empty piece: its fusion's "
+                                   "degree is ambiguous")
+            aoa.check(self.options[AOA], tensors, {n: len(regions) for n, regions in cut.items()})
 
     def op_layouts(self, index: int) -> str:
         """Which layouts (and world) op ``index`` runs under: the op's own ``layout`` where it names one; else loads
