@@ -207,6 +207,9 @@ def test_a_process_group_of_a_strict_subset_is_drawn_with_one_idle_rank() -> Non
     assert "load_merged_state_dict" in (PaddleDcpSut.refuses(_subset_case(2, 2, load_api="load_merged_state_dict"))
                                         or "")
     assert "worker groups" in (PaddleDcpSut.refuses(_subset_case(2, 2, comm_method="multi_group_broadcast")) or "")
+    # a training job's every rank holds the training state (rng, step): an idle rank would not (a nightly's P-RESUME)
+    trained = _drawn("P-RESUME", lambda c: c.options.get("process_group") == "subset")
+    assert "training job" in (PaddleDcpSut.refuses(trained) or "")
 
 
 @pytest.mark.multirank

@@ -297,7 +297,7 @@ class PaddleDcpSut(PaddleAdapter):
         if case.options.get("comm_method") == "parallel_broadcast" and case.options.get("tensor_kind") == \
                 "dist_from_local":  # its resharder asserts "All sharded weights must be ShardedWeight type."
             return "parallel_broadcast loads ShardedWeights only (docs/paddle-notes.md)"
-        refused = _subset_refused(case.options)
+        refused = _subset_refused(case)
         lone_group = [i for i, op in enumerate(case.ops) if op.kind in ("save", "load") and idle_ranks(case.options)
                       and case.world_size(case.op_layouts(i)) - idle_ranks(case.options) == 1]
         if refused or lone_group:  # Paddle: a group of fewer than 2 ranks has no members (Group.is_member)
@@ -495,12 +495,16 @@ def _load_arguments(options: dict) -> dict[str, Any]:
             "mw_name_compatibility": options.get("mw_names") != "off"}
 
 
-def _subset_refused(options: dict) -> str | None:
+def _subset_refused(case: Any) -> str | None:
     """What a process group of a subset of the job is not modelled with: the calls that take no process_group
     (load_merged_state_dict, merge_sharded_state_dict), worker groups and full_param's groups, which this adapter
-    makes over the whole job, and a producer's model, whose fleet groups are the whole job's."""
+    makes over the whole job, a producer's model, whose fleet groups are the whole job's, and a training job, whose
+    every rank holds the training state (its rng, its step) that an idle rank would not."""
+    options = case.options
     if not idle_ranks(options):
         return None
+    if case.training is not None:
+        return "a training job on a process group of a subset of the job"
     if options.get("load_api", "load_state_dict") != "load_state_dict":
         return f"load_api {options['load_api']} on a process group of a subset of the job"
     if options.get("comm_method") in ("multi_group_broadcast", "parallel_broadcast"):
