@@ -246,10 +246,15 @@ def member_sizes(t: Mapping, name: str, size: int) -> list[int]:
     return [heads * head, groups * head, groups * head]
 
 
+def degreed_leads(transforms: Iterable[Mapping]) -> list[str]:
+    """The first member of each fusion whose block order follows a degree: the name its degree is kept under."""
+    return [t["names"][0] for t in transforms if t["op"] in DEGREED]
+
+
 def degrees_of(transforms: Iterable[Mapping], pieces: Callable[[str], int]) -> dict[str, int]:
     """Each degreed fusion's degree, under its first member's name: ``pieces(name)``, how many distinct pieces
     the checkpoint holds (or the save layout gives) of that member, which the fused tensor has too."""
-    return {t["names"][0]: pieces(t["names"][0]) for t in transforms if t["op"] in DEGREED}
+    return {lead: pieces(lead) for lead in degreed_leads(transforms)}
 
 
 def _degree(t: Mapping, degrees: Mapping[str, int] | None) -> int:

@@ -97,11 +97,8 @@ def _fusable(tensors: dict[str, TensorCase], save: dict[str, TensorLayout],
 
 def _holds(layout: TensorLayout | None, shape: tuple[int, ...]) -> bool:
     """Whether ``layout`` can place a tensor of ``shape`` on every rank of its mesh."""
-    if layout is None:
-        return True
     try:
-        for rank in range(layout.mesh.world_size):
-            layout.local(shape, rank)
+        pieces(layout, shape)
     except LayoutError:
         return False
     return True

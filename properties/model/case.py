@@ -242,7 +242,7 @@ class Case:
         saves = {self.op_layouts(i) for i, op in enumerate(self.ops) if op.kind == "save"}
         for which in sorted(saves or {"save"}):
             layouts = self.layouts(which)
-            cut = {n: pieces(layouts.get(n), tensors[n][1]) for n in aoa.degrees_of(self.options[AOA], lambda n: 0)}
+            cut = {n: pieces(layouts.get(n), tensors[n][1]) for n in aoa.degreed_leads(self.options[AOA])}
             empty = sorted(n for n, regions in cut.items() if any(r.numel == 0 for r in regions))
             if empty:
                 raise aoa.AoaError(f"aoa: {empty[0]!r}'s {which} layout leaves a rank an empty piece: its fusion's "
