@@ -4,10 +4,11 @@ are claimed, that strategies reach each, and which the virtual world leaves to r
 from __future__ import annotations
 
 import pytest
-from hypothesis import find, settings
+from hypothesis import find, given, settings
 
 from harness.sut.paddle_dcp import (
     COMM_METHODS,
+    GRID_WORLDS,
     LOAD_APIS,
     MW_NAMES,
     VIRTUAL_COMM,
@@ -15,7 +16,7 @@ from harness.sut.paddle_dcp import (
     _grid,
     state_key,
 )
-from properties.generate.cases import Caps, in_same_dir, unmet_choices_dropped
+from properties.generate.cases import Caps, in_same_dir, load_world_of, unmet_choices_dropped
 from properties.model.case import Case, idle_ranks
 from properties.registry import property_cases
 
@@ -131,6 +132,37 @@ def test_parallel_broadcast_runs_on_a_grid_of_groups_of_sharded_weights() -> Non
                 settings=settings(max_examples=600, database=None))
     assert PaddleDcpSut.refuses(_with(four, tensor_kind="sharded_weight")) is None
     assert "ShardedWeights only" in PaddleDcpSut.refuses(_with(four, tensor_kind="dist_from_local"))
+
+
+@pytest.mark.parametrize("prop", ["P-RESHARD", "P-RESUME", "P-LIFECYCLE", "P-MODEL", "P-MOE"])
+def test_parallel_broadcast_loads_are_drawn_on_worlds_with_a_grid(prop: str) -> None:
+    """"load_world:": the strategies draw a parallel_broadcast load's world among those with a grid, so on 4 ranks a
+    drawn case runs; a case of another communicator still loads on any world of 1..4 ranks."""
+    assert GRID_WORLDS[:3] == (4, 6, 8) and Caps(PaddleDcpSut.capabilities).load_worlds == {
+        ("comm_method", "parallel_broadcast"): set(GRID_WORLDS)}
+    gridded = find(property_cases(prop, "paddle-dcp", 4, PaddleDcpSut.capabilities),
+                   lambda c: c.options.get("comm_method") == "parallel_broadcast" and c.options.get("load_api")
+                   in (None, "load_state_dict") and c.options.get("tensor_kind") != "dist_from_local"
+                   and not idle_ranks(c.options), settings=settings(max_examples=2000, database=None))
+    assert all(gridded.world_size(gridded.op_layouts(i)) == 4 for i, op in enumerate(gridded.ops) if op.kind == "load")
+    assert PaddleDcpSut.refuses(gridded) is None
+    other = find(property_cases(prop, "paddle-dcp", 4, PaddleDcpSut.capabilities),
+                 lambda c: c.options.get("comm_method") == "broadcast"
+                 and any(c.world_size(c.op_layouts(i)) < 4 for i, op in enumerate(c.ops) if op.kind == "load"),
+                 settings=settings(max_examples=2000, database=None))
+    assert other.options["comm_method"] == "broadcast"
+
+
+@given(load_world_of(Caps({"load_world:4@mode=grid", "load_world:6@mode=grid"}), {"mode": "grid"}, 6))
+def test_a_load_world_is_one_its_options_allow(size: int) -> None:
+    assert size in (4, 6)
+
+
+def test_a_load_world_no_size_fits_is_any_and_then_refused() -> None:
+    """Where no claimed size fits the job (a parallel_broadcast case on 2 ranks), any world is drawn: the SUT
+    refuses the case, as it says why."""
+    assert {find(load_world_of(Caps({"load_world:4@mode=grid"}), {"mode": "grid"}, 2), lambda n, m=m: n == m)
+            for m in (1, 2)} == {1, 2}
 
 
 def test_a_merge_into_a_hugging_face_checkpoint_is_drawn_where_it_can_merge() -> None:

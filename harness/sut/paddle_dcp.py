@@ -60,9 +60,25 @@ class DcpHandle:
 
 # load_state_dict's communicators: every one must load the same bits. parallel_broadcast reshards within a grid of
 # horizontal and vertical groups (and across a parallel group of such grids, which a world this harness launches
-# on CPU never has: that needs 8 ranks); the grid is the one _grid draws, so it needs a world of 4 ranks or more
-# that is not prime.
+# on CPU never has: that needs 8 ranks); the grid is the one _grid draws, so its loads run on the worlds that have
+# one (GRID_WORLDS: 4 ranks or more, not prime), and the strategies draw those ("load_world:").
 COMM_METHODS = ("broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast", "parallel_broadcast")
+
+
+def _rows(size: int) -> list[tuple[int, ...]]:
+    """The world's ranks as rows of its largest proper divisor (one row when its size is prime)."""
+    row = max((d for d in range(2, size) if size % d == 0), default=size)
+    return [tuple(range(start, start + row)) for start in range(0, size, row)]
+
+
+def _grid(size: int) -> list[tuple[int, ...]] | None:
+    """``_rows`` where both its rows and its columns have 2 ranks or more, else None."""
+    rows = _rows(size) if size > 1 else []
+    return rows if len(rows) > 1 and len(rows[0]) > 1 else None
+
+
+GRID_WORLDS = tuple(size for size in range(1, 17) if _grid(size))
+
 VIRTUAL_COMM = ("broadcast",)  # the virtual world emulates collectives, not point-to-point sends or sub-groups
 # coordinator_rank of both calls: Paddle's default, and the world's last rank (-1, resolved per op's world).
 COORDINATORS = (0, -1)
@@ -95,6 +111,7 @@ class PaddleDcpSut(PaddleAdapter):
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "same_dir", "save_replicas", "empty_state",
          "split_families", "virtual", "nested"}
         | {f"choice:comm_method={m}" for m in COMM_METHODS}
+        | {f"load_world:{size}@comm_method=parallel_broadcast" for size in GRID_WORLDS}
         | {f"choice:coordinator_rank={r}" for r in COORDINATORS}
         | {f"choice:mw_names={m}" for m in MW_NAMES}
         | {f"choice:load_api={a}" for a in LOAD_APIS}
@@ -586,18 +603,6 @@ def _full_param_groups(choice: str) -> dict[str, Any]:
     """``full_param``'s group arguments for FULL_PARAM_GROUPS' ``choice``: none, or the rank's row and column of
     ``_rows`` (a world of prime size is one row of columns of one rank: the assembler's one-dimensional path)."""
     return {} if choice == "world" else _grid_groups()
-
-
-def _rows(size: int) -> list[tuple[int, ...]]:
-    """The world's ranks as rows of its largest proper divisor (one row when its size is prime)."""
-    row = max((d for d in range(2, size) if size % d == 0), default=size)
-    return [tuple(range(start, start + row)) for start in range(0, size, row)]
-
-
-def _grid(size: int) -> list[tuple[int, ...]] | None:
-    """``_rows`` where both its rows and its columns have 2 ranks or more, else None."""
-    rows = _rows(size) if size > 1 else []
-    return rows if len(rows) > 1 and len(rows[0]) > 1 else None
 
 
 def _grid_groups() -> dict[str, Any]:

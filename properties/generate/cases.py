@@ -60,6 +60,14 @@ class Caps:
                 if when:
                     other, _, wanted = when.partition("=")
                     self.choice_when[key] = (other, _value(wanted))
+        # "load_world:N@KEY=V": where option KEY is V, a load runs on a world of N ranks (one of the Ns listed), as
+        # a communicator that reshards within a grid of groups needs a world that has one
+        self.load_worlds: dict[tuple[str, object], set[int]] = {}
+        for c in self.caps:
+            if c.startswith("load_world:"):
+                size, _, when = c.split(":", 1)[1].partition("@")
+                key, _, value = when.partition("=")
+                self.load_worlds.setdefault((key, _value(value)), set()).add(int(size))
         # how the SUT's own training loop behaves where loops differ (reference.training.TrainingSpec fields)
         self.training: dict[str, str | int] = {}
         for c in self.caps:
@@ -93,6 +101,17 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
     for key, values in caps.choices.items():
         out[key] = draw(st.sampled_from(values))
     return unmet_choices_dropped(out, caps)
+
+
+@st.composite
+def load_world_of(draw, caps: Caps, opts: dict, ranks: int) -> int:
+    """A load's world of 1..``ranks`` ranks, among those that every drawn option fixing it allows ("load_world:");
+    any where none of them fits, which the SUT then refuses."""
+    fits = [n for n in range(1, ranks + 1)
+            if all(n in sizes for (key, value), sizes in caps.load_worlds.items() if opts.get(key) == value)]
+    if not fits or len(fits) == ranks:
+        return draw(st.integers(1, ranks))
+    return draw(st.sampled_from(fits))
 
 
 def unmet_choices_dropped(opts: dict, caps: Caps) -> dict:
@@ -200,10 +219,10 @@ def _save_load(version: int = 0, name: str = "step-1", use_async: bool = False, 
 def cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str] = ()) -> Case:
     """One case for ``prop``: saves run on ``ranks`` ranks; loads reshard onto 1..ranks ranks if the SUT can."""
     caps = Caps(capabilities)
-    save_mesh = draw(mesh_of(ranks))
-    load_mesh = draw(mesh_of(draw(st.integers(1, ranks)))) if caps.reshard else save_mesh
-    seed = draw(st.integers(0, 2**16))
     opts = draw(options(caps))
+    save_mesh = draw(mesh_of(ranks))
+    load_mesh = draw(mesh_of(draw(load_world_of(caps, opts, ranks)))) if caps.reshard else save_mesh
+    seed = draw(st.integers(0, 2**16))
     flat_ok = "flat" in caps.caps
 
     def same_or_other(tensors, allow_flat=flat_ok):
@@ -265,7 +284,7 @@ def _moe_case(draw, sut: str, ranks: int, caps: Caps, seed: int, opts: dict) -> 
     """Experts on a (dp, ep) mesh of ``ranks`` ranks, loaded on another EP degree (global ids must hold)."""
 
     save_mesh = draw(ep_meshes(ranks))
-    load_mesh = draw(ep_meshes(draw(st.integers(1, ranks)))) if caps.reshard else save_mesh
+    load_mesh = draw(ep_meshes(draw(load_world_of(caps, opts, ranks)))) if caps.reshard else save_mesh
     lcm = save_mesh.shape[1] * load_mesh.shape[1]
     experts = lcm * draw(st.integers(1, 2))
     encoding = draw(st.sampled_from(("stacked", "keyed")))

@@ -22,7 +22,16 @@ from hypothesis import strategies as st
 from faults.corrupt import KINDS as CORRUPTIONS
 from faults.spec import Fault, PointFault, PowerFault
 from faults.strace import ERRNO_NAMES
-from properties.generate.cases import MAX_VERSIONS, Caps, _layouts_for, in_same_dir, mesh_of, options, tensor_cases
+from properties.generate.cases import (
+    MAX_VERSIONS,
+    Caps,
+    _layouts_for,
+    in_same_dir,
+    load_world_of,
+    mesh_of,
+    options,
+    tensor_cases,
+)
 from properties.generate.fault_cases import has_latest
 from properties.model.case import Case, Op
 
@@ -191,9 +200,10 @@ def lifecycle_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterabl
     caps = Caps(capabilities)
     save_mesh = draw(mesh_of(ranks))
     tensors = draw(tensor_cases(caps, max_tensors=3, min_tensors=1))
-    save = draw(_layouts_for(tensors, save_mesh, caps))
-    load = draw(_layouts_for(tensors, draw(mesh_of(draw(st.integers(1, ranks)))), caps)) if caps.reshard else save
     opts = draw(options(caps, rotation=True))
+    save = draw(_layouts_for(tensors, save_mesh, caps))
+    load = draw(_layouts_for(tensors, draw(mesh_of(draw(load_world_of(caps, opts, ranks)))), caps)) if caps.reshard \
+        else save
     if "same_dir" in caps.caps and draw(st.booleans()):  # versions of one directory: the SUT's own "latest"
         opts = in_same_dir(opts)
     model = JobModel(caps.caps, has_latest(caps.caps, opts), load != save)

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
-from properties.generate.cases import Caps, options
+from properties.generate.cases import Caps, load_world_of, options
 from properties.model.case import Case, Op, TensorCase
 from reference import producers
 from reference.producers import LAYERS, PARAM_DTYPES, PRODUCER
@@ -22,8 +22,9 @@ _LEFT_OUT = ("tensor_kind", "nested", "empty_dicts", "mw_names", "load_api", "fu
 @st.composite
 def producer_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]) -> Case:
     caps = Caps(capabilities)
+    opts = {k: v for k, v in draw(options(caps)).items() if k not in _LEFT_OUT}
     save_world = draw(st.integers(1, ranks))
-    load_world = draw(st.integers(1, ranks)) if caps.reshard else save_world
+    load_world = draw(load_world_of(caps, opts, ranks)) if caps.reshard else save_world
     unit = math.lcm(save_world, load_world)
     layers = tuple(draw(st.lists(st.sampled_from(LAYERS), min_size=1, max_size=len(LAYERS), unique=True)))
     dtype = draw(st.sampled_from([d for d in PARAM_DTYPES if d in caps.dtypes] or list(PARAM_DTYPES)))
@@ -33,7 +34,6 @@ def producer_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
                               optimizer=draw(st.booleans()))
     tensors = tuple(TensorCase(name, dt, shape, draw(st.integers(0, 2**16)))
                     for name, (dt, shape) in sorted(given.items()))
-    opts = {k: v for k, v in draw(options(caps)).items() if k not in _LEFT_OUT}
     opts[PRODUCER] = "tp"
     return Case(prop, sut, tensors,
                 {n: producers.layout(n, save_world).to_json() for n in sorted(given)},

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from hypothesis import strategies as st
 
-from properties.generate.cases import Caps, ep_meshes, mesh_of, options
+from properties.generate.cases import Caps, ep_meshes, load_world_of, mesh_of, options
 from properties.generate.fault_cases import faults, has_latest
 from properties.generate.layouts import shapes, sharded_layouts
 from properties.model.case import Case, Op, TensorCase
@@ -85,11 +85,11 @@ def _state_layouts(params: dict[str, TensorLayout], mesh: Mesh) -> dict[str, dic
 
 
 @st.composite
-def _layouts(draw, caps: Caps, ranks: int, moe: bool):
+def _layouts(draw, caps: Caps, ranks: int, moe: bool, opts: dict):
     """(parameters, save layouts, load layouts): dense parameters on any mesh, or DP-MoE on (dp, ep) meshes where
     the experts keep their global ids across EP degrees."""
     save_world = ranks
-    load_world = draw(st.integers(1, ranks)) if caps.reshard else ranks
+    load_world = draw(load_world_of(caps, opts, ranks)) if caps.reshard else ranks
     flat_ok = "flat" in caps.caps
     dense = draw(_dense_params(caps, min_params=0 if moe else 1))
     if not moe:
@@ -130,8 +130,8 @@ def training_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
     save after the first one (a fault drawn as P-ATOMIC draws it) and resume from whatever loads."""
     caps = Caps(capabilities)
     moe = "moe" in caps.caps and (prop == "P-COVER" or draw(st.booleans()))
-    params, save, load = draw(_layouts(caps, ranks, moe))
     opts = draw(options(caps))
+    params, save, load = draw(_layouts(caps, ranks, moe, opts))
     if "split_families" in caps.caps and draw(st.booleans()):  # one checkpoint per family, a kind for each
         opts["split_families"] = True
         if caps.tensor_kinds:

@@ -4,7 +4,7 @@ lacks a float8 kernel the collective needs. Such chunks travel as a same-width v
 bits and memory; what an all-gather returns is viewed back as the chunk's dtype."""
 
 from harness.fixes.patch import Fix, Hunk
-from harness.fixes.resharding.paddle_dcp_broadcast_wire_dtype import WIRE
+from harness.fixes.communicating.paddle_dcp_broadcast_wire_dtype import WIRE
 
 _MODULE = "paddle.distributed.flex_checkpoint.dcp.full_param"
 

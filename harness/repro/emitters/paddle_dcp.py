@@ -12,6 +12,7 @@ from harness.repro.emitters.nesting_text import NESTING
 from harness.repro.render import HOLD_PROCESSES
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 from harness.sut.paddle_dcp import state_key
+from properties.model.case import PROCESS_GROUP
 from reference import aoa
 
 FRAMEWORK = "paddle"
@@ -26,6 +27,8 @@ RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "uni
 def settings(scripted: ScriptedCase) -> str:
     options = scripted.options
     unknown = sorted(set(options) - INERT - RENDERED)
+    if options.get(PROCESS_GROUP) == "world":  # Paddle's default group: the script passes none
+        unknown.remove(PROCESS_GROUP)
     if unknown:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
     kind = options.get("tensor_kind", "sharded_weight")

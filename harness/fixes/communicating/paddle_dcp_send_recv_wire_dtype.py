@@ -5,7 +5,7 @@ shares their bits and memory. A target left without memory (an AoA temporary) is
 CPU Paddle lacks for float8; ``zeros`` of its shape and dtype has a kernel."""
 
 from harness.fixes.patch import Fix, Hunk
-from harness.fixes.resharding.paddle_dcp_broadcast_wire_dtype import WIRE
+from harness.fixes.communicating.paddle_dcp_broadcast_wire_dtype import WIRE
 
 _MODULE = "paddle.distributed.flex_checkpoint.dcp.reshard_comm"
 
