@@ -3,8 +3,8 @@ did before their workarounds: gloo carries neither int16 nor float8, so a rank e
 lacks a float8 kernel the collective needs. Such chunks travel as a same-width view gloo carries, which shares their
 bits and memory; what an all-gather returns is viewed back as the chunk's dtype."""
 
-from harness.fixes.patch import Fix, Hunk
 from harness.fixes.communicating.paddle_dcp_broadcast_wire_dtype import WIRE
+from harness.fixes.patch import Fix, Hunk
 
 _MODULE = "paddle.distributed.flex_checkpoint.dcp.full_param"
 

@@ -4,8 +4,8 @@ dtype, as the broadcast did before its workaround: gloo carries neither int16 no
 shares their bits and memory. A target left without memory (an AoA temporary) is given it by ``zeros_like``, which
 CPU Paddle lacks for float8; ``zeros`` of its shape and dtype has a kernel."""
 
-from harness.fixes.patch import Fix, Hunk
 from harness.fixes.communicating.paddle_dcp_broadcast_wire_dtype import WIRE
+from harness.fixes.patch import Fix, Hunk
 
 _MODULE = "paddle.distributed.flex_checkpoint.dcp.reshard_comm"
 
