@@ -2,8 +2,9 @@
 advances (``ProcessGroupGloo::next_tag``). A send meets its recv only where both ranks made as many ops on the group
 before it, so with three ranks or more the point-to-point communicators (``send_recv``, ``grouped_send_recv``) wait
 forever as soon as one rank sent to another before sending to a third: a checkpoint saved on one rank and loaded
-across three times out in gloo. The counter is C++; the workaround moves each chunk that changes rank with a
-broadcast from its source over the load's group, in which every rank takes part, so the counters stay level."""
+across three times out in gloo. The counter is C++; on a gloo group of three ranks or more the workaround moves
+each chunk that changes rank with a broadcast from its source over the load's group, in which every rank takes
+part, so the counters stay level. Two ranks keep their sends: every op there is the pair's."""
 
 from harness.fixes.patch import Fix, Hunk
 
@@ -11,10 +12,11 @@ _MODULE = "paddle.distributed.flex_checkpoint.dcp.reshard_comm"
 
 # Where the chunks of a batch move: over gloo, a broadcast of each (in its wire dtype) from its source.
 _BROADCASTS = (
-    "        if dist.get_backend(group) == \"GLOO\":\n"
-    "            # gloo tags sends and recvs with one counter per group: a pair's\n"
-    "            # tags part as soon as a rank sent to another, so every rank\n"
-    "            # takes part in moving each chunk, a broadcast from its source.\n"
+    "        ranks = dist.get_world_size() if group is None else group.nranks\n"
+    "        if ranks > 2 and dist.get_backend(group) == \"GLOO\":\n"
+    "            # gloo tags sends and recvs with one counter per group: with a\n"
+    "            # third rank, a pair's tags part as soon as a rank sent to another,\n"
+    "            # so every rank takes part in moving each chunk: a broadcast.\n"
     "            for item in batch_data.read_items:\n"
     "                if all(rank == item.src_rank for rank in item.dst_rank):\n"
     "                    continue\n"

@@ -1,8 +1,8 @@
 """paddle-dcp: hang in P-RESHARD (paddle-gloo-new-group-race)
 
-The candidate fix (paddle-gloo-new-group-serialised), written by ckpt-harness: ``bash run.sh --with-fix`` runs the
-repro with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change as a
-patch of the framework's source."""
+The candidate fix (paddle-gloo-group-own-store), written by ckpt-harness: ``bash run.sh --with-fix`` runs the repro
+with it, repro.py calling ``apply()`` in every process before its first step. fix.diff is the same change as a patch
+of the framework's source."""
 
 import __future__
 
@@ -192,9 +192,26 @@ PATCHES = [
         ranks = sorted(ranks)
         if size > 1 and global_rank in ranks:
             rank = 0 if backend == 'heter' else ranks.index(global_rank)
+            group_store = _default_store
+            if (backend or _default_backend) == 'gloo':  # its mesh would meet on the world's keys
+                import socket
+
+                key = f'gloo_group_store/{gid}'
+                if rank == 0:
+                    host = _get_global_env().current_endpoint.split(':')[0]
+                    with socket.socket() as probe:
+                        probe.bind((host, 0))
+                        port = probe.getsockname()[1]
+                    _default_store.set(key, f'{host}:{port}'.encode())
+                    group_store = core.TCPStore(host, port, True, size)
+                else:
+                    where = bytes(_default_store.get(key)).decode()
+                    host, port = where.rsplit(':', 1)
+                    group_store = core.TCPStore(host, int(port), False, size)
+                globals().setdefault('_gloo_group_stores', {})[gid] = group_store
             pg = _new_process_group_impl(
                 backend,
-                _default_store,
+                group_store,
                 rank,
                 size,
                 group_name,
@@ -206,8 +223,6 @@ PATCHES = [
         else:
             rank = -1
             pg = None
-        if size > 1 and (backend or _default_backend) == 'gloo':  # its mesh's store keys are the world's
-            paddle.distributed.barrier()
         group = Group(rank, gid, ranks, pg=pg, name=group_name)
         _group_map_by_name[group_name] = group
         _group_map[gid] = group
@@ -284,11 +299,14 @@ def apply():
     if _APPLIED:
         return
     for module, qualname, digest, source in PATCHES:
-        owner, _, original = target(module, qualname)
+        owner, _, current = target(module, qualname)
+        original = getattr(current, ORIGINAL_ATTR, current)  # needs.py may have patched it first
         found = source_digest(inspect.getsource(original))
         if found != digest:
             print(f"STALE FIX: {module}.{qualname} is not the source this fix was written against (sha256 {found}, "
                   f"expected {digest}): the installed framework changed there", flush=True)
             sys.exit(3)
-        rebind(original, compiled(original, source, owner, f"<fix.py: {module}.{qualname}>"))
+        patched = compiled(original, source, owner, f"<fix.py: {module}.{qualname}>")
+        setattr(patched, ORIGINAL_ATTR, original)
+        rebind(current, patched)
     _APPLIED.append(True)

@@ -154,10 +154,11 @@ PATCHES = [
             return tensor if wire is None else tensor.view(wire)
 
         p2p_ops = []
-        if dist.get_backend(group) == "GLOO":
-            # gloo tags sends and recvs with one counter per group: a pair's
-            # tags part as soon as a rank sent to another, so every rank
-            # takes part in moving each chunk, a broadcast from its source.
+        ranks = dist.get_world_size() if group is None else group.nranks
+        if ranks > 2 and dist.get_backend(group) == "GLOO":
+            # gloo tags sends and recvs with one counter per group: with a
+            # third rank, a pair's tags part as soon as a rank sent to another,
+            # so every rank takes part in moving each chunk: a broadcast.
             for item in batch_data.read_items:
                 if all(rank == item.src_rank for rank in item.dst_rank):
                     continue

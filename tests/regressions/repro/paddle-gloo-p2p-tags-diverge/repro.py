@@ -1,6 +1,6 @@
 """paddle-dcp: loud-failure in P-RESHARD (paddle-gloo-p2p-tags-diverge)
 
-load_state_dict(comm_method='send_recv') onto 3 gloo ranks (an F32 [3] tensor saved whole on 1 rank, loaded split along axis 0) times out in gloo on every rank (TIMEOUT self_rank = 0 pair_rank = 2); grouped_send_recv fails the same way.
+load_state_dict(comm_method='send_recv') onto 3 gloo ranks (an F32 [3] tensor saved whole on 1 rank, loaded split along axis 0) times out in gloo on every rank (TIMEOUT self_rank = 0 pair_rank = 2; at times a rank then aborts in gloo's pair, `ex_ == nullptr`); grouped_send_recv fails the same way.
 
 Standalone reproduction written by ckpt-harness from ckpt-harness finding paddle-gloo-p2p-tags-diverge.json. Run ``bash run.sh``: it starts each launch below with fresh processes. The script prints BUG / EXPECTED / ACTUAL and exits 1 while the bug is there; every rank exits 0 once it is fixed.
 """
