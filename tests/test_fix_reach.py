@@ -207,3 +207,26 @@ def test_a_process_a_rank_spawns_takes_the_watch_up_again(tmp_path: Path, monkey
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"]
+
+
+def test_a_patched_function_s_run_counts_toward_its_own_file(toy) -> None:
+    """A fix's function reports the original file's lines (an edit's lines as the first line it replaced), so the
+    coverage of a round with fixes applied still counts the framework's lines its patched functions ran."""
+    import coverage
+
+    fix = _fix(toy, "pos", "pick", '        return "pos"\n', '        y = "POS"\n        return y\n')
+    path = inspect.getsourcefile(toy)
+    first = inspect.getsourcelines(toy.pick)[1]
+    cov = coverage.Coverage(data_file=None, include=[path], config_file=False)
+    fix.apply()
+    try:
+        cov.start()
+        try:
+            result = toy.pick(1)
+        finally:
+            cov.stop()
+    finally:
+        fix.revert()
+    assert result == "POS"
+    ran = set(cov.get_data().lines(path) or ())
+    assert {first + 1, first + 2} <= ran and first + 3 not in ran  # the test, the replaced return; not the other

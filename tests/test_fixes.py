@@ -134,10 +134,10 @@ def test_fixes_of_one_function_compose_and_revert_one_by_one() -> None:
     try:
         apply_fixes(["paddle-dcp-failed-load-clears-metadata", "paddle-dcp-flatten-0d",
                      "paddle-dcp-unflatten-world-of-one"])
-        both = clears.hunks[0].current()
-        source = "".join(__import__("linecache").getlines(both.__code__.co_filename))
-        assert "_metadata_manager.clear()\n        use_dist" in source  # both fixes' edits, in one function
-        assert "\n        _finish_unflatten(flat_shards, padding_info)" in source
+        hunk = clears.hunks[0]
+        source = hunk.patched_source(hunk.applied(), "paddle-dcp-failed-load-clears-metadata")  # what is bound
+        assert "_metadata_manager.clear()\n    use_dist" in source  # both fixes' edits, in one function
+        assert "\n    _finish_unflatten(flat_shards, padding_info)" in source
         clears.revert()
         assert not clears.applied() and unflattens.applied()
         assert [who for who, _ in clears.hunks[0].applied()] == ["paddle-dcp-unflatten-world-of-one"]

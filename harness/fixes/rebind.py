@@ -5,6 +5,7 @@ carries this module's text, so a maintainer's run applies a fix exactly as the h
 
 import __future__
 
+import ast
 import contextlib
 import hashlib
 import importlib
@@ -35,18 +36,34 @@ def target(module: str, qualname: str) -> tuple[object, str, Callable]:
     return owner, name, func.__func__ if isinstance(func, staticmethod) else func
 
 
-def compiled(original: Callable, source: str, owner: object, filename: str) -> Callable:
+def compiled(original: Callable, source: str, owner: object, filename: str, lines: list | None = None) -> Callable:
     """``source`` (the function's whole text) compiled in ``original``'s module globals, so it sees what the original
     sees. A method calling super() closes over its class: it is compiled inside a function that binds ``__class__``
     to ``owner``. It is compiled under the original's own ``__future__`` annotations, so annotations the module leaves
-    unevaluated stay so. ``filename`` names it in tracebacks, which show its lines."""
+    unevaluated stay so. ``filename`` names it in tracebacks, which show its lines; with ``lines`` (the line of
+    ``filename`` each line of ``source`` stands for), ``filename`` is the original's own file and the code reports
+    those lines, so a line tracer (coverage) counts the patched function's run toward the framework's file."""
     inner = inspect.unwrap(original)  # a decorated function: its decorators are in ``source`` and apply again
     body = textwrap.indent(textwrap.dedent(source), "    ")
     factory = f"def __ckpt_factory__(__class__):\n{body}    return {inner.__name__}\n"
-    linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
+    tree = ast.parse(factory, filename)
+    if lines:  # the factory's line n + 2 is the source's line n (from 0); its own two lines stand for the first
+        def line(n: int) -> int:
+            return lines[min(max(n - 2, 0), len(lines) - 1)]
+
+        for node in ast.walk(tree):
+            if getattr(node, "lineno", None) is None:
+                continue
+            node.lineno = line(node.lineno)
+            if getattr(node, "end_lineno", None) is not None:  # an edit may fold a node's span onto one line
+                node.end_lineno = max(line(node.end_lineno), node.lineno)
+                if node.end_lineno == node.lineno and node.end_col_offset is not None:
+                    node.end_col_offset = max(node.end_col_offset, node.col_offset)
+    else:
+        linecache.cache[filename] = (len(factory), None, factory.splitlines(True), filename)
     namespace: dict = {}
     lazy = inner.__code__.co_flags & __future__.annotations.compiler_flag
-    exec(compile(factory, filename, "exec", flags=lazy, dont_inherit=True), inner.__globals__, namespace)
+    exec(compile(tree, filename, "exec", flags=lazy, dont_inherit=True), inner.__globals__, namespace)
     func = namespace["__ckpt_factory__"](owner)
     func.__qualname__, func.__module__ = original.__qualname__, original.__module__
     return func
