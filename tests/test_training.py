@@ -147,7 +147,7 @@ def test_a_slice_trained_alone_is_the_slice_of_the_whole_run(data) -> None:
     rank training its own pieces from the seeds — and from a resharded checkpoint — gets the oracle's bits."""
     caps = Caps(REFERENCE_CAPS)
     ranks = data.draw(st.integers(1, 4))
-    tensors, save, load = data.draw(_layouts(caps, ranks, data.draw(st.booleans())))
+    tensors, save, load = data.draw(_layouts(caps, ranks, data.draw(st.booleans()), {}))
     spec = TrainingSpec.from_json(data.draw(specs()))
     params = tuple(Param(t.name, t.dtype, t.shape, t.seed) for t in tensors)
     s, n = data.draw(st.integers(0, 4)), data.draw(st.integers(0, 4))
