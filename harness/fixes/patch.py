@@ -82,13 +82,11 @@ class Hunk:
         if not stack:
             return original
         source = self.patched_source(stack, fix_id)
+        # its run counts toward the framework's own lines (coverage of a patched function) where its file is known
         path = inspect.getsourcefile(inspect.unwrap(original))
-        if path:  # its run counts toward the framework's own lines (coverage of a patched function)
-            func = compiled(original, source, target(self.module, self.qualname)[0], path,
-                            origin_lines(original, source))
-        else:
-            filename = f"<ckpt-harness fix {'+'.join(who for who, _ in stack)}: {self.module}.{self.qualname}>"
-            func = compiled(original, source, target(self.module, self.qualname)[0], filename)
+        filename = path or f"<ckpt-harness fix {'+'.join(who for who, _ in stack)}: {self.module}.{self.qualname}>"
+        func = compiled(original, source, target(self.module, self.qualname)[0], filename,
+                        origin_lines(original, source) if path else None)
         setattr(func, EDITS_ATTR, stack)
         setattr(func, ORIGINAL_ATTR, original)
         return func
