@@ -83,7 +83,8 @@ class PropertySpec:
     description: str
     strategy: Strategy
     checker: Checker = Checker.ORACLE
-    requires: str | None = None  # a capability the SUT must claim, else the property is skipped
+    # a capability the SUT must claim, else the property is skipped; ending in ":", any capability of that family
+    requires: str | None = None
     fault: bool = False  # injects faults: runs only with ``fuzz --faults``, never by default without it
     training: bool = False  # draws training states: skipped where the SUT cannot hold one
     crashes_with_faults: bool = False  # ``--faults`` lets its (fault-free by default) cases crash a save too
@@ -91,7 +92,10 @@ class PropertySpec:
     def skip_reason(self, capabilities: Iterable[str]) -> str | None:
         """Why a SUT with these capabilities cannot be given this property's cases (None: it can)."""
         caps = frozenset(capabilities)
-        if self.requires is not None and self.requires not in caps:
+        if self.requires is not None and self.requires.endswith(":"):
+            if not any(c.startswith(self.requires) for c in caps):
+                return f"SUT does not claim any {self.requires!r} capability"
+        elif self.requires is not None and self.requires not in caps:
             return f"SUT does not claim {self.requires!r}"
         if self.training and not trainable(caps):
             return NO_TRAINING_STATE
@@ -142,10 +146,11 @@ _SPECS = (
     ),
     PropertySpec(
         "P-MODEL",
-        "a real model's and optimizer's state, as their sharded_state_dict gives it (tensor-parallel layers, AdamW "
-        "with master weights), saved and loaded into the same model on the same or another tensor-parallel degree: "
-        "each piece where the layout puts it, bitwise equal",
-        _model, requires="producer:tp",
+        "a real model's and optimizer's state, as their sharded_state_dict gives it (tensor-parallel layers or "
+        "sharding stage 1 V2's fused buffers, AdamW with master weights), saved and loaded into the same model on "
+        "the same or another degree: each piece where the layout puts it, read back from the model and optimizer, "
+        "bitwise equal",
+        _model, requires="producer:",
     ),
     PropertySpec(
         "P-REPEAT",

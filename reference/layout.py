@@ -171,8 +171,10 @@ class LocalSlice:
 class Sharded:
     """DTensor-style layout: one placement per mesh dim.
 
-    ``owner`` restricts the tensor to ranks whose coordinates match (mesh dim → index); keyed MoE experts use it
-    to live only on their expert-parallel rank. Ranks outside the owner hold nothing.
+    ``owner`` restricts the tensor to ranks whose coordinates match (mesh dim → index; several indices of one dim
+    are alternatives): keyed MoE experts live only on their expert-parallel rank, an optimizer's scalar state only
+    on the sharding ranks that hold a slice of its parameter. Ranks outside the owner hold nothing; of those inside,
+    the lowest index of each owner dim saves a replica.
     """
 
     mesh: Mesh
@@ -182,8 +184,10 @@ class Sharded:
     def __post_init__(self) -> None:
         if len(self.placements) != len(self.mesh.shape):
             raise LayoutError(f"{len(self.placements)} placements for a {len(self.mesh.shape)}-d mesh")
+        if len(set(self.owner)) != len(self.owner):
+            raise LayoutError(f"owner {list(self.owner)} names a coordinate twice")
         for mesh_dim, index in self.owner:
-            if not 0 <= index < self.mesh.shape[mesh_dim]:
+            if not 0 <= mesh_dim < len(self.mesh.shape) or not 0 <= index < self.mesh.shape[mesh_dim]:
                 raise LayoutError(f"owner index {index} outside mesh dim {mesh_dim}")
             if isinstance(self.placements[mesh_dim], Shard):
                 raise LayoutError("an owner mesh dim cannot also shard the tensor")
@@ -192,7 +196,8 @@ class Sharded:
         if rank >= self.mesh.world_size:  # a rank of the job outside the tensor's mesh holds none of it
             return None
         coord = self.mesh.coord(rank)
-        if any(coord[d] != i for d, i in self.owner):
+        owned = owner_indices(self.owner)
+        if any(coord[d] not in indices for d, indices in owned.items()):
             return None
         starts = [0] * len(global_shape)
         stops = list(global_shape)
@@ -202,10 +207,8 @@ class Sharded:
                     raise LayoutError(f"{p} on a {len(global_shape)}-d tensor")
                 lo, hi = split_range(stops[p.dim] - starts[p.dim], self.mesh.shape[mesh_dim], coord[mesh_dim])
                 starts[p.dim], stops[p.dim] = starts[p.dim] + lo, starts[p.dim] + hi
-        owner_dims = {d for d, _ in self.owner}
-        saves = all(
-            coord[d] == 0 for d, p in enumerate(self.placements) if isinstance(p, Replicate) and d not in owner_dims
-        )
+        saves = all(coord[d] == (owned[d][0] if d in owned else 0)
+                    for d, p in enumerate(self.placements) if isinstance(p, Replicate))
         return LocalSlice(Box(tuple(starts), tuple(b - a for a, b in zip(starts, stops))), saves)
 
     def to_json(self) -> dict:
@@ -287,6 +290,14 @@ def layout_from_json(data: dict) -> TensorLayout:
     if data["kind"] == "flat":
         return Flat(mesh, data["mesh_dim"], data["offset"], data["total"])
     raise LayoutError(f"unknown layout kind {data.get('kind')!r}")
+
+
+def owner_indices(owner: tuple[tuple[int, int], ...]) -> dict[int, list[int]]:
+    """Each owner mesh dim's allowed indices, ascending."""
+    out: dict[int, list[int]] = {}
+    for mesh_dim, index in owner:
+        out.setdefault(mesh_dim, []).append(index)
+    return {d: sorted(indices) for d, indices in sorted(out.items())}
 
 
 def replicated(mesh: Mesh) -> Sharded:

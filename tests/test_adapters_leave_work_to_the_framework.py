@@ -58,3 +58,32 @@ def test_the_cpu_shims_are_help_a_cpu_only_paddle_needs() -> None:
     script = "import paddle\npaddle.to_tensor([1.0]).cuda()\n"
     done = subprocess.run([sys.executable, "-c", script], timeout=120, capture_output=True, text=True)
     assert done.returncode != 0, "Tensor.cuda() ran on a CPU-only Paddle: the shim is no longer needed"
+
+
+def test_sharding_stage1_v2_refuses_a_cpu_without_the_alignment_shim() -> None:
+    """The fused buffers of sharding stage 1 V2 (P-MODEL's ``stage1v2`` producer) know a slot alignment only for
+    gpu, npu and xpu and assert one of them; the shim gives the CPU the GPU's. Without it the optimizer cannot be
+    built on a CPU-only Paddle."""
+    paddle = pytest.importorskip("paddle")
+    if paddle.is_compiled_with_cuda():
+        pytest.skip("a CUDA build has the GPU's alignment")
+    script = ("from paddle.distributed.fleet.utils import tensor_fusion_helper as t\n"
+              "t.get_current_device_type()\n")
+    done = subprocess.run([sys.executable, "-c", script], timeout=120, capture_output=True, text=True)
+    assert done.returncode != 0 and "tensor fusion helper now only support" in done.stderr, done.stderr[-500:]
+
+
+def test_sharding_stage2_has_no_cpu_path() -> None:
+    """Why P-MODEL draws no sharding stage 2: GroupShardedOptimizerStage2 asserts a CUDA, XPU or custom-device build
+    before anything else, so no shim short of pretending to be such a build gets it to run on a CPU-only Paddle."""
+    paddle = pytest.importorskip("paddle")
+    if paddle.is_compiled_with_cuda():
+        pytest.skip("a CUDA build runs stage 2")
+    script = ("import paddle\n"
+              "from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import (\n"
+              "    GroupShardedOptimizerStage2)\n"
+              "params = paddle.nn.Linear(2, 2).parameters()\n"
+              "GroupShardedOptimizerStage2(params, paddle.optimizer.AdamW(parameters=params))\n")
+    done = subprocess.run([sys.executable, "-c", script], timeout=120, capture_output=True, text=True)
+    assert done.returncode != 0 and "Only GPU and XPU and CustomDevice is supported now" in done.stderr, \
+        done.stderr[-500:]

@@ -57,7 +57,7 @@ def test_skip_reasons_are_pinned() -> None:
         "P-MOE": "SUT does not claim 'moe'",
         "P-FLAT": "SUT does not claim 'flat'",
         "P-AOA": "SUT does not claim 'aoa'",
-        "P-MODEL": "SUT does not claim 'producer:tp'",
+        "P-MODEL": "SUT does not claim any 'producer:' capability",
         "P-REPEAT": "SUT does not claim 'repeat'",
         "P-ASYNC-ISOLATION": "SUT does not claim 'async'",
         "P-EMA": NO_TRAINING_STATE,

@@ -33,9 +33,9 @@ from harness.sut.base import RankTensor, aoa_stored
 from properties.model.case import PROCESS_GROUP, idle_ranks
 from reference import aoa, nesting
 from reference.engine import extract
-from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded
+from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded, owner_indices
 from reference.namespaces import NAMESPACES
-from reference.producers import PRODUCER
+from reference.producers import PRODUCER, PRODUCERS
 from reference.tensor import Tensor
 
 _SAME_DIR = "dcp"  # options["same_dir"]: every version lives in root/dcp, told apart by unique_id
@@ -118,7 +118,7 @@ class PaddleDcpSut(PaddleAdapter):
         | {f"choice:full_param_groups={g}@load_api=full_param" for g in FULL_PARAM_GROUPS}
         | {f"choice:full_param_splits={k}@load_api=full_param" for k in FULL_PARAM_SPLITS}
         | {f"choice:{PROCESS_GROUP}={g}@load_api=load_state_dict" for g in PROCESS_GROUPS}
-        | {"flag:offload", "unique_id", "aoa", "producer:tp"}
+        | {"flag:offload", "unique_id", "aoa"} | {f"producer:{p}" for p in PRODUCERS}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
     )
@@ -142,7 +142,8 @@ class PaddleDcpSut(PaddleAdapter):
             state = {}
             kind, meshes = _kind(group, options, sub), {}
             if PRODUCER in options:  # the pieces as Paddle's own model and optimizer give them, holding the case's bits
-                given = paddle_producers.state_dict(group, dist.get_world_size(), fill=True)
+                given = paddle_producers.filled(paddle_producers.produced(options[PRODUCER], group,
+                                                                          dist.get_world_size()))
                 handle.tensors.extend(sw.local_tensor for sw in given.values())
             else:
                 for tname, rt in group.items():
@@ -533,13 +534,13 @@ def _subset_refused(case: Any) -> str | None:
 
 def _load_produced(path: Path, unique_id: int | None, targets: dict[str, RankTensor],
                    options: dict) -> dict[str, Tensor]:
-    """A load into a fresh model's (and optimizer's) own sharded state, read back from the pieces Paddle gave."""
+    """A load into a fresh model's (and optimizer's) own sharded state, read back from what the model and optimizer
+    give after it: a load that filled the pieces Paddle handed out but not the state behind them reads as lost."""
     import paddle.distributed as dist
 
-    state = paddle_producers.state_dict(targets, dist.get_world_size(), fill=False)
-    dist.load_state_dict(state, str(path), unique_id=unique_id, **_load_arguments(options))
-    return {tname: from_paddle(state[paddle_producers.key(tname)].local_tensor, rt.local.tensor.shape)
-            for tname, rt in targets.items()}
+    made = paddle_producers.produced(options[PRODUCER], targets, dist.get_world_size())
+    dist.load_state_dict(made.state(), str(path), unique_id=unique_id, **_load_arguments(options))
+    return made.read(made.state())
 
 
 def _load_merged(path: Path, unique_id: int | None, targets: dict[str, RankTensor], options: dict) -> dict[str, Tensor]:
@@ -746,8 +747,8 @@ def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...], meshes: d
     import paddle.distributed as dist
 
     ids = np.arange(layout.mesh.world_size).reshape(layout.mesh.shape)
-    for mesh_dim, index in layout.owner:
-        ids = np.take(ids, [index], axis=mesh_dim)
+    for mesh_dim, indices in owner_indices(layout.owner).items():
+        ids = np.take(ids, indices, axis=mesh_dim)
     key = (ids.shape, ids.tobytes(), tuple(layout.mesh.dim_names))
     mesh = meshes.get(key)
     if mesh is None:

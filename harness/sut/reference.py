@@ -30,6 +30,7 @@ from reference.disk.commit import rotate as rotate_checkpoints
 from reference.disk.index import read_index
 from reference.dtypes import DTYPES
 from reference.engine import LocalTensor, open_checkpoint
+from reference.producers import PRODUCERS
 from reference.tensor import Tensor
 
 COMMIT_TIMEOUT = 60.0
@@ -51,7 +52,8 @@ class ReferenceSut(SutAdapter):
     launcher = "plain"
     capabilities = frozenset(
         {"reshard", "async", "zero_size", "flat", "moe", "repeat", "latest", "in_process_world", "empty_state", "aoa",
-         "producer:tp"}  # a producer's state is tensors and layouts like any other: the reference saves them as given
+         *(f"producer:{p}" for p in PRODUCERS)}  # a producer's state is tensors and layouts like any other: the
+    # reference saves them as given
         | {"rotate", "kill_writer"}
         | {f"dtype:{d}" for d in DTYPES}
     )

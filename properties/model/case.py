@@ -390,9 +390,10 @@ class Case:
             if AOA in case.options:
                 case.check_aoa()
             if PRODUCER in case.options:
-                if case.options[PRODUCER] != "tp":
-                    raise ValueError(f"unknown producer {case.options[PRODUCER]!r} (known: 'tp')")
-                producers.check(case.specs(), {w: case.layouts(w) for w in ("save", "load")})
+                if case.options[PRODUCER] not in producers.PRODUCERS:
+                    raise ValueError(f"unknown producer {case.options[PRODUCER]!r} (known: "
+                                     f"{', '.join(producers.PRODUCERS)})")
+                producers.check(case.options[PRODUCER], case.specs(), {w: case.layouts(w) for w in ("save", "load")})
             if case.training is not None:
                 _check_training(case)
             elif any(op.kind == "train" for op in ops):

@@ -53,8 +53,8 @@ def settings(scripted: ScriptedCase) -> str:
                if _merged(scripted) else "")
             + (f"AOA_CONFIG = {_aoa_config(scripted)!r}  # the checkpoint is in another model's structure\n"
                if aoa.AOA in options else "")
-            + ("PRODUCER = 'tp'  # the state is what Paddle's tensor-parallel layers and AdamW give\n"
-               if scripted.options.get("producer") else "")
+            + (f"PRODUCER = {scripted.options['producer']!r}  # the state is what Paddle's layers and AdamW give "
+               "under this parallelism\n" if scripted.options.get("producer") else "")
             + (f"FULL_PARAM_GROUPS = {options.get('full_param_groups', 'world')!r}  # one group, or \"hv\"\n"
                f"FULL_PARAM_SPLITS = {options.get('full_param_splits', 1)!r}  # full_param(num_splits=)\n"
                if _full_param(scripted) else ""))
@@ -117,7 +117,8 @@ def helpers(scripted: ScriptedCase) -> str:
     blocks.append(NESTING if nested else KEY_RENAMED if _renamed(scripted) else KEY)
     blocks.append(STATE_DICT_NESTED if nested else PRODUCED if scripted.options.get("producer") else STATE_DICT)
     blocks.append(SAVE_ASYNC if scripted.uses("use_async") else SAVE)
-    blocks.append(LOAD_MERGED if _merged(scripted) else LOAD_NESTED if nested else LOAD)
+    blocks.append(LOAD_MERGED if _merged(scripted) else LOAD_NESTED if nested else LOAD_PRODUCED
+                  if scripted.options.get("producer") else LOAD)
     if scripted.options.get("load_api") == "merge_sharded_state_dict":  # the load reads the merge's output
         blocks[-1] = MERGE + blocks[-1].replace('side="load"', 'side="save"').replace(
             'key(n, "load")', 'key(n, "save")').replace("location(name)", "merged(name)").replace(
@@ -197,8 +198,8 @@ ENTRY_DIST = '''    if not dist_tensors:
     if p.mesh is None:
         return t  # a tensor without a layout: whole, on rank 0
     ids = np.arange(int(np.prod(p.mesh))).reshape(p.mesh)
-    for mesh_dim, index in p.owner:  # pinned to some coordinates (an expert on its expert-parallel rank)
-        ids = np.take(ids, [index], axis=mesh_dim)
+    for mesh_dim in sorted({d for d, _ in p.owner}):  # pinned to some coordinates (an expert on its EP rank)
+        ids = np.take(ids, sorted(i for d, i in p.owner if d == mesh_dim), axis=mesh_dim)
     mesh = dist.ProcessMesh(ids.tolist())
     placements = [dist.Shard(int(s[1:])) if s.startswith("S") else dist.Replicate() for s in p.placements]
     # the global shape is given: dtensor_from_local would infer local x mesh size, wrong for uneven splits
@@ -302,6 +303,9 @@ LOAD = '''def load(name, pieces):
     return {n: getattr(state[key(n, "load")], "local_tensor", state[key(n, "load")]) for n in dense}
 '''
 
+# a producer's load is read back from the model and optimizer themselves
+LOAD_PRODUCED = LOAD.replace("    return {n: getattr(", "    state = sharded_state(*MADE[0])\n    return {n: getattr(")
+
 LOAD_MERGED = '''def load(name, pieces):
     """load_merged_state_dict gives every tensor of the checkpoint whole; this rank's piece is cut from it."""
     path, unique_id = location(name)
@@ -333,21 +337,31 @@ def merged(name):
 '''
 
 PRODUCED = '''from paddle.distributed import fleet  # noqa: E402
+from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (  # noqa: E402
+    DygraphShardingOptimizerV2,
+)
 from paddle.distributed.fleet.meta_parallel import (  # noqa: E402
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
 )
+from paddle.distributed.fleet.utils import tensor_fusion_helper  # noqa: E402
 
-FLEET = []
+FLEET, MADE = [], []
+if not paddle.is_compiled_with_cuda():
+    # sharding stage 1 V2's fused buffers know a slot alignment only for gpu, npu and xpu: the CPU takes the GPU's
+    tensor_fusion_helper.alignment["cpu"] = tensor_fusion_helper.alignment["gpu"]
+    tensor_fusion_helper.__current_device_type__ = "cpu"
 
 
 def model_of(pieces):
-    """The tp model of the layers the pieces belong to, with tensor parallelism over the whole world, and AdamW
-    (multi_precision) where there is optimizer state."""
+    """The model of the layers the pieces belong to, with PRODUCER's parallelism over the whole world (tp: tensor
+    parallelism; stage1v2: sharding stage 1 V2), and AdamW (multi_precision) where there is optimizer state."""
     if not FLEET:
         strategy = fleet.DistributedStrategy()
-        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": dist.get_world_size(), "pp_degree": 1}
+        degree = dist.get_world_size()
+        mp, sharding = (degree, 1) if PRODUCER == "tp" else (1, degree)
+        strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": mp, "pp_degree": 1, "sharding_degree": sharding}
         fleet.init(is_collective=True, strategy=strategy)
         FLEET.append(True)
     shape = {n.partition("/")[2]: p.global_shape for n, p in pieces.items() if n.startswith("model/")}
@@ -369,25 +383,48 @@ def model_of(pieces):
     if not any(n.startswith("optimizer/") for n in pieces):
         return model, None
     opt = paddle.optimizer.AdamW(parameters=model.parameters(), multi_precision=True)
+    block = paddle.static.default_main_program().global_block()
     # its state exists once a first step makes it; CPU Paddle has no bfloat16 adamw kernel to step with
-    opt._create_accumulators(paddle.static.default_main_program().global_block(), model.parameters())
-    return model, opt
+    if PRODUCER == "tp":
+        opt._create_accumulators(block, model.parameters())
+        return model, opt
+    sharded = DygraphShardingOptimizerV2(opt, fleet.get_hybrid_communicate_group())
+    # as a step does: each parameter's slice is this rank's part of the fused buffer, and those with one get state
+    slices = []
+    for buffer in sharded._comm_buffer_list:
+        for param, view in buffer._sharding_param_grad_view.items():
+            if view.has_effective_slice_param:
+                view.fill_slice_param(sharded._slice_params[param])
+                slices.append(sharded._slice_params[param])
+    opt._create_accumulators(block, slices)
+    return model, sharded
 
 
-def state_dict(pieces, zero=False, side="save"):
-    """The model's and optimizer's sharded state as Paddle gives it, each piece where tensor parallelism puts this
-    rank's; for a save it then holds the case's bits."""
-    model, opt = model_of(pieces)
+def sharded_state(model, opt):
+    """The model's and optimizer's sharded state as Paddle gives it now."""
     state = dict(model.sharded_state_dict())
     if opt is not None:
         state.update(opt.sharded_state_dict(model.sharded_state_dict()))
+    return state
+
+
+def state_dict(pieces, zero=False, side="save"):
+    """The model's and optimizer's sharded state as Paddle gives it, each piece where the producer puts this
+    rank's; for a save it then holds the case's bits. A rank's empty part of a flattened tensor has no entry."""
+    MADE[:] = [model_of(pieces)]
+    state = sharded_state(*MADE[0])
     dense = {}
     for name, p in pieces.items():
+        if p.flat is not None and p.flat[0] == p.flat[1]:
+            continue
         sw = state[key(name, side)]
-        gave = (tuple(sw.global_shape), tuple(sw.global_offset), tuple(sw.local_shape))
-        if gave != (tuple(p.global_shape), tuple(p.offsets), tuple(p.shape)):
-            raise Failed(f"{key(name, side)}: sharded_state_dict gave (global shape, offset, local shape) {gave}, "
-                         f"tensor parallelism puts {(p.global_shape, p.offsets, p.shape)}")
+        flat = (int(sw.flattened_range.start), int(sw.flattened_range.stop)) if sw.is_flattened else None
+        gave = (tuple(sw.global_shape), tuple(sw.global_offset), tuple(sw.local_shape), flat)
+        want = ((tuple(p.global_shape), (0,) * len(p.global_shape), tuple(p.global_shape), tuple(p.flat))
+                if p.flat is not None else (tuple(p.global_shape), tuple(p.offsets), tuple(p.shape), None))
+        if gave != want:
+            raise Failed(f"{key(name, side)}: sharded_state_dict gave (global shape, offset, local shape, flattened "
+                         f"range) {gave}, the producer puts {want}")
         if not zero:
             sw.local_tensor.copy_(tensor(p, False), False)
         dense[name] = sw.local_tensor
