@@ -53,12 +53,27 @@ def test_capabilities_are_declared_honestly() -> None:
 
 
 def test_the_unified_checkpoint_config_flags_a_case_turns_on_reach_the_job() -> None:
-    """Flags that keep a load's result the saved bits are drawn (each a capability, so swarm can leave it out) and
-    go into TrainingArguments.unified_checkpoint_config with async_save, as a user writes them."""
+    """Every flag is drawn (each a capability, so swarm can leave it out) and goes into
+    TrainingArguments.unified_checkpoint_config with async_save, as a user writes them."""
     assert {f"flag:{f}" for f in UC_FLAGS} <= CAPS
+    assert {"skip_save_model_weight", "remove_master_weight", "master_weight_compatible",
+            "ignore_merge_optimizer"} == set(UC_FLAGS)
     assert uc_config({}) == "async_save"
     assert uc_config({"ignore_merge_optimizer": True, "pdc": True}) == "async_save ignore_merge_optimizer"
     assert uc_config(dict.fromkeys(UC_FLAGS, True)).split() == ["async_save", *UC_FLAGS]
+
+
+@pytest.mark.parametrize("other", ["ignore_merge_optimizer", "remove_master_weight"])
+def test_a_pair_of_flags_the_job_cannot_run_is_refused(other: str) -> None:
+    """TrainingArguments refuses skip_save_model_weight with ignore_merge_optimizer; with remove_master_weight
+    neither a weight nor its master would be saved."""
+    tensors = (TensorCase("model/w", "BF16", (2,), 1), TensorCase("master/w", "F32", (2,), 2))
+    whole = {t.name: replicated(Mesh((2,), ("d0",))).to_json() for t in tensors}
+    ops = (Op("save", "step-1", 0), Op("load", "step-1", 0))
+    case = Case("P-RESHARD", SUT, tensors, whole, whole, ops, {"skip_save_model_weight": True, other: True}, 0)
+    assert PaddleFormersUcSut.refuses(case) == f"unified_checkpoint_config skip_save_model_weight with {other}"
+    alone = dataclasses.replace(case, options={"skip_save_model_weight": True})
+    assert PaddleFormersUcSut.refuses(alone) is None
 
 
 def _t(name: str, dt: str, shape: tuple[int, ...] = (2,)) -> Tensor:

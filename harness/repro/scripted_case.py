@@ -203,9 +203,11 @@ def script_case(case: Case, expect_errors: frozenset[int] = frozenset(), upto: i
         table = None
         if op.kind in ("save", "load", "train"):
             stored = op.kind == "save" and aoa.AOA in case.options  # saved in the other model's structure
-            table = (f"{which}:stored" if stored else which, op.version)
+            # a load restores a weight or its master saved in place of the other (reference.master_weights)
+            restored = op.kind == "load" and case.restored(op.version, which) != case.expected(op.version, which)
+            table = (f"{which}:stored" if stored else f"{which}:restored" if restored else which, op.version)
             if table not in tables:
-                tables[table] = _table(case, which, op.version, world, stored)
+                tables[table] = _table(case, which, op.version, world, stored, restored)
         crash = _crash(case) if case.fault is not None and index == case.fault.op else None
         also: tuple[tuple[str, int], ...] = ()
         acknowledged = [n for n in order if n not in killed]
@@ -409,10 +411,12 @@ def _lost_entry(case: Case, fault: StateFault) -> tuple[tuple[dict, ...], str]:
                      "never fsynced, so it is lost")
 
 
-def _table(case: Case, which: str, version: int, world: int, stored: bool = False) -> dict[int, dict[str, Piece]]:
+def _table(case: Case, which: str, version: int, world: int, stored: bool = False,
+           restored: bool = False) -> dict[int, dict[str, Piece]]:
     """Each rank's pieces of the state; ``stored``: as the checkpoint stores them under the case's AoA
-    transformations (reference.aoa), each under its owner's name and suffix."""
-    state = case.expected(version, which)
+    transformations (reference.aoa), each under its owner's name and suffix; ``restored``: as a load restores it
+    (Case.restored)."""
+    state = case.restored(version, which) if restored else case.expected(version, which)
     layouts = case.layouts(which)
     out: dict[int, dict[str, Piece]] = {}
     degrees = aoa.degrees_of(case.options.get(aoa.AOA, ()), lambda n: piece_count(layouts.get(n), state[n].shape))

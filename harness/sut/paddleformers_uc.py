@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 
 from harness.sut._paddle_common import PaddleAdapter, add_nested_parameter, from_paddle, to_paddle, trailing_int
 from harness.sut.base import RankTensor
+from reference import master_weights
 from reference.layout import Box, Region
 from reference.tensor import Tensor
 
@@ -46,10 +47,14 @@ _MOMENTS = {"m1": "moment1", "m2": "moment2"}
 WRITER_TIMEOUT = 60.0  # seconds an async writer may take to finish a tiny checkpoint before wait() gives up
 
 
-# unified_checkpoint_config flags a case may turn on besides async_save (which every job here allows): those
-# that keep what a load gives equal to what was saved. skip_save_model_weight and remove_master_weight restore
-# one of a weight and its master from the other by a cast, which the oracle does not model yet.
-UC_FLAGS = ("master_weight_compatible", "ignore_merge_optimizer")
+# unified_checkpoint_config flags a case may turn on besides async_save (which every job here allows).
+# skip_save_model_weight and remove_master_weight save one of a weight and its master in place of the other, which
+# a resume restores by a cast (reference.master_weights says what the load gives). Pairs the job cannot run:
+# PaddleFormers' TrainingArguments refuses skip_save_model_weight with ignore_merge_optimizer, and with
+# remove_master_weight as well neither a weight nor its master would be saved.
+UC_FLAGS = ("master_weight_compatible", "ignore_merge_optimizer", *master_weights.FLAGS)
+_EXCLUSIVE = ((master_weights.SKIP_MODEL_WEIGHT, "ignore_merge_optimizer"),
+              (master_weights.SKIP_MODEL_WEIGHT, master_weights.REMOVE_MASTER_WEIGHT))
 
 
 def uc_config(options: dict) -> str:
@@ -134,8 +139,12 @@ class PaddleFormersUcSut(PaddleAdapter):
 
     @classmethod
     def refuses(cls, case: Any) -> str | None:
-        """A layout other than whole tensors everywhere, or a saved state that is no Trainer's (param_specs)."""
+        """A layout other than whole tensors everywhere, a pair of flags the job cannot run (_EXCLUSIVE), or a saved
+        state that is no Trainer's (param_specs)."""
         refused = super().refuses(case)
+        both = [pair for pair in _EXCLUSIVE if all(case.options.get(f) for f in pair)]
+        if refused is None and both:
+            return f"unified_checkpoint_config {' with '.join(both[0])}"
         if refused is not None or case.training is not None:  # the training loop's state is always one
             return refused
         for version in sorted({op.version for op in case.ops if op.kind == "save"}):

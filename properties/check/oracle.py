@@ -110,7 +110,7 @@ def tensor_differences(case: Case, version: int, rec: OpRecord) -> list[TensorDi
     layouts the op ran with (empty: bitwise equal); the anomalies name the rank, not the op."""
     which = case.op_layouts(rec.index)
     layouts = case.layouts(which)
-    state = case.expected(version, which)
+    state = case.restored(version, which) if rec.kind == "load" else case.expected(version, which)
     source = case.state_source(rec.index) if rec.kind == "train" else None
     out: list[TensorDiffers] = []
     spec = case.spec() if rec.kind == "train" and case.training is not None else None

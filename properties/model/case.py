@@ -31,7 +31,7 @@ import numpy as np
 from faults.corrupt import KINDS as CORRUPTIONS
 from faults.errors import FaultSpecError
 from faults.spec import CorruptFault, Fault, parse_fault
-from reference import aoa, nesting, producers
+from reference import aoa, master_weights, nesting, producers
 from reference.aoa import AOA
 from reference.dtypes import DTYPES, DType
 from reference.errors import LayoutError
@@ -225,6 +225,16 @@ class Case:
         if self.training is None:
             return state
         return {k: state[k] for k in self.layouts(which)}
+
+    def restored(self, version: int, which: str) -> dict[str, Tensor]:
+        """What a load of ``version`` under ``which`` layouts gives back: the state saved, as a resume restores it
+        where the case's flags (reference.master_weights) saved a weight or its master in place of the other."""
+        state = self.expected(version, which)
+        flags = [f for f in master_weights.FLAGS if self.options.get(f)]
+        saves = [i for i, op in enumerate(self.ops) if op.kind == "save" and op.version == version]
+        if flags and saves and (self.op_world(saves[-1]) or 1) - idle_ranks(self.options) > 1:
+            return master_weights.restored(state, flags)
+        return state
 
     def spec(self) -> TrainingSpec:
         if self.training is None:
