@@ -49,15 +49,17 @@ def test_paddle_save_makes_the_directory_it_writes_into(tmp_path: Path) -> None:
     assert (tmp_path / "c" / "rank-00000.safetensors").is_file()
 
 
-def test_the_cpu_shims_are_help_a_cpu_only_paddle_needs() -> None:
-    """The one help the Paddle adapters give (docs/design.md §9): the checkpoint code calls Tensor.cuda(), which a
-    CPU-only Paddle refuses; the shim turns it into a CPU copy. Without it the framework alone cannot run a reshard."""
+@pytest.mark.parametrize("call", ["cuda", "pin_memory"])
+def test_the_cpu_shims_are_help_a_cpu_only_paddle_needs(call: str) -> None:
+    """The one help the Paddle adapters give (docs/design.md §9): the checkpoint code calls Tensor.cuda() (its
+    reshard) and Tensor.pin_memory() (parallel_broadcast's offload), which a CPU-only Paddle refuses; the shims turn
+    them into CPU copies. Without them the framework alone cannot run those loads."""
     paddle = pytest.importorskip("paddle")
     if paddle.is_compiled_with_cuda():
-        pytest.skip("a CUDA build runs Tensor.cuda() itself")
-    script = "import paddle\npaddle.to_tensor([1.0]).cuda()\n"
+        pytest.skip("a CUDA build runs them itself")
+    script = f"import paddle\npaddle.to_tensor([1.0]).{call}()\n"
     done = subprocess.run([sys.executable, "-c", script], timeout=120, capture_output=True, text=True)
-    assert done.returncode != 0, "Tensor.cuda() ran on a CPU-only Paddle: the shim is no longer needed"
+    assert done.returncode != 0, f"Tensor.{call}() ran on a CPU-only Paddle: the shim is no longer needed"
 
 
 def test_sharding_stage1_v2_refuses_a_cpu_without_the_alignment_shim() -> None:

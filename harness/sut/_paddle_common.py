@@ -122,8 +122,9 @@ def scribble(x: Any) -> None:
 
 
 def apply_cpu_shims(options: dict) -> list[str]:
-    """docs/design.md §9: on a CPU-only Paddle, ``Tensor.cuda`` -> a CPU copy and ``device.synchronize`` -> no-op, so
-    flex checkpoint's reshard and async paths run, and the fused sharding buffers take a GPU's slot alignment
+    """docs/design.md §9: on a CPU-only Paddle, ``Tensor.cuda`` and ``Tensor.pin_memory`` -> a CPU copy and
+    ``device.synchronize`` -> no-op, so flex checkpoint's reshard, offload and async paths run, and the fused
+    sharding buffers take a GPU's slot alignment
     (``tensor_fusion_helper`` asserts a gpu, npu or xpu device), so sharding stage 1 V2 builds the buffers it
     builds on a GPU: a producer of sharded state (P-MODEL), not checkpoint code. Process-wide, applied once; never
     when CUDA is compiled in."""
@@ -144,12 +145,13 @@ def apply_cpu_shims(options: dict) -> list[str]:
             return None
 
         paddle.Tensor.cuda = cuda
+        paddle.Tensor.pin_memory = cuda
         paddle.device.synchronize = synchronize
         from paddle.distributed.fleet.utils import tensor_fusion_helper
 
         tensor_fusion_helper.alignment["cpu"] = tensor_fusion_helper.alignment["gpu"]
         tensor_fusion_helper.__current_device_type__ = "cpu"
-        _shims = ["Tensor.cuda->copy", "device.synchronize->noop", "fusion-alignment->gpu"]
+        _shims = ["Tensor.cuda->copy", "Tensor.pin_memory->copy", "device.synchronize->noop", "fusion-alignment->gpu"]
         return list(_shims)
 
 

@@ -20,9 +20,11 @@ import paddle.distributed as dist
 
 SETUP = """paddle.set_device("cpu")
 if not paddle.is_compiled_with_cuda():
-    # CPU-only Paddle: the checkpoint code calls Tensor.cuda() and paddle.device.synchronize() on its reshard and
-    # async paths; on a CPU wheel those raise, so they become a CPU copy and a no-op (nothing else is changed).
+    # CPU-only Paddle: the checkpoint code calls Tensor.cuda(), Tensor.pin_memory() and paddle.device.synchronize()
+    # on its reshard, offload and async paths; on a CPU wheel those raise, so they become CPU copies and a no-op
+    # (nothing else is changed).
     paddle.Tensor.cuda = lambda self, *args, **kwargs: self.clone()
+    paddle.Tensor.pin_memory = lambda self, *args, **kwargs: self.clone()
     paddle.device.synchronize = lambda *args, **kwargs: None
 if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
     dist.init_parallel_env()
@@ -63,8 +65,8 @@ def carriers(dtypes: set[str]) -> str:
 DTYPE_NAMES = {code: name for code, (name, _, _) in paddle_carriers().items()}  # as Paddle prints them
 
 
-WHY = ("CPU shims: on a CPU-only Paddle wheel repro.py turns Tensor.cuda() into a CPU copy and",
-       "device.synchronize() into a no-op, because the checkpoint code calls them on the paths the bug needs.")
+WHY = ("CPU shims: on a CPU-only Paddle wheel repro.py turns Tensor.cuda() and Tensor.pin_memory() into CPU copies",
+       "and device.synchronize() into a no-op, because the checkpoint code calls them on the paths the bug needs.")
 
 # run.sh's launch of N > 1 processes ($2) for phase $1, its output in log files $WORK/log$1/workerlog.*
 LAUNCH = ('python -m paddle.distributed.launch --nproc_per_node "$2" --log_dir "$WORK/log$1" '
