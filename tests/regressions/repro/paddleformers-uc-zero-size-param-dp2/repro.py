@@ -18,9 +18,15 @@ from collections import namedtuple
 
 
 
+if os.environ.get("REPRO_WITH_FIX"):  # bash run.sh --with-fix: the candidate fix (fix.py) before any step
+    import fix
+
+    fix.apply()
+
 ROOT, PHASE, RANK = None, None, 0  # the checkpoint directory, which launch of run.sh this is, this rank
 
 KEEP_LAST = None  # TrainingArguments.save_total_limit
+UC_CONFIG = 'async_save'  # TrainingArguments.unified_checkpoint_config
 SEED = 0
 # As on PaddleCloud (off here): sync saves end with a .checkpoint_done marker and
 # get_last_checkpoint skips a checkpoint-N without one
@@ -102,7 +108,7 @@ def trainer_for(pieces, first_step=True):
     low = any(p.dtype != "F32" for key, p in pieces.items() if key.startswith("model/"))
     args = TrainingArguments(
         output_dir=ROOT, unified_checkpoint=True, save_checkpoint_format="unified_checkpoint",
-        load_checkpoint_format="unified_checkpoint", unified_checkpoint_config="async_save",
+        load_checkpoint_format="unified_checkpoint", unified_checkpoint_config=UC_CONFIG,
         save_total_limit=KEEP_LAST, amp_master_grad=False, sharding="", report_to="none", disable_tqdm=True,
         max_steps=1, save_steps=1, logging_steps=1, per_device_train_batch_size=1, seed=SEED,
         # BF16/F16 parameters as a user trains them: AMP O2, so AdamW keeps FP32 master weights
@@ -159,8 +165,6 @@ def save(name, pieces, async_save=False, mutate_after=False, detach=False):
         trainer._save_checkpoint(trainer.model, metrics=None)
     finally:
         trainer.args.unified_checkpoint_config = config
-    if async_save:
-        returned(None, list(live.values()), mutate_after, detach)
 
 
 def load(name, pieces):
@@ -190,9 +194,11 @@ def load(name, pieces):
 
 
 
-def check(step, got, pieces, also=()):
+
+def check(step, got, pieces, also=(), should="what was saved"):
     """Every loaded piece must have the dtype and the exact bits that were saved: by one save as a whole (``also``:
-    the other saves it may rightly give, after a kill in the middle of a re-save of the name)."""
+    the other saves it may rightly give, after a kill in the middle of a re-save of the name). ``should`` says what
+    the pieces are."""
     def held(key, p):
         dtype, shape, bits = bits_of(got[key])
         return (dtype, shape, bits) == (DTYPE_NAMES[p.dtype], list(p.shape), p.bits), (dtype, shape, bits)
@@ -217,7 +223,7 @@ def check(step, got, pieces, also=()):
         p = pieces[key]
         same, (dtype, shape, bits) = held(key, p)
         if not same:
-            print(f"BUG: {step} on rank {RANK}: {key} does not hold what was saved"
+            print(f"BUG: {step} on rank {RANK}: {key} does not hold {should}"
                   + (f" (by any of the {1 + len(also)} saves it may give)" if also else ""))
             print(f"EXPECTED: {DTYPE_NAMES[p.dtype]} {list(p.shape)} bits {p.bits}")
             print(f"ACTUAL:   {dtype} {shape} bits {bits}")
@@ -261,8 +267,8 @@ def run(step, action, *args, expect_error=False, tolerate=False, may_fail=False,
         print("EXPECTED: an error (the checkpoint it reads is not there or not whole)")
         print("ACTUAL:   no error")
         sys.exit(1)
-    if action is load and not tolerate:
-        check(step, result, args[-1], also)
+    if action.__name__ in ("load", "train") and not tolerate:  # a job that trains: its state after the step
+        check(step, result, args[-1], also, "what was saved" if action is load else "the uninterrupted run's state")
 
 def main():
     global ROOT, PHASE, RANK

@@ -6,6 +6,10 @@
 # 124 when a launch hangs (bounded at 300 s).
 set -u
 cd "$(dirname "$0")"
+# bash run.sh --with-fix: the same, with the candidate fix (fix.py; fix.diff as a patch) applied.
+if [ "${1:-}" = "--with-fix" ]; then  # the candidate fix (fix.py) in every process: then it exits 0
+  export REPRO_WITH_FIX=1
+fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 export TMPDIR="$WORK"  # temporary files of the launchers and frameworks go with it
