@@ -131,6 +131,7 @@ class PaddleFormersUcSut(PaddleAdapter):
         {"trainer_state", "replicated", "reshard", "async", "zero_size", "repeat", "latest", "rotate",
          "kill_writer", "keep_last", "flag:pdc"}
         | {f"flag:{f}" for f in UC_FLAGS}
+        | {f"exclusive:{a},{b}" for a, b in _EXCLUSIVE}
         | {f"dtype:{d}" for d in PARAM_DTYPES}
     )
 

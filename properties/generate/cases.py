@@ -48,6 +48,13 @@ class Caps:
         self.replicated_only = "replicated" in self.caps
         self.keep_last = "keep_last" in self.caps
         self.flags = sorted(c.split(":", 1)[1] for c in self.caps if c.startswith("flag:"))  # boolean options
+        # "exclusive:A,B": flags A and B are never both on (a pair the SUT's job cannot run)
+        self.exclusive: dict[str, set[str]] = {}
+        for c in self.caps:
+            if c.startswith("exclusive:"):
+                a, _, b = c.split(":", 1)[1].partition(",")
+                self.exclusive.setdefault(a, set()).add(b)
+                self.exclusive.setdefault(b, set()).add(a)
         # options with a few values: "choice:logging_steps=2" -> {"logging_steps": [.., 2, ..]} (ints stay ints);
         # "choice:KEY=V@OTHER=W": KEY is drawn only where option OTHER is W (a parameter of one API of several)
         self.choices: dict[str, list] = {}
@@ -94,7 +101,7 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
     if rotation and caps.keep_last and draw(st.booleans()):
         out["keep_last"] = draw(st.sampled_from(KEEP_LAST))
     for flag in caps.flags:
-        if draw(st.booleans()):
+        if not any(out.get(other) for other in caps.exclusive.get(flag, ())) and draw(st.booleans()):
             out[flag] = True
     if "nested" in caps.caps and draw(st.booleans()):
         out[NESTED] = "/"
