@@ -290,6 +290,9 @@ def two_processes():
                     proc.kill()
     for pool in pools:
         pool.join()
+        # Its finalizer would take the task queue's read lock, which a worker killed while waiting for a task may
+        # hold for ever: joined, the pool has nothing left for it to do.
+        pool._terminate.cancel()
 
 
 def _live_worker(pool):
