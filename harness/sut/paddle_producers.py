@@ -88,8 +88,7 @@ def filled(made: Produced) -> dict[str, Any]:
 
 
 def _numel(rt: RankTensor) -> int:
-    region = rt.local.region
-    return region.stop - region.start if isinstance(region, FlatRange) else rt.local.tensor.bits.size
+    return rt.local.region.numel
 
 
 def _check(paddle_key: str, sw: Any, rt: RankTensor) -> None:
