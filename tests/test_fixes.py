@@ -23,6 +23,7 @@ from harness.campaign.results import Campaign
 from harness.cli import main
 from harness.fixes import FIXES, FixError, apply_fixes, in_order, own_fixes, resolve, upstream_diff
 from harness.fixes.patch import Fix, Hunk, source_digest
+from harness.judging import judge as judging
 from harness.judging.judge import Judge, fault_fired
 from harness.ranks.runners import Runners
 from harness.sut import REGISTRY, adapter_class, framework_available
@@ -238,6 +239,28 @@ def test_a_failure_that_passes_patched_is_known_by_its_smallest_fix_set(monkeypa
         assert judgement.verdict.value == "silent-corruption" and not unfixed.known_hits
     finally:
         unfixed.close()
+
+
+@pytest.mark.parametrize("needed", [(), ("f07",), ("f03", "f58"), ("f10", "f11", "f12", "f70")])
+def test_a_proof_among_many_fixes_leaves_them_out_in_halves(monkeypatch, needed: tuple[str, ...]) -> None:
+    """A case known by a fix or two among eighty is narrowed in a few dozen runs, not one run per fix, to a set no
+    single fix of which can go; a fix leaves with every fix that requires it."""
+    ids = tuple(f"f{i:02d}" for i in range(80))
+    requires = {"f58": ("f57",), "f20": ("f03",)}  # f58 needs f57 applied; f20 builds on f03
+    for fix_id in ids:
+        monkeypatch.setitem(FIXES, fix_id, SimpleNamespace(requires=requires.get(fix_id, ())))
+    runs: list[tuple[str, ...]] = []
+
+    def passes(fixes: tuple[str, ...]) -> bool:
+        runs.append(fixes)
+        assert all(set(FIXES[f].requires) <= set(fixes) for f in fixes)  # never a fix without what it requires
+        return set(needed) <= set(fixes)
+
+    kept = judging._narrowed(ids, passes, lambda: False)
+    assert set(kept) == set(needed) | {r for f in needed for r in requires.get(f, ())}
+    assert len(runs) <= 12 * max(1, len(needed)) + 8, len(runs)
+    before = len(runs)
+    assert judging._narrowed(ids, passes, lambda: True) == ids and len(runs) == before  # past the deadline: no run
 
 
 def _state_case() -> Case:

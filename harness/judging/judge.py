@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from faults.errors import TraceMismatch
 from faults.spec import PowerFault, RecordFault, StateFault
@@ -137,14 +138,7 @@ class Judge:
                 break
         else:
             return None
-        for fix_id in tuple(kept):
-            if self._late():  # known by every fix still kept: proven, if not the smallest set
-                break
-            if fix_id in kept:
-                trial = _without(kept, fix_id)
-                if passes(trial):
-                    kept = trial
-        return kept or None  # passing with none of them: the failure did not recur, nothing is proven
+        return _narrowed(kept, passes, self._late) or None  # passing with none: nothing is proven
 
     def judged_with(self, case: Case, fixes: tuple[str, ...]) -> tuple[Judgement, Outcome] | None:
         """The case judged with exactly these fixes applied on fresh runners; None where they could not run it."""
@@ -180,13 +174,7 @@ class Judge:
 
         if not applied or fails_alike(()) or fails_alike(()):
             return ()
-        kept = applied
-        for fix_id in applied:
-            if fix_id in kept and not self._late():
-                trial = _without(kept, fix_id)
-                if fails_alike(trial):
-                    kept = trial
-        return kept
+        return _narrowed(applied, fails_alike, self._late)
 
     @staticmethod
     def _known(case: Case, known: str, judgement: Judgement) -> Judgement:
@@ -354,9 +342,29 @@ class Judge:
             self._reference.close()
 
 
-def _without(fixes: tuple[str, ...], fix_id: str) -> tuple[str, ...]:
-    """``fixes`` less ``fix_id`` and the fixes that require it."""
-    return tuple(k for k in fixes if k != fix_id and fix_id not in FIXES[k].requires)
+def _without(fixes: tuple[str, ...], left_out: tuple[str, ...]) -> tuple[str, ...]:
+    """``fixes`` less ``left_out`` and the fixes that require any of them."""
+    return tuple(k for k in fixes if k not in left_out and not set(left_out) & set(FIXES[k].requires))
+
+
+def _narrowed(kept: tuple[str, ...], passes: Callable[[tuple[str, ...]], bool],
+              late: Callable[[], bool]) -> tuple[str, ...]:
+    """The fixes of ``kept`` (with which the case passes) that it cannot pass without: halves, then quarters, ...
+    of them are left out at once where the case still passes, down to single fixes. A case known by a fix or two
+    among many is proven in a few dozen runs, not one run per fix; the last round leaves each fix out alone, so
+    no single fix of the result can go. Past ``late`` the set is kept as it stands (proven, if not the smallest)."""
+    size = max(1, len(kept) // 2)
+    while True:
+        start = 0
+        while start < len(kept) and not late():
+            trial = _without(kept, kept[start:start + size])
+            if trial != kept and passes(trial):
+                kept = trial
+            else:
+                start += size
+        if size == 1 or late():
+            return kept
+        size = max(1, size // 2)
 
 
 def fault_fired(case: Case, outcome: Outcome) -> bool:
