@@ -22,7 +22,6 @@ from harness.sut import REGISTRY, framework_available
 from harness.sut.paddleformers_uc import (
     PARAM_DTYPES,
     UC_FLAGS,
-    UNDRAWN_FLAGS,
     PaddleFormersUcSut,
     UcStateError,
     param_specs,
@@ -56,7 +55,7 @@ def test_capabilities_are_declared_honestly() -> None:
 def test_the_unified_checkpoint_config_flags_a_case_turns_on_reach_the_job() -> None:
     """Every flag is drawn (each a capability, so swarm can leave it out) and goes into
     TrainingArguments.unified_checkpoint_config with async_save, as a user writes them."""
-    assert {f"flag:{f}" for f in UC_FLAGS if f not in UNDRAWN_FLAGS} <= CAPS
+    assert {f"flag:{f}" for f in UC_FLAGS} <= CAPS
     assert {"skip_save_model_weight", "remove_master_weight", "master_weight_compatible",
             "ignore_merge_optimizer"} == set(UC_FLAGS)
     assert uc_config({}) == "async_save"

@@ -53,9 +53,6 @@ WRITER_TIMEOUT = 60.0  # seconds an async writer may take to finish a tiny check
 # PaddleFormers' TrainingArguments refuses skip_save_model_weight with ignore_merge_optimizer, and with
 # remove_master_weight as well neither a weight nor its master would be saved.
 UC_FLAGS = ("master_weight_compatible", "ignore_merge_optimizer", *master_weights.FLAGS)
-# Rendered where a case file sets them, not drawn yet: drawn, a P-REPEAT case with remove_master_weight failed and
-# proving it known took longer than a test's time; to be reduced before campaigns draw them again.
-UNDRAWN_FLAGS = master_weights.FLAGS
 _EXCLUSIVE = ((master_weights.SKIP_MODEL_WEIGHT, "ignore_merge_optimizer"),
               (master_weights.SKIP_MODEL_WEIGHT, master_weights.REMOVE_MASTER_WEIGHT))
 
@@ -133,7 +130,7 @@ class PaddleFormersUcSut(PaddleAdapter):
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"trainer_state", "replicated", "reshard", "async", "zero_size", "repeat", "latest", "rotate",
          "kill_writer", "keep_last", "flag:pdc"}
-        | {f"flag:{f}" for f in UC_FLAGS if f not in UNDRAWN_FLAGS}
+        | {f"flag:{f}" for f in UC_FLAGS}
         | {f"exclusive:{a},{b}" for a, b in _EXCLUSIVE}
         | {f"dtype:{d}" for d in PARAM_DTYPES}
     )
