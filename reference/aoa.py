@@ -33,11 +33,20 @@ qkv_tp     Q, K, V as for qkv, fused as a tensor-parallel job    ``Q.aoa_fused -
 qkv_parts  one model tensor that is a qkv fusion (``heads``,         ``Q.aoa_q, Q.aoa_k, Q.aoa_v -> Q, fused_qkv,
            ``groups``) of parts the checkpoint holds apart:      num_heads=H, num_key_value_groups=G, axis=a``
            ``K.aoa_q``, ``K.aoa_k``, ``K.aoa_v``
+ffn_parts  one model tensor that is an ffn fusion of ``degree``    ``F.aoa_gate, F.aoa_up -> F, fused_ffn, axis=a``
+           (the model's), gate and up held apart:
+           ``K.aoa_gate``, ``K.aoa_up``
+qkv_tp_    one model tensor that is a qkv_tp fusion of            ``Q.aoa_q, Q.aoa_k, Q.aoa_v -> Q,
+parts      ``degree`` (the model's), Q, K, V held apart as for   fused_qkv_old, num_heads=H,
+           qkv_parts                                             num_key_value_groups=G, axis=a``
 =========  =====================================================  ==============================================
 
 A fusion's degree ``S`` is how many distinct pieces the checkpoint holds of the fused tensor (what a
 tensor-parallel job of degree ``S`` saves): the save layout's count for the model tensors, the checkpoint's own
-count on load (``degree``). It must divide what it splits (``check``).
+count on load (``degree``). It must divide what it splits (``check``). Where the model tensor is the fusion
+(``ffn_parts``, ``qkv_tp_parts``) the degree is the model's: Paddle takes it from how many distinct pieces the
+load gives that tensor, so the transformation names it (``t["degree"]``, as a conversion to a model of that
+tensor-parallel degree would) and the case's load layouts must give it (``Case.check_aoa``).
 
 A tensor no transformation names is stored as it is. A case's transformations are ``options["aoa"]``, a list of
 dicts ``{"op": ..., "name": ...}`` (``names`` for split); ``check`` says which are well formed for the case's
@@ -63,9 +72,9 @@ P.$LAYER_ID_OFFSET.S``, each number found among the stored keys mapped to the on
 checkpoint numbers it from one more, the model's ``P.n.S`` stored as ``P.(n+1).S.aoa_renamed``. The statement
 takes every stored key its pattern fits, so every rename of that family must be spelled so (``check``).
 
-Not covered: the fused macros' other directions where a degree is the load's (``fused_ffn`` and ``fused_qkv_old``
-into a model tensor that is fused; a fused tensor re-fused for another degree), casts named by
-``src_dtype``/``dst_dtype``, and configs applied in reverse (``aoa_config_reverse``).
+Not covered: a fused tensor re-fused for another degree (``fused_ffn`` or ``fused_qkv_old`` from a fused
+checkpoint tensor into a fused model tensor), casts named by ``src_dtype``/``dst_dtype``, and configs applied in
+reverse (``aoa_config_reverse``).
 """
 
 from __future__ import annotations
@@ -83,8 +92,13 @@ from .layout import Box, FlatRange, Region
 from .tensor import Tensor
 
 AOA = "aoa"  # case option: the transformations
-OPS = ("rename", "permute", "cast", "concat", "split", "ffn", "qkv", "qkv_tp", "qkv_parts")
-PARTS = (".aoa_q", ".aoa_k", ".aoa_v")  # where a qkv_parts checkpoint holds Q, K and V
+OPS = ("rename", "permute", "cast", "concat", "split", "ffn", "qkv", "qkv_tp", "qkv_parts", "ffn_parts",
+       "qkv_tp_parts")
+# Ops whose model tensor is a fusion the checkpoint holds apart, the fusion whose block order it has, and where the
+# checkpoint holds each member. The degreed ones' degree is the model's (``t["degree"]``: the load's count).
+PARTED = {"qkv_parts": "qkv", "ffn_parts": "ffn", "qkv_tp_parts": "qkv_tp"}
+PARTS = {"qkv": (".aoa_q", ".aoa_k", ".aoa_v"), "ffn": (".aoa_gate", ".aoa_up")}
+PARTS["qkv_tp"] = PARTS["qkv"]
 # Ops that store several model tensors as one fused tensor (under the first one's name), and how many they fuse.
 FUSIONS = {"split": 2, "ffn": 2, "qkv": 3, "qkv_tp": 3}
 DEGREED = ("ffn", "qkv_tp")  # fusions whose block order follows the checkpoint's tensor-parallel degree
@@ -153,7 +167,7 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: permute {list(t['perm'])} is no permutation of {name!r}'s {len(shape)} axes")
         if op == "cast" and dtype not in CASTS:
             raise AoaError(f"aoa: cast stores {name!r} widened to F32, which needs {' or '.join(CASTS)}, not {dtype}")
-        if op in ("concat", "qkv_parts") or op in FUSIONS:
+        if op == "concat" or op in PARTED or op in FUSIONS:
             axis = int(t["axis"])
             if not 0 <= axis < len(shape):
                 raise AoaError(f"aoa: {op} axis {axis} is outside {names[0]!r}'s {len(shape)} axes")
@@ -161,8 +175,8 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: concat of {t['parts']} parts does not divide {name!r}'s axis {t['axis']}")
         if op in FUSIONS:
             _check_fusion(t, [tensors[n] for n in names], (degrees or {}).get(names[0]))
-        if op == "qkv_parts":
-            _check_heads(t, names[0], shape[int(t["axis"])])
+        if op in PARTED:
+            _check_parts(t, names[0], shape[int(t["axis"])])
         spelling = t.get("spelling")
         if spelling is not None and spelling not in SPELLINGS.get(op, ()):
             raise AoaError(f"aoa: {op} has no spelling {spelling!r} (known: {', '.join(SPELLINGS.get(op, ()))})")
@@ -200,17 +214,35 @@ def _check_fusion(t: Mapping, members: list[tuple[str, tuple[int, ...]]], degree
             raise AoaError(f"aoa: {op} of {names} at degree {degree}: the degree does not divide {divided}")
 
 
-def _check_heads(t: Mapping, name: str, size: int) -> None:
-    heads, groups = int(t["heads"]), int(t["groups"])
-    if heads < 1 or groups < 1 or heads % groups or size % (heads + 2 * groups):
-        raise AoaError(f"aoa: qkv_parts of {name!r}: {heads} query heads and {groups} key and value heads, heads a "
-                       f"multiple of groups, are not heads of one size along its axis ({size})")
+def _check_parts(t: Mapping, name: str, size: int) -> None:
+    op, fusion = t["op"], PARTED[t["op"]]
+    if fusion == "ffn" and size % 2:
+        raise AoaError(f"aoa: {op} of {name!r}: gate and up of one size do not make an odd axis ({size})")
+    if fusion != "ffn":
+        heads, groups = int(t["heads"]), int(t["groups"])
+        if heads < 1 or groups < 1 or heads % groups or size % (heads + 2 * groups):
+            raise AoaError(f"aoa: {op} of {name!r}: {heads} query heads and {groups} key and value heads, heads a "
+                           f"multiple of groups, are not heads of one size along its axis ({size})")
+    if fusion in DEGREED:
+        degree = int(t["degree"])
+        divided = [size // 2] if fusion == "ffn" else [int(t["heads"]), int(t["groups"])]
+        if degree < 1 or any(n % degree for n in divided):
+            raise AoaError(f"aoa: {op} of {name!r} at degree {degree}: the degree does not divide {divided}")
 
 
 def _parts_sizes(t: Mapping, size: int) -> list[int]:
-    """Q's, K's and V's extents along a qkv_parts axis of the fused tensor's ``size``."""
+    """The members' extents along a parted fusion's axis of the fused tensor's ``size``: gate's and up's, or Q's,
+    K's and V's."""
+    if PARTED[t["op"]] == "ffn":
+        return [size // 2, size // 2]
     head = size // (int(t["heads"]) + 2 * int(t["groups"]))
     return [int(t["heads"]) * head, int(t["groups"]) * head, int(t["groups"]) * head]
+
+
+def _parts_blocks(t: Mapping, sizes: list[int]) -> list[tuple[int, int, int]]:
+    """A parted model tensor's blocks: its fusion's, at the model's degree where the fusion has one."""
+    fusion = PARTED[t["op"]]
+    return blocks({**t, "op": fusion}, sizes, int(t["degree"]) if fusion in DEGREED else 1)
 
 
 def _off_axis(values: Iterable[int], axis: int) -> tuple[int, ...]:
@@ -249,6 +281,13 @@ def member_sizes(t: Mapping, name: str, size: int) -> list[int]:
 def degreed_leads(transforms: Iterable[Mapping]) -> list[str]:
     """The first member of each fusion whose block order follows a degree: the name its degree is kept under."""
     return [t["names"][0] for t in transforms if t["op"] in DEGREED]
+
+
+def model_degrees(transforms: Iterable[Mapping]) -> dict[str, int]:
+    """Each fused model tensor whose block order follows the model's degree, and that degree: every load must
+    give the tensor that many distinct pieces, the count Paddle fuses it at."""
+    return {str(t["name"]): int(t["degree"]) for t in transforms
+            if t["op"] in PARTED and PARTED[t["op"]] in DEGREED}
 
 
 def degrees_of(transforms: Iterable[Mapping], pieces: Callable[[str], int]) -> dict[str, int]:
@@ -293,9 +332,11 @@ def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes:
             parts = {"star": f"{k}.aoa_part_*", "array": f"{k}.aoa_part[0:{int(t['parts'])}]"}.get(
                 spelling or "list", ", ".join(f"{k}.aoa_part_{i}" for i in range(int(t["parts"]))))
             out.append(f"{parts} -> {k}, axis={int(t['axis'])}")
-        elif op == "qkv_parts":
-            out.append(f"{', '.join(k + part for part in PARTS)} -> {k}, fused_qkv, num_heads={int(t['heads'])}, "
-                       f"num_key_value_groups={int(t['groups'])}, axis={int(t['axis'])}")
+        elif op in PARTED:
+            heads = "" if PARTED[op] == "ffn" else \
+                f", num_heads={int(t['heads'])}, num_key_value_groups={int(t['groups'])}"
+            out.append(f"{', '.join(k + part for part in PARTS[PARTED[op]])} -> {k}, {MACROS[PARTED[op]]}{heads}, "
+                       f"axis={int(t['axis'])}")
         else:
             macro = f", {MACROS[op]}" if op in MACROS else ""
             if op in ("qkv", "qkv_tp"):
@@ -367,7 +408,7 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
     if op == "cast":
         return [StoredPiece(name, ".aoa_f32", shape, "F32", region, widened(piece.dtype, piece.bits))]
     assert isinstance(region, Box)
-    if op == "qkv_parts":
+    if op in PARTED:
         return _parts_stored(t, name, piece)
     if op == "permute":
         inverse, stored_shape, box = _transposed(t["perm"], shape, region)
@@ -379,20 +420,20 @@ def _stored_one(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
 
 
 def _parts_stored(t: Mapping, name: str, piece: Piece) -> list[StoredPiece]:
-    """Q's, K's and V's pieces of a rank's piece of the fused model tensor (whole along the axis): each member's
+    """The members' pieces of a rank's piece of the fused model tensor (whole along the axis): each member's
     blocks, gathered in order."""
     axis, region = int(t["axis"]), piece.region
     assert isinstance(region, Box)
     if region.shape[axis] != piece.global_shape[axis]:
-        raise AoaError(f"aoa: qkv_parts of {name!r}: a rank's piece must be whole along axis {axis}")
+        raise AoaError(f"aoa: {t['op']} of {name!r}: a rank's piece must be whole along axis {axis}")
     sizes, cut, at = _parts_sizes(t, piece.global_shape[axis]), [slice(None)] * len(region.shape), 0
-    gathered: list[list[np.ndarray]] = [[], [], []]
-    for member, start, stop in blocks({**t, "op": "qkv"}, sizes):
+    gathered: list[list[np.ndarray]] = [[] for _ in sizes]
+    for member, start, stop in _parts_blocks(t, sizes):
         cut[axis] = slice(at, at + stop - start)
         gathered[member].append(piece.bits[tuple(cut)])
         at += stop - start
     out = []
-    for member, part in enumerate(PARTS):
+    for member, part in enumerate(PARTS[PARTED[t["op"]]]):
         shape = tuple(sizes[member] if i == axis else n for i, n in enumerate(piece.global_shape))
         extent = tuple(sizes[member] if i == axis else n for i, n in enumerate(region.shape))
         out.append(StoredPiece(name, part, shape, piece.dtype, Box(region.offsets, extent),
@@ -484,7 +525,7 @@ def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tu
         return [Read(name + ".aoa_t", dtype, stored_shape, box)]
     if op in FUSIONS:
         return _fused_reads(t, name, dtype, global_shape, region, _degree(t, degrees))
-    if op == "qkv_parts":
+    if op in PARTED:
         return _parts_reads(t, name, dtype, global_shape, region)
     return [Read(f"{name}.aoa_part_{part}", dtype, part_shape, box)
             for part, part_shape, box, _ in _parts(t, global_shape, region)]
@@ -514,19 +555,19 @@ def _fused_reads(t: Mapping, name: str, dtype: str, global_shape: tuple[int, ...
 
 
 def _parts_reads(t: Mapping, name: str, dtype: str, global_shape: tuple[int, ...], region: Box) -> list[Read]:
-    """The regions of Q, K and V that make a piece of the fused model tensor: the blocks it meets, in the fused
-    order."""
-    axis = int(t["axis"])
+    """The regions of the members (gate and up, or Q, K and V) that make a piece of the fused model tensor: the
+    blocks it meets, in the fused order."""
+    axis, parts = int(t["axis"]), PARTS[PARTED[t["op"]]]
     sizes = _parts_sizes(t, global_shape[axis])
     lo, hi = region.offsets[axis], region.offsets[axis] + region.shape[axis]
     at, out = 0, []
-    for member, start, stop in blocks({**t, "op": "qkv"}, sizes):
+    for member, start, stop in _parts_blocks(t, sizes):
         a, b = max(lo, at), min(hi, at + stop - start)
         if a < b:
             shape = tuple(sizes[member] if i == axis else n for i, n in enumerate(global_shape))
             offsets = tuple(start + a - at if i == axis else o for i, o in enumerate(region.offsets))
             extent = tuple(b - a if i == axis else n for i, n in enumerate(region.shape))
-            out.append(Read(name + PARTS[member], dtype, shape, Box(offsets, extent)))
+            out.append(Read(name + parts[member], dtype, shape, Box(offsets, extent)))
         at += stop - start
     return out
 
@@ -541,7 +582,7 @@ def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Regio
         return got[0].view(np.float32).astype(np.float16).view(np.uint16)
     if op == "permute":
         return np.ascontiguousarray(np.transpose(got[0], t["perm"]))
-    if op in ("concat", "qkv_parts") or op in FUSIONS:
+    if op == "concat" or op in PARTED or op in FUSIONS:
         return np.concatenate(got, axis=int(t["axis"])) if got else empty
     return got[0]
 

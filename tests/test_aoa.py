@@ -158,6 +158,39 @@ def test_a_fused_model_tensor_is_stored_as_its_parts_and_read_back(save_cuts, lo
         aoa.check([{**t, "heads": 3, "groups": 3}], {"m/f": ("BF16", fused.shape)})
 
 
+@pytest.mark.parametrize("t, rows, statement", [
+    ({"op": "ffn_parts", "degree": 2}, {"m/f.aoa_gate": [0, 1, 4, 5], "m/f.aoa_up": [2, 3, 6, 7]},
+     "m.f.aoa_gate, m.f.aoa_up -> m.f, fused_ffn, axis=0"),
+    ({"op": "ffn_parts", "degree": 1}, {"m/f.aoa_gate": [0, 1, 2, 3], "m/f.aoa_up": [4, 5, 6, 7]},
+     "m.f.aoa_gate, m.f.aoa_up -> m.f, fused_ffn, axis=0"),
+    ({"op": "qkv_tp_parts", "heads": 4, "groups": 2, "degree": 2},
+     {"m/f.aoa_q": [0, 1, 4, 5], "m/f.aoa_k": [2, 6], "m/f.aoa_v": [3, 7]},
+     "m.f.aoa_q, m.f.aoa_k, m.f.aoa_v -> m.f, fused_qkv_old, num_heads=4, num_key_value_groups=2, axis=0"),
+    ({"op": "qkv_tp_parts", "heads": 2, "groups": 2, "degree": 1},
+     {"m/f.aoa_q": [0, 1], "m/f.aoa_k": [2, 3], "m/f.aoa_v": [4, 5]},
+     "m.f.aoa_q, m.f.aoa_k, m.f.aoa_v -> m.f, fused_qkv_old, num_heads=2, num_key_value_groups=2, axis=0"),
+])
+@pytest.mark.parametrize("load_cuts", [{}, {0: 2}, {0: 3, 1: 2}])
+def test_a_model_tensor_fused_at_its_own_degree_is_stored_as_its_parts(t, rows, statement, load_cuts) -> None:
+    """ffn_parts and qkv_tp_parts: the model tensor is gate and up (or Q, K, V) fused as a tensor-parallel job of
+    the model's degree holds them, shard by shard, a row a head (written out by hand from the macros' documented
+    layouts); the checkpoint holds each member whole, in order, and any load piece reads back from them."""
+    n = sum(len(r) for r in rows.values())
+    t = {**t, "name": "m/f", "axis": 0}
+    fused = np.array([[r * 10 + c for c in range(3)] for r in range(n)], np.uint16)
+    aoa.check([t], {"m/f": ("BF16", fused.shape)})
+    whole = _assembled([p for rank in _pieces("m/f", "BF16", fused, {1: 3}) for p in aoa.stored([t], rank)])
+    assert {k: list(v[:, 0] // 10) for k, v in whole.items()} == rows
+    for box in _boxes(fused.shape, load_cuts):
+        got = [whole[r.key][tuple(slice(o, o + n) for o, n in zip(r.region.offsets, r.region.shape))]
+               for r in aoa.reads([t], "m/f", "BF16", fused.shape, box)]
+        want = fused[tuple(slice(o, o + n) for o, n in zip(box.offsets, box.shape))]
+        assert np.array_equal(aoa.assemble([t], "m/f", "BF16", box, got, np.zeros(want.shape, np.uint16)), want)
+    assert aoa.statements([t], lambda k: k.replace("/", "."), {}) == [statement]
+    with pytest.raises(aoa.AoaError, match="does not divide"):
+        aoa.check([{**t, "degree": 3}], {"m/f": ("BF16", fused.shape)})
+
+
 def test_a_fusion_statement_names_its_macro_and_heads() -> None:
     key = lambda n: n.replace("/", ".")  # noqa: E731
     transforms = [{"op": "qkv", "names": ["m/q", "m/k", "m/v"], "axis": 1, "heads": 4, "groups": 2},

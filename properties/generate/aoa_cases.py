@@ -67,7 +67,12 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
     for name in sorted(set(tensors) - {n for t in transforms for n in t.get("names", ())}):
         boxed = not any(isinstance(layouts.get(name), Flat) for layouts in (save, load))
         free = _free_axes(save[name], tensors[name].shape) if boxed and name in save else []
-        t = draw(st.one_of(st.none(), _transform(tensors[name], boxed, free)))
+        cut = pieces(load[name], tensors[name].shape) if name in load else set()
+        degree = len(cut) if cut and all(r.numel for r in cut) else 0  # an empty piece: no degreed fusion
+        if degree > 1 and free and draw(st.booleans()):  # sized to be a fusion of the load's degree
+            tensors[name] = _fitted(tensors[name], draw(st.sampled_from(free)), draw(st.sampled_from((2, 6))) * degree,
+                                    [save[name], load[name]])
+        t = draw(st.one_of(st.none(), _transform(tensors[name], boxed, free, degree)))
         if t is not None:
             transforms.append(t)
     if not transforms and tensors:
@@ -119,6 +124,19 @@ def _reshaped(tensor: TensorCase, shape: tuple[int, ...], dtype: str) -> TensorC
     return dataclasses.replace(tensor, shape=shape, dtype=dtype, bits=bits or None)
 
 
+def _fitted(tensor: TensorCase, axis: int, size: int, layouts: list[TensorLayout]) -> TensorCase:
+    """``tensor`` with ``size`` elements along ``axis``, where every one of ``layouts`` still places it and gives
+    it as many pieces as before, all with elements; else ``tensor`` as it is."""
+    shape = tuple(size if i == axis else n for i, n in enumerate(tensor.shape))
+    before = [pieces(lay, tensor.shape) for lay in layouts]
+    if not all(_holds(lay, shape) for lay in layouts):
+        return tensor
+    after = [pieces(lay, shape) for lay in layouts]
+    if [len(c) for c in after] != [len(c) for c in before] or any(r.numel == 0 for c in after for r in c):
+        return tensor
+    return _reshaped(tensor, shape, tensor.dtype)
+
+
 def _qkv(size: int, degree: int) -> st.SearchStrategy[dict]:
     """Heads for a Q, K, V fusion whose K and V are ``size`` long on its axis: ``groups`` key-value heads of one
     size, ``heads`` query heads a multiple of them; the tensor-parallel layout where ``degree`` divides both (0: the
@@ -133,17 +151,18 @@ def _qkv(size: int, degree: int) -> st.SearchStrategy[dict]:
     return st.tuples(st.sampled_from(groups), st.sampled_from((1, 2, 3))).flatmap(lambda gr: spelled(*gr))
 
 
-def _transform(tensor: TensorCase, boxed: bool, free: list[int]) -> st.SearchStrategy[dict]:
+def _transform(tensor: TensorCase, boxed: bool, free: list[int], degree: int) -> st.SearchStrategy[dict]:
     """The transformations one tensor can be stored through; ``boxed``: neither its save nor its load layout is
     flattened (a flattened piece is a row-major range, not a box to transpose or cut); ``free``: the axes its save
-    layout does not cut, along which it can be a Q, K, V fusion the checkpoint holds apart."""
+    layout does not cut, along which it can be a fusion the checkpoint holds apart; ``degree``: how many distinct
+    pieces its load gives it (0: an empty one among them), the degree Paddle fuses it at."""
     shape = tensor.shape
     out = [st.just({"op": "rename", "name": tensor.name})]
     if tensor.dtype in CASTS:
         out.append(st.just({"op": "cast", "name": tensor.name}))
-    if boxed and len(shape) >= 2:
-        out.append(st.permutations(range(len(shape))).map(
-            lambda perm: {"op": "permute", "name": tensor.name, "perm": list(perm)}))
+    if boxed and len(shape) >= 2:  # the reversal half the time: only it can be spelled ``^T``
+        perms = st.one_of(st.just(list(range(len(shape)))[::-1]), st.permutations(range(len(shape))))
+        out.append(perms.map(lambda perm: {"op": "permute", "name": tensor.name, "perm": list(perm)}))
     splits = [(axis, parts) for axis, n in enumerate(shape) for parts in (2, 3) if n >= parts and n % parts == 0]
     if boxed and splits:
         out.append(st.sampled_from(splits).map(
@@ -153,6 +172,15 @@ def _transform(tensor: TensorCase, boxed: bool, free: list[int]) -> st.SearchStr
     if heads:
         out.append(st.sampled_from(heads).map(
             lambda h: {"op": "qkv_parts", "name": tensor.name, "axis": h[0], "heads": h[1], "groups": h[2]}))
+    tp_heads = [h for h in heads if degree and h[1] % degree == 0 and h[2] % degree == 0]
+    if tp_heads:
+        out.append(st.sampled_from(tp_heads).map(lambda h: {
+            "op": "qkv_tp_parts", "name": tensor.name, "axis": h[0], "heads": h[1], "groups": h[2],
+            "degree": degree}))
+    halves = [axis for axis in free if shape[axis] >= 2 and degree and shape[axis] % (2 * degree) == 0]
+    if halves:
+        out.append(st.sampled_from(halves).map(
+            lambda axis: {"op": "ffn_parts", "name": tensor.name, "axis": axis, "degree": degree}))
     return st.one_of(out)
 
 

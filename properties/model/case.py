@@ -247,7 +247,8 @@ class Case:
     def check_aoa(self) -> None:
         """Raise reference.aoa.AoaError unless the case's AoA transformations fit its tensors, and each fusion's
         degree under every layout a save runs under divides what it splits (a smaller mesh may not) and counts
-        pieces that all hold elements (an empty piece makes the degree the checkpoint shows ambiguous)."""
+        pieces that all hold elements (an empty piece makes the degree the checkpoint shows ambiguous); a fused
+        model tensor's degree is the count of distinct pieces every load gives it, none empty."""
         tensors = {t.name: (t.dtype, tuple(t.shape)) for t in self.tensors}
         saves = {self.op_layouts(i) for i, op in enumerate(self.ops) if op.kind == "save"}
         for which in sorted(saves or {"save"}):
@@ -258,6 +259,14 @@ class Case:
                 raise aoa.AoaError(f"aoa: {empty[0]!r}'s {which} layout leaves a rank an empty piece: its fusion's "
                                    "degree is ambiguous")
             aoa.check(self.options[AOA], tensors, {n: len(regions) for n, regions in cut.items()})
+        loads = {self.op_layouts(i) for i, op in enumerate(self.ops) if op.kind == "load"}
+        for which in sorted(loads):
+            layouts = self.layouts(which)
+            for name, degree in aoa.model_degrees(self.options[AOA]).items():
+                regions = pieces(layouts.get(name), tensors[name][1])
+                if len(regions) != degree or any(r.numel == 0 for r in regions):
+                    raise aoa.AoaError(f"aoa: {name!r}'s {which} layout gives it {len(regions)} pieces (empty ones "
+                                       f"too), not its fusion's degree {degree}, which Paddle takes from them")
 
     def op_layouts(self, index: int) -> str:
         """Which layouts (and world) op ``index`` runs under: the op's own ``layout`` where it names one; else loads
