@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from properties.model.case import Case, Op, TensorCase
@@ -60,3 +62,21 @@ def test_a_load_of_a_multi_rank_save_made_under_a_flag_is_restored_and_a_one_ran
                                                                [master_weights.SKIP_MODEL_WEIGHT])
     assert two.restored(0, "load") != two.expected(0, "load")
     assert one.restored(0, "load") == one.expected(0, "load")
+
+
+def test_p_diff_holds_the_reference_engines_load_to_what_a_resume_restores() -> None:
+    """The reference engine saves the weights and their masters whatever the flags: P-DIFF compares a SUT's load
+    with the reference's as a resume restores it, so a SUT restoring by the flag passes and one giving back the
+    state as saved does not."""
+    from properties.check.oracle import check_diff
+    from properties.model.outcome import OpRecord, Outcome
+
+    case = dataclasses.replace(_case(master_weights.REMOVE_MASTER_WEIGHT, 2), property="P-DIFF")
+    saved, restored = case.expected(0, "load"), case.restored(0, "load")
+    assert saved != restored
+
+    def outcome(state: dict) -> Outcome:
+        return Outcome(case.sut, [OpRecord(0, "save", "step-1"), OpRecord(1, "load", "step-1", loaded={0: state})])
+
+    assert check_diff(case, outcome(restored), outcome(saved)).ok
+    assert not check_diff(case, outcome(saved), outcome(saved)).ok

@@ -21,6 +21,7 @@ from properties.model.outcome import OpRecord, Outcome
 from properties.model.verdicts import Judgement, Verdict, worst
 from reference.engine import local_tensors
 from reference.layout import layout_kind
+from reference.master_weights import restored
 from reference.tensor import differences
 from reference.training import seen_live
 
@@ -173,7 +174,9 @@ def mismatch(case: Case, version: int, rec: OpRecord) -> list[str]:
 
 
 def check_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
-    """P-DIFF: every load must give what the reference engine's own run of the same case gave."""
+    """P-DIFF: every load must give what the reference engine's own run of the same case gave, as a resume restores
+    it where the case's flags saved a weight or its master in place of the other (the reference engine saves
+    both: reference.master_weights)."""
     results: list[Judgement] = []
     for rec, ref_rec in zip(sut.records, ref.records):
         if follows_failed_save(sut.records, rec.index):
@@ -182,8 +185,9 @@ def check_diff(case: Case, sut: Outcome, ref: Outcome) -> Judgement:
             results.append(judged([OutcomeDiffers(case.property, at(case, rec), None if rec.ok else sut_error(rec),
                                                   None if ref_rec.ok else sut_error(ref_rec))]))
             continue
+        flags = case.restoring(case.ops[rec.index].version) if rec.kind == "load" else []
         for rank, got in sorted(rec.loaded.items()):
-            j = compare_states(case.property, ref_rec.loaded.get(rank, {}), got)
+            j = compare_states(case.property, restored(ref_rec.loaded.get(rank, {}), flags), got)
             if not j.ok:
                 results.append(judged([dataclasses.replace(a, at=at(case, rec), rank=rank, against="reference",
                                                            layout=op_layout_kind(case, rec.index, a.difference.tensor))

@@ -229,12 +229,16 @@ class Case:
     def restored(self, version: int, which: str) -> dict[str, Tensor]:
         """What a load of ``version`` under ``which`` layouts gives back: the state saved, as a resume restores it
         where the case's flags (reference.master_weights) saved a weight or its master in place of the other."""
-        state = self.expected(version, which)
+        return master_weights.restored(self.expected(version, which), self.restoring(version))
+
+    def restoring(self, version: int) -> list[str]:
+        """The master-weight flags a resume of ``version`` restores by (reference.master_weights): those the case
+        turns on, where that version's last save ran on more than one rank (a one-rank save keeps both)."""
         flags = [f for f in master_weights.FLAGS if self.options.get(f)]
         saves = [i for i, op in enumerate(self.ops) if op.kind == "save" and op.version == version]
         if flags and saves and (self.op_world(saves[-1]) or 1) - idle_ranks(self.options) > 1:
-            return master_weights.restored(state, flags)
-        return state
+            return flags
+        return []
 
     def spec(self) -> TrainingSpec:
         if self.training is None:
