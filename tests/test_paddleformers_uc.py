@@ -168,6 +168,23 @@ def test_async_save_with_rotation_resumes_the_newest(uc_judge) -> None:
 
 @needs_uc
 @pytest.mark.multirank
+def test_the_crashed_save_fix_marks_a_one_rank_save_finished() -> None:
+    """UC saves a one-rank job synchronously whatever async_save says, so the crashed-save fix's selector must find
+    such a save marked finished: "latest" is the newest save, not an older marked one."""
+    from harness.judging.judge import Judge
+    from harness.ranks.runners import Runners
+
+    ops = (Op("save", "step-0", 0), Op("save", "step-1", 1, use_async=True), Op("wait"), Op("load", None, 1))
+    judge = Judge(Runners(SUT, mode="pool", fixes=("paddleformers-uc-crashed-save-not-latest",)))
+    try:
+        judgement, _ = judge(_case(ops, world=1, prop="P-NOLOSS"))
+    finally:
+        judge.close()
+    assert judgement.ok, judgement.details
+
+
+@needs_uc
+@pytest.mark.multirank
 @pytest.mark.timeout(900)
 def test_fuzz_with_faults_runs_real_uc_saves(tmp_path: Path) -> None:
     """The done-when of issue 7, at CI size: `fuzz --sut paddleformers-uc --faults` saves, corrupts and resumes. One

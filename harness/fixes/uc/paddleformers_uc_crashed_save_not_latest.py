@@ -2,7 +2,8 @@
 nothing else, and ``_save_checkpoint`` writes its ``.checkpoint_done`` marker only with ``FLAG_LLM_PDC``. A job
 killed in the middle of a save (a rank's tree, power, the OOM killer) leaves a directory some rank has already made,
 so ``resume_from_checkpoint=True`` picks the torn save and fails ("Can't find a valid checkpoint") on every restart,
-while the previous checkpoint is intact. Every sync save now ends with the marker, and the selector walks back from
+while the previous checkpoint is intact. Every sync save now ends with the marker (a one-rank job's too, which UC
+saves synchronously whatever ``async_save`` says), and the selector walks back from
 the newest directory past those a marked folder shows to be unfinished: no marker and no async writer's done signal.
 A folder without any marker (saves of older code) is read as before."""
 
@@ -18,7 +19,8 @@ FIX = Fix(
         Hunk("paddleformers.trainer.trainer", "Trainer._save_checkpoint", "ba937eef872f3b1a", (
             ("        if strtobool(os.getenv(\"FLAG_LLM_PDC\", \"False\")) and not (\"async_save\" in "
              "self.args.unified_checkpoint_config):\n",
-             "        if not (\"async_save\" in self.args.unified_checkpoint_config):\n"),
+             "        if not (\"async_save\" in self.args.unified_checkpoint_config) or "
+             "paddle.distributed.get_world_size() <= 1:\n"),
         )),
         Hunk("paddleformers.trainer.trainer_utils", "get_last_checkpoint", "14d186a4949bc1ff", (
             ("    else:\n"
