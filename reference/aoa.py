@@ -39,14 +39,19 @@ ffn_parts  one model tensor that is an ffn fusion of ``degree``    ``F.aoa_gate,
 qkv_tp_    one model tensor that is a qkv_tp fusion of            ``Q.aoa_q, Q.aoa_k, Q.aoa_v -> Q,
 parts      ``degree`` (the model's), Q, K, V held apart as for   fused_qkv_old, num_heads=H,
            qkv_parts                                             num_key_value_groups=G, axis=a``
+ffn_       one model tensor that is an ffn fusion of ``degree``    ``F.aoa_fused -> F, fused_ffn, axis=a``
+redegree   (the model's), held fused at the checkpoint's
+qkv_tp_    the same of a qkv_tp fusion                            ``F.aoa_fused -> F, fused_qkv_old, num_heads=H,
+redegree                                                         num_key_value_groups=G, axis=a``
 =========  =====================================================  ==============================================
 
 A fusion's degree ``S`` is how many distinct pieces the checkpoint holds of the fused tensor (what a
 tensor-parallel job of degree ``S`` saves): the save layout's count for the model tensors, the checkpoint's own
 count on load (``degree``). It must divide what it splits (``check``). Where the model tensor is the fusion
-(``ffn_parts``, ``qkv_tp_parts``) the degree is the model's: Paddle takes it from how many distinct pieces the
-load gives that tensor, so the transformation names it (``t["degree"]``, as a conversion to a model of that
-tensor-parallel degree would) and the case's load layouts must give it (``Case.check_aoa``).
+(``ffn_parts``, ``qkv_tp_parts``; the ``_redegree`` ops besides the checkpoint's) the degree is the model's:
+Paddle takes it from how many distinct pieces the load gives that tensor, so the transformation names it
+(``t["degree"]``, as a conversion to a model of that tensor-parallel degree would) and the case's load layouts
+must give it (``Case.check_aoa``). A ``_redegree`` piece, like a fusion's, is stored only whole along the axis.
 
 A tensor no transformation names is stored as it is. A case's transformations are ``options["aoa"]``, a list of
 dicts ``{"op": ..., "name": ...}`` (``names`` for split); ``check`` says which are well formed for the case's
@@ -72,9 +77,8 @@ P.$LAYER_ID_OFFSET.S``, each number found among the stored keys mapped to the on
 checkpoint numbers it from one more, the model's ``P.n.S`` stored as ``P.(n+1).S.aoa_renamed``. The statement
 takes every stored key its pattern fits, so every rename of that family must be spelled so (``check``).
 
-Not covered: a fused tensor re-fused for another degree (``fused_ffn`` or ``fused_qkv_old`` from a fused
-checkpoint tensor into a fused model tensor), casts named by ``src_dtype``/``dst_dtype``, and configs applied in
-reverse (``aoa_config_reverse``).
+Not covered: casts named by ``src_dtype``/``dst_dtype``, and configs applied in reverse
+(``aoa_config_reverse``).
 """
 
 from __future__ import annotations
@@ -93,12 +97,15 @@ from .tensor import Tensor
 
 AOA = "aoa"  # case option: the transformations
 OPS = ("rename", "permute", "cast", "concat", "split", "ffn", "qkv", "qkv_tp", "qkv_parts", "ffn_parts",
-       "qkv_tp_parts")
+       "qkv_tp_parts", "ffn_redegree", "qkv_tp_redegree")
 # Ops whose model tensor is a fusion the checkpoint holds apart, the fusion whose block order it has, and where the
 # checkpoint holds each member. The degreed ones' degree is the model's (``t["degree"]``: the load's count).
 PARTED = {"qkv_parts": "qkv", "ffn_parts": "ffn", "qkv_tp_parts": "qkv_tp"}
 PARTS = {"qkv": (".aoa_q", ".aoa_k", ".aoa_v"), "ffn": (".aoa_gate", ".aoa_up")}
 PARTS["qkv_tp"] = PARTS["qkv"]
+# Ops whose model tensor is a degreed fusion at the model's degree (``t["degree"]``) that the checkpoint holds fused
+# at its own (the save's count), and that fusion.
+REDEGREED = {"ffn_redegree": "ffn", "qkv_tp_redegree": "qkv_tp"}
 # Ops that store several model tensors as one fused tensor (under the first one's name), and how many they fuse.
 FUSIONS = {"split": 2, "ffn": 2, "qkv": 3, "qkv_tp": 3}
 DEGREED = ("ffn", "qkv_tp")  # fusions whose block order follows the checkpoint's tensor-parallel degree
@@ -167,7 +174,7 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: permute {list(t['perm'])} is no permutation of {name!r}'s {len(shape)} axes")
         if op == "cast" and dtype not in CASTS:
             raise AoaError(f"aoa: cast stores {name!r} widened to F32, which needs {' or '.join(CASTS)}, not {dtype}")
-        if op == "concat" or op in PARTED or op in FUSIONS:
+        if op == "concat" or op in PARTED or op in REDEGREED or op in FUSIONS:
             axis = int(t["axis"])
             if not 0 <= axis < len(shape):
                 raise AoaError(f"aoa: {op} axis {axis} is outside {names[0]!r}'s {len(shape)} axes")
@@ -175,8 +182,10 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: concat of {t['parts']} parts does not divide {name!r}'s axis {t['axis']}")
         if op in FUSIONS:
             _check_fusion(t, [tensors[n] for n in names], (degrees or {}).get(names[0]))
-        if op in PARTED:
+        if op in PARTED or op in REDEGREED:
             _check_parts(t, names[0], shape[int(t["axis"])])
+        if op in REDEGREED and (degrees or {}).get(names[0]) is not None:
+            _check_parts({**t, "degree": degrees[names[0]]}, names[0], shape[int(t["axis"])])
         spelling = t.get("spelling")
         if spelling is not None and spelling not in SPELLINGS.get(op, ()):
             raise AoaError(f"aoa: {op} has no spelling {spelling!r} (known: {', '.join(SPELLINGS.get(op, ()))})")
@@ -215,7 +224,7 @@ def _check_fusion(t: Mapping, members: list[tuple[str, tuple[int, ...]]], degree
 
 
 def _check_parts(t: Mapping, name: str, size: int) -> None:
-    op, fusion = t["op"], PARTED[t["op"]]
+    op, fusion = t["op"], {**PARTED, **REDEGREED}[t["op"]]
     if fusion == "ffn" and size % 2:
         raise AoaError(f"aoa: {op} of {name!r}: gate and up of one size do not make an odd axis ({size})")
     if fusion != "ffn":
@@ -233,16 +242,31 @@ def _check_parts(t: Mapping, name: str, size: int) -> None:
 def _parts_sizes(t: Mapping, size: int) -> list[int]:
     """The members' extents along a parted fusion's axis of the fused tensor's ``size``: gate's and up's, or Q's,
     K's and V's."""
-    if PARTED[t["op"]] == "ffn":
+    if {**PARTED, **REDEGREED}[t["op"]] == "ffn":
         return [size // 2, size // 2]
     head = size // (int(t["heads"]) + 2 * int(t["groups"]))
     return [int(t["heads"]) * head, int(t["groups"]) * head, int(t["groups"]) * head]
 
 
-def _parts_blocks(t: Mapping, sizes: list[int]) -> list[tuple[int, int, int]]:
-    """A parted model tensor's blocks: its fusion's, at the model's degree where the fusion has one."""
-    fusion = PARTED[t["op"]]
-    return blocks({**t, "op": fusion}, sizes, int(t["degree"]) if fusion in DEGREED else 1)
+def _parts_blocks(t: Mapping, sizes: list[int], degree: int | None = None) -> list[tuple[int, int, int]]:
+    """A fused model tensor's blocks: its fusion's, at the model's degree where the fusion has one (or at
+    ``degree``: a redegreed tensor as the checkpoint holds it)."""
+    fusion = {**PARTED, **REDEGREED}[t["op"]]
+    if degree is None:
+        degree = int(t["degree"]) if fusion in DEGREED else 1
+    return blocks({**t, "op": fusion}, sizes, degree)
+
+
+def _placed(blocks_: list[tuple[int, int, int]], member: int, start: int, stop: int) -> list[tuple[int, int]]:
+    """Where member ``member``'s extent ``[start, stop)`` lies along a fused tensor of ``blocks_``: its runs, in
+    the member's order."""
+    at, out = 0, []
+    for m, lo, hi in blocks_:
+        a, b = max(lo, start), min(hi, stop)
+        if m == member and a < b:
+            out.append((lo, at + a - lo, at + b - lo))
+        at += hi - lo
+    return [(x, y) for _, x, y in sorted(out)]
 
 
 def _off_axis(values: Iterable[int], axis: int) -> tuple[int, ...]:
@@ -279,15 +303,16 @@ def member_sizes(t: Mapping, name: str, size: int) -> list[int]:
 
 
 def degreed_leads(transforms: Iterable[Mapping]) -> list[str]:
-    """The first member of each fusion whose block order follows a degree: the name its degree is kept under."""
-    return [t["names"][0] for t in transforms if t["op"] in DEGREED]
+    """The first member of each fusion whose block order follows the checkpoint's degree: the name its degree is
+    kept under."""
+    return [named(t)[0] for t in transforms if t["op"] in DEGREED or t["op"] in REDEGREED]
 
 
 def model_degrees(transforms: Iterable[Mapping]) -> dict[str, int]:
     """Each fused model tensor whose block order follows the model's degree, and that degree: every load must
     give the tensor that many distinct pieces, the count Paddle fuses it at."""
     return {str(t["name"]): int(t["degree"]) for t in transforms
-            if t["op"] in PARTED and PARTED[t["op"]] in DEGREED}
+            if t["op"] in REDEGREED or (t["op"] in PARTED and PARTED[t["op"]] in DEGREED)}
 
 
 def degrees_of(transforms: Iterable[Mapping], pieces: Callable[[str], int]) -> dict[str, int]:
@@ -297,11 +322,11 @@ def degrees_of(transforms: Iterable[Mapping], pieces: Callable[[str], int]) -> d
 
 
 def _degree(t: Mapping, degrees: Mapping[str, int] | None) -> int:
-    if t["op"] not in DEGREED:
+    if t["op"] not in DEGREED and t["op"] not in REDEGREED:
         return 1
-    if degrees is None or t["names"][0] not in degrees:
-        raise AoaError(f"aoa: {t['op']} of {list(t['names'])} needs the checkpoint's degree of the fused tensor")
-    return degrees[t["names"][0]]
+    if degrees is None or named(t)[0] not in degrees:
+        raise AoaError(f"aoa: {t['op']} of {list(named(t))} needs the checkpoint's degree of the fused tensor")
+    return degrees[named(t)[0]]
 
 
 def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes: Mapping[str, str]) -> list[str]:
@@ -332,6 +357,10 @@ def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes:
             parts = {"star": f"{k}.aoa_part_*", "array": f"{k}.aoa_part[0:{int(t['parts'])}]"}.get(
                 spelling or "list", ", ".join(f"{k}.aoa_part_{i}" for i in range(int(t["parts"]))))
             out.append(f"{parts} -> {k}, axis={int(t['axis'])}")
+        elif op in REDEGREED:
+            heads = "" if REDEGREED[op] == "ffn" else \
+                f", num_heads={int(t['heads'])}, num_key_value_groups={int(t['groups'])}"
+            out.append(f"{k}.aoa_fused -> {k}, {MACROS[REDEGREED[op]]}{heads}, axis={int(t['axis'])}")
         elif op in PARTED:
             heads = "" if PARTED[op] == "ffn" else \
                 f", num_heads={int(t['heads'])}, num_key_value_groups={int(t['groups'])}"
@@ -382,9 +411,27 @@ def stored(transforms: Iterable[Mapping], pieces: Mapping[str, Piece],
         elif t["op"] in FUSIONS:
             if name == t["names"][0]:
                 out.append(_fused(t, [pieces.get(n) for n in t["names"]], _degree(t, degrees)))
+        elif t["op"] in REDEGREED:
+            out.append(_redegreed(t, name, piece, _degree(t, degrees)))
         else:
             out.extend(_stored_one(t, name, piece))
     return out
+
+
+def _redegreed(t: Mapping, name: str, piece: Piece, degree: int) -> StoredPiece:
+    """A rank's piece of a fused model tensor (whole along the axis) as the checkpoint holds it: the members'
+    extents, block by block of the fusion at the checkpoint's ``degree``."""
+    axis, region = int(t["axis"]), piece.region
+    if not isinstance(region, Box) or region.shape[axis] != piece.global_shape[axis]:
+        raise AoaError(f"aoa: {t['op']} of {name!r}: a rank's piece must be one box, whole along axis {axis}")
+    sizes, cut = _parts_sizes(t, piece.global_shape[axis]), [slice(None)] * len(region.shape)
+    model, runs = _parts_blocks(t, sizes), []
+    for member, start, stop in _parts_blocks(t, sizes, degree):
+        for lo, hi in _placed(model, member, start, stop):
+            cut[axis] = slice(lo, hi)
+            runs.append(piece.bits[tuple(cut)])
+    return StoredPiece(name, ".aoa_fused", piece.global_shape, piece.dtype, region,
+                       np.ascontiguousarray(np.concatenate(runs, axis=axis)))
 
 
 def stored_locals(transforms: Iterable[Mapping], local: Mapping[str, LocalTensor],
@@ -527,6 +574,8 @@ def reads(transforms: Iterable[Mapping], name: str, dtype: str, global_shape: tu
         return _fused_reads(t, name, dtype, global_shape, region, _degree(t, degrees))
     if op in PARTED:
         return _parts_reads(t, name, dtype, global_shape, region)
+    if op in REDEGREED:
+        return _redegreed_reads(t, name, dtype, global_shape, region, _degree(t, degrees))
     return [Read(f"{name}.aoa_part_{part}", dtype, part_shape, box)
             for part, part_shape, box, _ in _parts(t, global_shape, region)]
 
@@ -572,6 +621,24 @@ def _parts_reads(t: Mapping, name: str, dtype: str, global_shape: tuple[int, ...
     return out
 
 
+def _redegreed_reads(t: Mapping, name: str, dtype: str, global_shape: tuple[int, ...], region: Box,
+                     degree: int) -> list[Read]:
+    """The regions of the fused tensor the checkpoint holds (at its ``degree``) that make a piece of the model's
+    (at the model's): the model's blocks the piece meets, each found where the checkpoint's blocks put it."""
+    axis = int(t["axis"])
+    sizes = _parts_sizes(t, global_shape[axis])
+    lo, hi = region.offsets[axis], region.offsets[axis] + region.shape[axis]
+    stored, at, out = _parts_blocks(t, sizes, degree), 0, []
+    for member, start, stop in _parts_blocks(t, sizes):
+        a, b = max(lo, at), min(hi, at + stop - start)
+        for x, y in _placed(stored, member, start + a - at, start + b - at) if a < b else ():
+            offsets = tuple(x if i == axis else o for i, o in enumerate(region.offsets))
+            extent = tuple(y - x if i == axis else n for i, n in enumerate(region.shape))
+            out.append(Read(name + ".aoa_fused", dtype, global_shape, Box(offsets, extent)))
+        at += stop - start
+    return out
+
+
 def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Region,
              got: list[np.ndarray], empty: np.ndarray) -> np.ndarray:
     """The model piece from the bits of its ``reads`` in order (``empty``: the piece's bits when no read is
@@ -582,7 +649,7 @@ def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Regio
         return got[0].view(np.float32).astype(np.float16).view(np.uint16)
     if op == "permute":
         return np.ascontiguousarray(np.transpose(got[0], t["perm"]))
-    if op == "concat" or op in PARTED or op in FUSIONS:
+    if op == "concat" or op in PARTED or op in REDEGREED or op in FUSIONS:
         return np.concatenate(got, axis=int(t["axis"])) if got else empty
     return got[0]
 

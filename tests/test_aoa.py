@@ -423,3 +423,33 @@ def test_paddle_loads_through_the_fused_macros() -> None:
          {"op": "qkv_tp", "names": ["model/a", "model/b", "model/c"], "axis": 0, "heads": 4, "groups": 2},
          {"op": "ffn", "names": ["model/g", "model/u"], "axis": 0},
          {"op": "qkv_parts", "name": "model/f", "axis": 0, "heads": 4, "groups": 2}])
+
+
+@pytest.mark.parametrize("t, stored_degree, rows, statement", [
+    ({"op": "ffn_redegree", "degree": 2}, 1, [0, 1, 4, 5, 2, 3, 6, 7], "m.f.aoa_fused -> m.f, fused_ffn, axis=0"),
+    ({"op": "ffn_redegree", "degree": 2}, 4, [0, 2, 1, 3, 4, 6, 5, 7], "m.f.aoa_fused -> m.f, fused_ffn, axis=0"),
+    ({"op": "ffn_redegree", "degree": 1}, 2, [0, 1, 4, 5, 2, 3, 6, 7], "m.f.aoa_fused -> m.f, fused_ffn, axis=0"),
+    ({"op": "qkv_tp_redegree", "heads": 4, "groups": 2, "degree": 2}, 1, [0, 1, 4, 5, 2, 6, 3, 7],
+     "m.f.aoa_fused -> m.f, fused_qkv_old, num_heads=4, num_key_value_groups=2, axis=0"),
+])
+@pytest.mark.parametrize("load_cuts", [{}, {0: 2}, {0: 3, 1: 2}, {0: 8}])
+def test_a_fused_model_tensor_is_stored_fused_at_the_checkpoints_degree(t, stored_degree, rows, statement,
+                                                                         load_cuts) -> None:
+    """ffn_redegree and qkv_tp_redegree: the model tensor is a fusion at the model's degree, the checkpoint holds
+    the same fusion at its own (how many pieces the save cuts): written out by hand, a row a head, the fused model
+    rows the stored tensor holds in order; any load piece reads back from it."""
+    t = {**t, "name": "m/f", "axis": 0}
+    fused = np.array([[r * 10 + c for c in range(3)] for r in range(8)], np.uint16)
+    aoa.check([t], {"m/f": ("BF16", fused.shape)}, {"m/f": stored_degree})
+    cuts = {1: 3}
+    whole = _assembled([p for rank in _pieces("m/f", "BF16", fused, cuts)
+                        for p in aoa.stored([t], rank, {"m/f": stored_degree})])
+    assert list(whole["m/f.aoa_fused"][:, 0] // 10) == rows
+    for box in _boxes(fused.shape, load_cuts):
+        got = [whole[r.key][tuple(slice(o, o + n) for o, n in zip(r.region.offsets, r.region.shape))]
+               for r in aoa.reads([t], "m/f", "BF16", fused.shape, box, {"m/f": stored_degree})]
+        want = fused[tuple(slice(o, o + n) for o, n in zip(box.offsets, box.shape))]
+        assert np.array_equal(aoa.assemble([t], "m/f", "BF16", box, got, np.zeros(want.shape, np.uint16)), want)
+    assert aoa.statements([t], lambda k: k.replace("/", "."), {}) == [statement]
+    with pytest.raises(aoa.AoaError, match="does not divide"):
+        aoa.check([t], {"m/f": ("BF16", fused.shape)}, {"m/f": 3})

@@ -37,7 +37,8 @@ class RankTensor:
 def aoa_stored(tensors: dict[str, RankTensor], transforms: list) -> dict[str, LocalTensor]:
     """A save's pieces as a checkpoint in another model's structure stores them (reference.aoa), each under its
     owner's name and suffix; a fusion at the degree its save layout gives it (as many pieces as the layout cuts)."""
-    degrees = aoa.degrees_of(transforms, lambda n: piece_count(tensors[n].layout, tensors[n].local.global_shape))
+    held = [t for t in transforms if aoa.named(t)[0] in tensors]  # an expert's owner alone holds it
+    degrees = aoa.degrees_of(held, lambda n: piece_count(tensors[n].layout, tensors[n].local.global_shape))
     return aoa.stored_locals(transforms, {n: rt.local for n, rt in tensors.items()}, degrees)
 
 

@@ -72,7 +72,9 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
         if degree > 1 and free and draw(st.booleans()):  # sized to be a fusion of the load's degree
             tensors[name] = _fitted(tensors[name], draw(st.sampled_from(free)), draw(st.sampled_from((2, 6))) * degree,
                                     [save[name], load[name]])
-        t = draw(st.one_of(st.none(), _transform(tensors[name], boxed, free, degree)))
+        saved = pieces(save[name], tensors[name].shape) if name in save else set()
+        save_degree = len(saved) if saved and all(r.numel for r in saved) else 0
+        t = draw(st.one_of(st.none(), _transform(tensors[name], boxed, free, degree, save_degree)))
         if t is not None:
             transforms.append(t)
     if not transforms and tensors:
@@ -151,11 +153,13 @@ def _qkv(size: int, degree: int) -> st.SearchStrategy[dict]:
     return st.tuples(st.sampled_from(groups), st.sampled_from((1, 2, 3))).flatmap(lambda gr: spelled(*gr))
 
 
-def _transform(tensor: TensorCase, boxed: bool, free: list[int], degree: int) -> st.SearchStrategy[dict]:
+def _transform(tensor: TensorCase, boxed: bool, free: list[int], degree: int,
+               save_degree: int) -> st.SearchStrategy[dict]:
     """The transformations one tensor can be stored through; ``boxed``: neither its save nor its load layout is
     flattened (a flattened piece is a row-major range, not a box to transpose or cut); ``free``: the axes its save
-    layout does not cut, along which it can be a fusion the checkpoint holds apart; ``degree``: how many distinct
-    pieces its load gives it (0: an empty one among them), the degree Paddle fuses it at."""
+    layout does not cut, along which it can be a fusion the checkpoint holds apart or at its own degree;
+    ``degree``, ``save_degree``: how many distinct pieces its load and its save give it (0: an empty one among
+    them), the degrees Paddle fuses it at on either side."""
     shape = tensor.shape
     out = [st.just({"op": "rename", "name": tensor.name})]
     if tensor.dtype in CASTS:
@@ -172,15 +176,17 @@ def _transform(tensor: TensorCase, boxed: bool, free: list[int], degree: int) ->
     if heads:
         out.append(st.sampled_from(heads).map(
             lambda h: {"op": "qkv_parts", "name": tensor.name, "axis": h[0], "heads": h[1], "groups": h[2]}))
-    tp_heads = [h for h in heads if degree and h[1] % degree == 0 and h[2] % degree == 0]
-    if tp_heads:
-        out.append(st.sampled_from(tp_heads).map(lambda h: {
-            "op": "qkv_tp_parts", "name": tensor.name, "axis": h[0], "heads": h[1], "groups": h[2],
-            "degree": degree}))
-    halves = [axis for axis in free if shape[axis] >= 2 and degree and shape[axis] % (2 * degree) == 0]
-    if halves:
-        out.append(st.sampled_from(halves).map(
-            lambda axis: {"op": "ffn_parts", "name": tensor.name, "axis": axis, "degree": degree}))
+    both = math.lcm(degree, save_degree)  # 0 where either is
+    for op, at in (("parts", degree), ("redegree", both)):
+        tp_heads = [h for h in heads if at and h[1] % at == 0 and h[2] % at == 0]
+        if tp_heads:
+            out.append(st.sampled_from(tp_heads).map(lambda h, op=op: {
+                "op": f"qkv_tp_{op}", "name": tensor.name, "axis": h[0], "heads": h[1], "groups": h[2],
+                "degree": degree}))
+        halves = [axis for axis in free if shape[axis] >= 2 and at and shape[axis] % (2 * at) == 0]
+        if halves:
+            out.append(st.sampled_from(halves).map(
+                lambda axis, op=op: {"op": f"ffn_{op}", "name": tensor.name, "axis": axis, "degree": degree}))
     return st.one_of(out)
 
 
