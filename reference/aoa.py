@@ -106,6 +106,7 @@ PARTS["qkv_tp"] = PARTS["qkv"]
 # Ops whose model tensor is a degreed fusion at the model's degree (``t["degree"]``) that the checkpoint holds fused
 # at its own (the save's count), and that fusion.
 REDEGREED = {"ffn_redegree": "ffn", "qkv_tp_redegree": "qkv_tp"}
+FUSED_MODEL = {**PARTED, **REDEGREED}  # every op whose model tensor is a fusion, and that fusion
 # Ops that store several model tensors as one fused tensor (under the first one's name), and how many they fuse.
 FUSIONS = {"split": 2, "ffn": 2, "qkv": 3, "qkv_tp": 3}
 DEGREED = ("ffn", "qkv_tp")  # fusions whose block order follows the checkpoint's tensor-parallel degree
@@ -174,7 +175,7 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: permute {list(t['perm'])} is no permutation of {name!r}'s {len(shape)} axes")
         if op == "cast" and dtype not in CASTS:
             raise AoaError(f"aoa: cast stores {name!r} widened to F32, which needs {' or '.join(CASTS)}, not {dtype}")
-        if op == "concat" or op in PARTED or op in REDEGREED or op in FUSIONS:
+        if op == "concat" or op in FUSED_MODEL or op in FUSIONS:
             axis = int(t["axis"])
             if not 0 <= axis < len(shape):
                 raise AoaError(f"aoa: {op} axis {axis} is outside {names[0]!r}'s {len(shape)} axes")
@@ -182,7 +183,7 @@ def check(transforms: Iterable[Mapping], tensors: Mapping[str, tuple[str, tuple[
             raise AoaError(f"aoa: concat of {t['parts']} parts does not divide {name!r}'s axis {t['axis']}")
         if op in FUSIONS:
             _check_fusion(t, [tensors[n] for n in names], (degrees or {}).get(names[0]))
-        if op in PARTED or op in REDEGREED:
+        if op in FUSED_MODEL:
             _check_parts(t, names[0], shape[int(t["axis"])])
         if op in REDEGREED and (degrees or {}).get(names[0]) is not None:
             _check_parts({**t, "degree": degrees[names[0]]}, names[0], shape[int(t["axis"])])
@@ -224,7 +225,7 @@ def _check_fusion(t: Mapping, members: list[tuple[str, tuple[int, ...]]], degree
 
 
 def _check_parts(t: Mapping, name: str, size: int) -> None:
-    op, fusion = t["op"], {**PARTED, **REDEGREED}[t["op"]]
+    op, fusion = t["op"], FUSED_MODEL[t["op"]]
     if fusion == "ffn" and size % 2:
         raise AoaError(f"aoa: {op} of {name!r}: gate and up of one size do not make an odd axis ({size})")
     if fusion != "ffn":
@@ -242,7 +243,7 @@ def _check_parts(t: Mapping, name: str, size: int) -> None:
 def _parts_sizes(t: Mapping, size: int) -> list[int]:
     """The members' extents along a parted fusion's axis of the fused tensor's ``size``: gate's and up's, or Q's,
     K's and V's."""
-    if {**PARTED, **REDEGREED}[t["op"]] == "ffn":
+    if FUSED_MODEL[t["op"]] == "ffn":
         return [size // 2, size // 2]
     head = size // (int(t["heads"]) + 2 * int(t["groups"]))
     return [int(t["heads"]) * head, int(t["groups"]) * head, int(t["groups"]) * head]
@@ -251,7 +252,7 @@ def _parts_sizes(t: Mapping, size: int) -> list[int]:
 def _parts_blocks(t: Mapping, sizes: list[int], degree: int | None = None) -> list[tuple[int, int, int]]:
     """A fused model tensor's blocks: its fusion's, at the model's degree where the fusion has one (or at
     ``degree``: a redegreed tensor as the checkpoint holds it)."""
-    fusion = {**PARTED, **REDEGREED}[t["op"]]
+    fusion = FUSED_MODEL[t["op"]]
     if degree is None:
         degree = int(t["degree"]) if fusion in DEGREED else 1
     return blocks({**t, "op": fusion}, sizes, degree)
@@ -357,15 +358,12 @@ def statements(transforms: Iterable[Mapping], key: Callable[[str], str], dtypes:
             parts = {"star": f"{k}.aoa_part_*", "array": f"{k}.aoa_part[0:{int(t['parts'])}]"}.get(
                 spelling or "list", ", ".join(f"{k}.aoa_part_{i}" for i in range(int(t["parts"]))))
             out.append(f"{parts} -> {k}, axis={int(t['axis'])}")
-        elif op in REDEGREED:
-            heads = "" if REDEGREED[op] == "ffn" else \
+        elif op in FUSED_MODEL:
+            fusion = FUSED_MODEL[op]
+            heads = "" if fusion == "ffn" else \
                 f", num_heads={int(t['heads'])}, num_key_value_groups={int(t['groups'])}"
-            out.append(f"{k}.aoa_fused -> {k}, {MACROS[REDEGREED[op]]}{heads}, axis={int(t['axis'])}")
-        elif op in PARTED:
-            heads = "" if PARTED[op] == "ffn" else \
-                f", num_heads={int(t['heads'])}, num_key_value_groups={int(t['groups'])}"
-            out.append(f"{', '.join(k + part for part in PARTS[PARTED[op]])} -> {k}, {MACROS[PARTED[op]]}{heads}, "
-                       f"axis={int(t['axis'])}")
+            held = f"{k}.aoa_fused" if op in REDEGREED else ", ".join(k + part for part in PARTS[fusion])
+            out.append(f"{held} -> {k}, {MACROS[fusion]}{heads}, axis={int(t['axis'])}")
         else:
             macro = f", {MACROS[op]}" if op in MACROS else ""
             if op in ("qkv", "qkv_tp"):
@@ -649,7 +647,7 @@ def assemble(transforms: Iterable[Mapping], name: str, dtype: str, region: Regio
         return got[0].view(np.float32).astype(np.float16).view(np.uint16)
     if op == "permute":
         return np.ascontiguousarray(np.transpose(got[0], t["perm"]))
-    if op == "concat" or op in PARTED or op in REDEGREED or op in FUSIONS:
+    if op == "concat" or op in FUSED_MODEL or op in FUSIONS:
         return np.concatenate(got, axis=int(t["axis"])) if got else empty
     return got[0]
 

@@ -49,8 +49,7 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
         # the lead's shape with elements: a 0-d lead (unsharded) becomes a vector, an empty axis one element
         shape = tuple(max(1, n) for n in tensors[lead].shape) or (draw(st.integers(1, 4)),)
         axis = draw(st.sampled_from(_free_axes(save[lead], shape)))
-        cut = pieces(save[lead], shape)
-        degree = len(cut) if all(r.numel for r in cut) else 0  # an empty piece: no degreed fusion
+        degree = _degree(save[lead], shape)
         if fusion == "pair":
             ops = ["split", *(("ffn",) if degree and shape[axis] % degree == 0 else ())]
             t, names, shapes = {"op": draw(st.sampled_from(ops))}, [lead, *rest], [shape, shape]
@@ -67,13 +66,11 @@ def aoa_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable[str]
     for name in sorted(set(tensors) - {n for t in transforms for n in t.get("names", ())}):
         boxed = not any(isinstance(layouts.get(name), Flat) for layouts in (save, load))
         free = _free_axes(save[name], tensors[name].shape) if boxed and name in save else []
-        cut = pieces(load[name], tensors[name].shape) if name in load else set()
-        degree = len(cut) if cut and all(r.numel for r in cut) else 0  # an empty piece: no degreed fusion
+        degree = _degree(load.get(name), tensors[name].shape)
         if degree > 1 and free and draw(st.booleans()):  # sized to be a fusion of the load's degree
             tensors[name] = _fitted(tensors[name], draw(st.sampled_from(free)), draw(st.sampled_from((2, 6))) * degree,
                                     [save[name], load[name]])
-        saved = pieces(save[name], tensors[name].shape) if name in save else set()
-        save_degree = len(saved) if saved and all(r.numel for r in saved) else 0
+        save_degree = _degree(save.get(name), tensors[name].shape)
         t = draw(st.one_of(st.none(), _transform(tensors[name], boxed, free, degree, save_degree)))
         if t is not None:
             transforms.append(t)
@@ -124,6 +121,13 @@ def _reshaped(tensor: TensorCase, shape: tuple[int, ...], dtype: str) -> TensorC
     if bits:
         bits = tuple(bits[i % len(bits)] for i in range(math.prod(shape)))
     return dataclasses.replace(tensor, shape=shape, dtype=dtype, bits=bits or None)
+
+
+def _degree(layout: TensorLayout | None, shape: tuple[int, ...]) -> int:
+    """How many distinct pieces ``layout`` gives a tensor of ``shape``, the degree Paddle fuses it at; 0 where it
+    gives none, or an empty one (the degree is then ambiguous: no degreed fusion)."""
+    cut = pieces(layout, shape) if layout is not None else set()
+    return len(cut) if cut and all(r.numel for r in cut) else 0
 
 
 def _fitted(tensor: TensorCase, axis: int, size: int, layouts: list[TensorLayout]) -> TensorCase:
