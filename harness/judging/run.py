@@ -311,9 +311,11 @@ def _merge(rec: OpRecord, replies: list[dict]) -> None:
         rec.ok, rec.error_type, rec.traceback = False, r["error_type"], r.get("traceback")
         rec.error = f"rank {r['rank']}: {r['error']}"
     for r in replies:
-        rec.loaded[r["rank"]] = {name: unpack(p) for name, p in r["loaded"].items()}
-        if r.get("plan") is not None:
-            rec.plans[r["rank"]] = r["plan"]
+        held = r.get("layout_rank", r["rank"])  # what a rank loads is judged against its layouts' pieces
+        if held is not None:  # an idle rank of a group of a subset of the job holds nothing
+            rec.loaded[held] = {name: unpack(p) for name, p in r["loaded"].items()}
+            if r.get("plan") is not None:
+                rec.plans[held] = r["plan"]
         if not r["ok"]:
             rec.errors[r["rank"]] = (r["error_type"], r.get("error", ""))
     rec.symmetric = len({(r["ok"], r.get("error_type")) for r in replies}) <= 1

@@ -72,15 +72,19 @@ class RankExecutor:
         assert self.case is not None
         layouts = self.case.layouts(which)
         # Zeros only need dtypes and shapes, which no version changes: step 0 spares a training case the loop.
+        rank = self.case.layout_rank(self.rank, which)
+        if rank is None:  # an idle rank of a job whose calls run on a subset of it holds nothing
+            return {}
         state = self.case.expected(0 if zeros else version, which)
         return {name: RankTensor(name, layouts.get(name), lt)
-                for name, lt in local_tensors(state, layouts, self.rank, empty=zeros).items()}
+                for name, lt in local_tensors(state, layouts, rank, empty=zeros).items()}
 
     def op(self, index: int) -> dict:
         """Run op ``index`` on this rank; the record is plain data (it crosses a socket)."""
         assert self.case is not None and self.root is not None
         op = self.case.ops[index]
-        record: dict = {"rank": self.rank, "index": index, "ok": True, "loaded": {}}
+        record: dict = {"rank": self.rank, "index": index, "ok": True, "loaded": {},
+                        "layout_rank": self.case.layout_rank(self.rank, self.case.op_layouts(index))}
         start = time.perf_counter()
         try:
             if op.kind == "save":
@@ -232,8 +236,10 @@ class RankExecutor:
         """The live training state; a job without one (fresh ranks, a failed load) starts from the seeds."""
         assert self.case is not None
         if self.live is None:
-            layouts = self.case.layouts(self.case.op_layouts(index))
-            self.live = initial_pieces(self.case.spec(), self.case.params(), layouts, self.rank)
+            which = self.case.op_layouts(index)
+            rank = self.case.layout_rank(self.rank, which)
+            self.live = {} if rank is None else initial_pieces(self.case.spec(), self.case.params(),
+                                                                self.case.layouts(which), rank)
         return self.live
 
     def _live_tensors(self, index: int) -> dict[str, RankTensor]:

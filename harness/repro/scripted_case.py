@@ -422,7 +422,8 @@ def _table(case: Case, which: str, version: int, world: int, stored: bool = Fals
     degrees = aoa.degrees_of(case.options.get(aoa.AOA, ()), lambda n: piece_count(layouts.get(n), state[n].shape))
     for rank in range(world):
         pieces = {}
-        local = local_tensors(state, layouts, rank)
+        held = case.layout_rank(rank, which)  # an idle rank of a group of a subset of the job holds nothing
+        local = {} if held is None else local_tensors(state, layouts, held)
         if stored:
             model = {n: aoa.Piece(lt.tensor.dtype.name, tuple(lt.global_shape), lt.region, lt.tensor.bits)
                      for n, lt in local.items()}

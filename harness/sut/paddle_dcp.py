@@ -10,10 +10,11 @@ directory instead, Paddle's own notion of versions and "latest". Quirks and evid
 
 from __future__ import annotations
 
+import contextlib
 import math
 import pickle
 import sys
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -30,7 +31,8 @@ from harness.sut._paddle_common import (
     zeros,
 )
 from harness.sut.base import RankTensor, aoa_stored
-from properties.model.case import PROCESS_GROUP, idle_ranks
+from harness.sut.paddle_group_watch import check_own_group, world_group_use
+from properties.model.case import IDLE_RANK, PROCESS_GROUP, group_members, idle_ranks
 from reference import aoa, nesting
 from reference.engine import extract
 from reference.layout import Box, Flat, FlatRange, Region, Shard, Sharded, owner_indices
@@ -99,9 +101,10 @@ LOAD_APIS = ("load_state_dict", "load_merged_state_dict", "full_param", "merge_s
 # assembler's one-dimensional path). It runs split by split, num_splits of 1 to 3, as an export bounds its memory.
 FULL_PARAM_GROUPS = ("world", "hv")
 # process_group of both calls: Paddle's default (the world's group), or "subset": a group of the ranks the case's
-# layouts fix while one more rank of the job takes no part (properties.model.case.idle_ranks). Paddle names files
-# and plans reads by global rank, so the group holds ranks 0..k-1.
+# layouts fix while one more rank of the job takes no part (properties.model.case.idle_ranks), that job's first
+# rank, its second (a group with a hole where the group has 2 members or more past it) or its last (ranks 0..k-1).
 PROCESS_GROUPS = ("world", "subset")
+IDLE_RANKS = (0, 1, -1)
 FULL_PARAM_SPLITS = (1, 2, 3)
 
 
@@ -118,6 +121,7 @@ class PaddleDcpSut(PaddleAdapter):
         | {f"choice:full_param_groups={g}@load_api=full_param" for g in FULL_PARAM_GROUPS}
         | {f"choice:full_param_splits={k}@load_api=full_param" for k in FULL_PARAM_SPLITS}
         | {f"choice:{PROCESS_GROUP}={g}@load_api=load_state_dict" for g in PROCESS_GROUPS}
+        | {f"choice:{IDLE_RANK}={r}@{PROCESS_GROUP}=subset" for r in IDLE_RANKS}
         | {"flag:offload", "unique_id", "aoa"} | {f"producer:{p}" for p in PRODUCERS}
         | {"format:pickle", "format:safetensors", "tensor_kind:sharded_weight", "tensor_kind:dist_from_local"}
         | {f"dtype:{d}" for d in SUPPORTED_DTYPES}
@@ -153,16 +157,17 @@ class PaddleDcpSut(PaddleAdapter):
                         state[tname] = value
                         handle.tensors.append(local)
                 given = _given(state, options, sub, "save")
-            dist.save_state_dict(
-                given,
-                str(path / sub if sub else path),
-                unique_id=unique_id,
-                async_save=use_async,
-                safetensors=options.get("format") == "safetensors",
-                save_replicas=bool(options.get("save_replicas", False)),
-                coordinator_rank=_coordinator(options),
-                process_group=process_group,
-            )
+            with _on_own_group("save_state_dict", options):
+                dist.save_state_dict(
+                    given,
+                    str(path / sub if sub else path),
+                    unique_id=unique_id,
+                    async_save=use_async,
+                    safetensors=options.get("format") == "safetensors",
+                    save_replicas=bool(options.get("save_replicas", False)),
+                    coordinator_rank=_coordinator(options),
+                    process_group=process_group,
+                )
             if use_async:
                 queue = sys.modules[_SAVE_MODULE].async_save_queue  # Paddle keeps its writer processes here
                 if queue:
@@ -247,8 +252,9 @@ class PaddleDcpSut(PaddleAdapter):
             read_back[tname] = local
         family = path.name if options.get("split_families") else ""  # _families names each call's directory so
         given = _given(state, options, family, side)
-        dist.load_state_dict(given, str(path), unique_id=unique_id, aoa_config=_aoa_config(targets, options),
-                             **_load_arguments(options))
+        with _on_own_group("load_state_dict", options):
+            dist.load_state_dict(given, str(path), unique_id=unique_id, aoa_config=_aoa_config(targets, options),
+                                 **_load_arguments(options))
         sep = options.get(nesting.NESTED)
         if sep:  # what the caller's dict holds after the load, read where a training script reads it
             state = {tname: nesting.leaf(given, tname, sep) for tname in state}
@@ -652,12 +658,26 @@ def _same_on_every_rank(whole: dict[str, Any]) -> None:
 
 
 def _coordinator(options: dict) -> int:
-    """``coordinator_rank`` of a save or load: the option's rank, a negative one counted from the end of the ranks
-    that take part."""
+    """``coordinator_rank`` of a save or load: the option's place among the ranks that take part (a negative one
+    counted from their end), a rank of the calls' group as their collectives count it; Paddle's default, 0, where
+    the case names none."""
     import paddle.distributed as dist
 
-    rank = int(options.get("coordinator_rank", 0))
-    return rank % (dist.get_world_size() - idle_ranks(options)) if rank < 0 else rank
+    members = group_members(options, dist.get_world_size())
+    return int(options.get("coordinator_rank", 0)) % len(members)
+
+
+@contextlib.contextmanager
+def _on_own_group(call: str, options: dict) -> Iterator[None]:
+    """A call on a group of a subset of the job must communicate over that group alone (paddle_group_watch)."""
+    if not idle_ranks(options):
+        yield
+        return
+    import paddle.distributed as dist
+
+    with world_group_use() as used:
+        yield
+    check_own_group(call, group_members(options, dist.get_world_size()), used)
 
 
 def _process_group(options: dict) -> tuple[Any, bool]:
@@ -665,11 +685,10 @@ def _process_group(options: dict) -> tuple[Any, bool]:
     makes the group, the idle ones too, as Paddle's ``new_group`` requires."""
     import paddle.distributed as dist
 
-    idle = idle_ranks(options)
-    if not idle:
+    if not idle_ranks(options):
         return None, True
-    busy = dist.get_world_size() - idle
-    return _group(tuple(range(busy))), dist.get_rank() < busy
+    members = group_members(options, dist.get_world_size())
+    return _group(members), dist.get_rank() in members
 
 
 def state_key(name: str, options: dict, side: str) -> str:

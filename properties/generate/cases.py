@@ -122,9 +122,14 @@ def load_world_of(draw, caps: Caps, opts: dict, ranks: int) -> int:
 
 
 def unmet_choices_dropped(opts: dict, caps: Caps) -> dict:
-    """``opts`` without the choices whose condition (``choice:KEY=V@OTHER=W``) the other options do not meet."""
-    return {k: v for k, v in opts.items()
-            if k not in caps.choice_when or opts.get(caps.choice_when[k][0]) == caps.choice_when[k][1]}
+    """``opts`` without the choices whose condition (``choice:KEY=V@OTHER=W``) the other options do not meet, until
+    none is left: a choice whose condition was itself dropped goes too."""
+    while True:
+        kept = {k: v for k, v in opts.items()
+                if k not in caps.choice_when or opts.get(caps.choice_when[k][0]) == caps.choice_when[k][1]}
+        if kept == opts:
+            return kept
+        opts = kept
 
 
 def _value(text: str) -> int | str:

@@ -71,13 +71,32 @@ SPECIAL_BITS: dict[str, tuple[int, ...]] = {
 
 
 # options["process_group"] == "subset": the SUT's calls run on a process group of the ranks the layouts fix, and the
-# job has one rank more that takes no part in them (a job whose other ranks do other work, or none).
+# job has one rank more that takes no part in them (a job whose other ranks do other work, or none). That idle
+# rank is options["idle_rank"], counted modulo the op's world as a Python index (default -1, the last: the group is
+# ranks 0..k-1; 0: ranks 1..k; in between: a group with a hole). The group's members, in rank order, take the
+# layouts' ranks 0..k-1.
 PROCESS_GROUP = "process_group"
+IDLE_RANK = "idle_rank"
 
 
 def idle_ranks(options: dict) -> int:
     """Ranks of an op's job outside the process group its calls run on."""
     return 1 if options.get(PROCESS_GROUP) == "subset" else 0
+
+
+def group_members(options: dict, world: int) -> tuple[int, ...]:
+    """The ranks of a job of ``world`` processes that take part in its calls, in rank order."""
+    if not idle_ranks(options):
+        return tuple(range(world))
+    idle = int(options.get(IDLE_RANK, -1)) % world
+    return tuple(r for r in range(world) if r != idle)
+
+
+def layout_rank(options: dict, rank: int, world: int) -> int | None:
+    """The rank the layouts give process ``rank``'s pieces to: its place among the group's members; None for an
+    idle rank, which holds nothing."""
+    members = group_members(options, world)
+    return members.index(rank) if rank in members else None
 
 
 class CaseError(ValueError):
@@ -308,6 +327,10 @@ class Case:
             memo[which] = {name: layout_from_json(data) for name, data in raw.items()}
         return dict(memo[which])
 
+    def layout_rank(self, rank: int, which: str) -> int | None:
+        """The layouts' rank of process ``rank`` in an op under ``which`` layouts (None: an idle rank)."""
+        return layout_rank(self.options, rank, self.world_size(which))
+
     def op_world(self, index: int) -> int | None:
         """How many ranks op ``index`` runs on (None: the harness does it between rank ops)."""
         return None if self.ops[index].kind in HARNESS_KINDS else self.world_size(self.op_layouts(index))
@@ -408,6 +431,10 @@ class Case:
                     case = replace(case, fault=fault)
                 except FaultSpecError as exc:
                     raise CaseError(f"{source}: bad fault: {exc}") from None
+            if IDLE_RANK in case.options and (case.options.get(PROCESS_GROUP) != "subset"
+                                              or type(case.options[IDLE_RANK]) is not int):
+                raise ValueError(f"option {IDLE_RANK} {case.options[IDLE_RANK]!r}: an int, with process_group "
+                                 "\"subset\" alone")
             if NESTED in case.options:
                 nesting.check([t.name for t in tensors], case.options[NESTED], case.options.get(EMPTY_DICTS, ()))
             if AOA in case.options:

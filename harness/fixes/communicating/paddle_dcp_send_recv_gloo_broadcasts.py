@@ -37,18 +37,11 @@ FIX = Fix(
     framework="paddle",
     version="3.3.1",
     summary="send_recv communicators on gloo: one tag counter per group parts a pair's tags; broadcast each chunk",
-    hunks=(Hunk(_MODULE, "SendRecvCommunicator.communicate", "50b185709a46da3d", (
-        ("                batch_data, cur_rank, use_group=self.use_group\n",
-         "                batch_data,\n"
-         "                cur_rank,\n"
-         "                use_group=self.use_group,\n"
-         "                group=process_group,\n"),
-    )), Hunk(_MODULE, "SendRecvCommunicator._execute_p2p_ops", "80a068171c799fd8", (
-        ("    def _execute_p2p_ops(self, batch_data, cur_rank, use_group):\n",
-         "    def _execute_p2p_ops(self, batch_data, cur_rank, use_group, group=None):\n"),
+    hunks=(Hunk(_MODULE, "SendRecvCommunicator._execute_p2p_ops", "80a068171c799fd8", (
         ("        p2p_ops = []\n",
          "        p2p_ops = []\n" + _BROADCASTS),
-    ))),
+    )),),
     covers=("paddle-gloo-p2p-tags-diverge",),
-    requires=("paddle-dcp-send-recv-wire-dtype",),  # its chunks travel in the wire dtypes that fix defines
+    # its chunks travel in the wire dtypes the first defines, over the load's group the second hands down
+    requires=("paddle-dcp-send-recv-wire-dtype", "paddle-dcp-p2p-own-group"),
 )

@@ -54,12 +54,12 @@ FIX = Fix(
          "            )\n"
          "            for entry in gathered_files:\n"
          "                files_before.update(entry)\n"),
-        ("        if paddle.distributed.get_rank() == coordinator_rank:\n"
+        ("        if is_coordinator:\n"
          "            metadata_path = os.path.join(path, f\"{unique_id}.metadata\")\n"
          "            paddle.save(metadata, f\"{metadata_path}.tmp\")\n"
          "            os.replace(f\"{metadata_path}.tmp\", metadata_path)\n"
          "\n"
-         "        if paddle.distributed.get_rank() == coordinator_rank:\n"
+         "        if is_coordinator:\n"
          + _FSYNC_NAMES.format(i="            "),
          "        def publish_metadata():\n"
          "            metadata_path = os.path.join(path, f\"{unique_id}.metadata\")\n"
@@ -68,12 +68,12 @@ FIX = Fix(
          + _FSYNC_NAMES.format(i="            ")
          + "\n"
          "        # An async save's metadata waits for its writers (below).\n"
-         "        if paddle.distributed.get_rank() == coordinator_rank and not async_save:\n"
+         "        if is_coordinator and not async_save:\n"
          "            publish_metadata()\n"),
         ("            p = start_process()\n"
          "            async_save_queue.append(p)\n",
          "            p = start_process()\n"
-         "            if paddle.distributed.get_rank() == coordinator_rank:\n"
+         "            if is_coordinator:\n"
          "                import threading\n"
          "\n"
          "                # Every rank's file, also one whose tensors all went to\n"

@@ -23,7 +23,7 @@ FIX = Fix(
          "            )\n"
          "\n"
          "        if async_save:\n",
-         "        if paddle.distributed.get_rank() == coordinator_rank:\n"
+         "        if is_coordinator:\n"
          "            # The names: the metadata's in path, and each directory's in its\n"
          "            # parent up to the mount point (makedirs may have made several).\n"
          "            directory = os.path.abspath(path)\n"

@@ -1,7 +1,8 @@
 """``save_state_dict`` writes its metadata with ``write_to_file_if_empty``, which keeps a metadata file already there
 and elects its writer by a lock file that a killed save leaves behind: a re-save into a directory (the default
 unique_id is the existing one) keeps the old, damaged or crashed save's metadata, or writes none. The coordinator
-rank now writes the metadata to a temporary file and renames it over the old one."""
+rank now writes the metadata to a temporary file and renames it over the old one; ``coordinator_rank`` counts in
+the save's ``process_group`` (as its collectives do), so a group without global rank 0 has a coordinator too."""
 
 from harness.fixes.patch import Fix, Hunk
 
@@ -15,7 +16,13 @@ FIX = Fix(
         ("        write_to_file_if_empty(\n"
          "            metadata, os.path.join(path, f\"{unique_id}.metadata\")\n"
          "        )\n",
-         "        if paddle.distributed.get_rank() == coordinator_rank:\n"
+         "        # The coordinator is the rank of that place in the save's group.\n"
+         "        is_coordinator = coordinator_rank == (\n"
+         "            paddle.distributed.get_rank()\n"
+         "            if process_group is None\n"
+         "            else process_group.rank\n"
+         "        )\n"
+         "        if is_coordinator:\n"
          "            metadata_path = os.path.join(path, f\"{unique_id}.metadata\")\n"
          "            paddle.save(metadata, f\"{metadata_path}.tmp\")\n"
          "            os.replace(f\"{metadata_path}.tmp\", metadata_path)\n"),)),),

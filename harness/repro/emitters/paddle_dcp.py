@@ -7,12 +7,14 @@ given; the script spells out which, from the case's options.
 
 from __future__ import annotations
 
+import re
+
 from harness.repro.emitters import paddle_text
 from harness.repro.emitters.nesting_text import NESTING
 from harness.repro.render import HOLD_PROCESSES
 from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
 from harness.sut.paddle_dcp import state_key
-from properties.model.case import PROCESS_GROUP
+from properties.model.case import IDLE_RANK, PROCESS_GROUP, idle_ranks
 from reference import aoa
 
 FRAMEWORK = "paddle"
@@ -27,8 +29,8 @@ RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "uni
 def settings(scripted: ScriptedCase) -> str:
     options = scripted.options
     unknown = sorted(set(options) - INERT - RENDERED)
-    if options.get(PROCESS_GROUP) == "world":  # Paddle's default group: the script passes none
-        unknown.remove(PROCESS_GROUP)
+    if options.get(PROCESS_GROUP) in ("world", "subset"):  # the world's: Paddle's default, the script passes none
+        unknown = [u for u in unknown if u not in (PROCESS_GROUP, IDLE_RANK)]
     if unknown:
         raise ReproUnsupported(f"option(s) {unknown} (the script does not render them yet)")
     kind = options.get("tensor_kind", "sharded_weight")
@@ -43,8 +45,10 @@ def settings(scripted: ScriptedCase) -> str:
             + (f"NESTED = {options['nested']!r}  # a name's parts at this separator are nested dict keys\n"
                f"EMPTY_DICTS = {list(options.get('empty_dicts', ()))!r}  # sub-dicts with nothing in them\n"
                if options.get("nested") else "")
-            + (f"COORDINATOR_RANK = {options['coordinator_rank']!r}  # of both calls; negative: from the world's end\n"
+            + (f"COORDINATOR_RANK = {options['coordinator_rank']!r}  # of both calls; negative: from the group's end\n"
                if "coordinator_rank" in options else "")
+            + (f"IDLE_RANK = {options.get(IDLE_RANK, -1)!r}  # the launch's rank (negative: from its end) that "
+               "takes no part;\n# the others are the process group of both calls\n" if idle_ranks(options) else "")
             + (f"OFFLOAD = {bool(options['offload'])}  # load_state_dict(offload=)\n" if "offload" in options else "")
             + (f"MW_NAME_COMPATIBILITY = {options['mw_names'] != 'off'}\n" if "mw_names" in options else "")
             + (f"KEYS = {_renamed(scripted)!r}  # per side, a piece's state dict key where it is not its name\n"
@@ -95,7 +99,10 @@ def _call_arguments(scripted: ScriptedCase, load: bool) -> str:
     """The keyword arguments of a save or load call the case sets beyond the script's fixed ones."""
     options, out = scripted.options, []
     if "coordinator_rank" in options:
-        out.append("coordinator_rank=COORDINATOR_RANK % dist.get_world_size()")
+        out.append("coordinator_rank=COORDINATOR_RANK % len(members)" if idle_ranks(options)
+                   else "coordinator_rank=COORDINATOR_RANK % dist.get_world_size()")
+    if idle_ranks(options):
+        out.append("process_group=group")
     if load and "offload" in options:  # (load_merged_state_dict takes only this one of them)
         out.append("offload=OFFLOAD")
     if load and "mw_names" in options:
@@ -123,6 +130,8 @@ def helpers(scripted: ScriptedCase) -> str:
         blocks[-1] = MERGE + blocks[-1].replace('side="load"', 'side="save"').replace(
             'key(n, "load")', 'key(n, "save")').replace("location(name)", "merged(name)").replace(
             "safetensors=SAFETENSORS,", "safetensors=True,")
+    if idle_ranks(scripted.options):  # the calls run on a group of all ranks but one, and on it alone
+        blocks = [OWN_GROUP, *blocks[:-2], *(_on_own_group(b) for b in blocks[-2:])]
     if _full_param(scripted):  # the load above gives the pieces full_param assembles
         blocks[-1] = blocks[-1].replace("def load(", "def load_pieces(") + "\n\n" + FULL_PARAM.replace(
             "FULL_PARAM_KEY", '".".join(n.split(NESTED))' if nested else 'key(n, "load")')
@@ -130,6 +139,93 @@ def helpers(scripted: ScriptedCase) -> str:
         "LOAD_ARGUMENTS", _call_arguments(scripted, load=True)).replace(
         "MERGED_ARGUMENTS", ", offload=OFFLOAD" if "offload" in scripted.options else "")
 
+
+def _on_own_group(block: str) -> str:
+    """A save or load helper whose call runs on own_group()'s group, the idle rank calling nothing, and that must
+    communicate over the world's group not at all."""
+    block = re.sub(r"(def (?:save|load)\(name, pieces[^\n]*\):\n)", r"\1" + ON_OWN_GROUP, block, count=1)
+    for call in ("save_state_dict", "load_state_dict"):
+        block = block.replace(f"    dist.{call}(", f"    used = world_group_use()\n    dist.{call}(")
+    for arguments, call in (("SAVE_ARGUMENTS)\n", "save_state_dict"), ("LOAD_ARGUMENTS)\n", "load_state_dict")):
+        block = block.replace(arguments, f"{arguments}    check_own_group({call!r}, members, used)\n")
+    return block
+
+
+ON_OWN_GROUP = '''    group, members = own_group()
+    if RANK not in members:  # the idle rank holds nothing and calls nothing
+        return {}
+'''
+
+OWN_GROUP = '''import atexit  # noqa: E402
+
+
+def own_group():
+    """(the calls' process group, its ranks): every rank of the launch but IDLE_RANK. Every rank makes it, the idle
+    one too, as new_group requires; once per launch."""
+    if not GROUP:
+        size = dist.get_world_size()
+        members = [r for r in range(size) if r != IDLE_RANK % size]
+        GROUP.extend([dist.new_group(members), members])
+        atexit.register(leave_together)
+    return GROUP[0], GROUP[1]
+
+
+def leave_together():
+    """The launch's ranks exit together (bounded): the idle rank may host the job's TCP store, which the members
+    need until their last call has returned."""
+    import time
+
+    mark = lambda rank: f"{ROOT}.left-{PHASE}-{rank}"  # noqa: E731
+    open(mark(RANK), "w").close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not all(os.path.exists(mark(r)) for r in range(dist.get_world_size())):
+        time.sleep(0.1)
+
+
+GROUP = []
+
+
+class Recording:
+    """Stands in for the world group's ProcessGroup during a call given a group of its own: forwards everything,
+    notes each communicating method called."""
+
+    def __init__(self, real, used):
+        self._real, self._used = real, used
+
+    def __getattr__(self, name):
+        value = getattr(self._real, name)
+        if name in ("name", "rank", "size") or name.startswith("_") or not callable(value):
+            return value
+
+        def recorded(*args, **kwargs):
+            self._used.append(name)
+            return value(*args, **kwargs)
+
+        return recorded
+
+
+def world_group_use():
+    """Start noting the operations made over the world's process group; check_own_group ends it."""
+    from paddle.distributed.communication.group import _get_global_group
+
+    world, used = _get_global_group(), []
+    world._pg = Recording(world._pg, used)
+    return used
+
+
+def check_own_group(call, members, used):
+    """The call was given the group of ``members``: it must not have communicated over the world's group, in which
+    the ranks outside its group take no part (on gloo the world group's tag counters then part)."""
+    from paddle.distributed.communication.group import _get_global_group
+
+    world = _get_global_group()
+    world._pg = world._pg._real
+    if used:
+        raise Failed(f"{call}(process_group=<ranks {members}>) communicated over the world's process group "
+                     f"({', '.join(sorted(set(used)))}), in which the ranks outside its group take no part")
+
+
+'''
 
 LOCATION = '''def location(name):
     """(directory, unique_id) of a checkpoint name: its own directory, or a version of the shared one."""

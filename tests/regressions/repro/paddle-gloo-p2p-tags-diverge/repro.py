@@ -205,9 +205,11 @@ def main():
     ROOT, PHASE = sys.argv[1], int(sys.argv[2])
     paddle.set_device("cpu")
     if not paddle.is_compiled_with_cuda():
-        # CPU-only Paddle: the checkpoint code calls Tensor.cuda() and paddle.device.synchronize() on its reshard and
-        # async paths; on a CPU wheel those raise, so they become a CPU copy and a no-op (nothing else is changed).
+        # CPU-only Paddle: the checkpoint code calls Tensor.cuda(), Tensor.pin_memory() and paddle.device.synchronize()
+        # on its reshard, offload and async paths; on a CPU wheel those raise, so they become CPU copies and a no-op
+        # (nothing else is changed).
         paddle.Tensor.cuda = lambda self, *args, **kwargs: self.clone()
+        paddle.Tensor.pin_memory = lambda self, *args, **kwargs: self.clone()
         paddle.device.synchronize = lambda *args, **kwargs: None
     if int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1:
         dist.init_parallel_env()

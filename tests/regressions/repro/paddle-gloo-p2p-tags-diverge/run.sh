@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs repro.py: each launch below starts fresh processes on the same checkpoint directory.
-# CPU shims: on a CPU-only Paddle wheel repro.py turns Tensor.cuda() into a CPU copy and
-# device.synchronize() into a no-op, because the checkpoint code calls them on the paths the bug needs.
+# CPU shims: on a CPU-only Paddle wheel repro.py turns Tensor.cuda() and Tensor.pin_memory() into CPU copies
+# and device.synchronize() into a no-op, because the checkpoint code calls them on the paths the bug needs.
 # Exit status: 0 when no step shows the bug; 1 (or the failing launch's status) while it is there;
 # 124 when a launch hangs (bounded at 300 s).
 set -u
