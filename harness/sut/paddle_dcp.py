@@ -61,9 +61,10 @@ class DcpHandle:
 
 
 # load_state_dict's communicators: every one must load the same bits. parallel_broadcast reshards within a grid of
-# horizontal and vertical groups (and across a parallel group of such grids, which a world this harness launches
-# on CPU never has: that needs 8 ranks); the grid is the one _grid draws, so its loads run on the worlds that have
-# one (GRID_WORLDS: 4 ranks or more, not prime), and the strategies draw those ("load_world:").
+# horizontal and vertical groups, and across a parallel group of such grids where there are several
+# (PARALLEL_GRIDS: the world as 1 grid, or split into 2 equal halves, each a grid, the parallel groups pairing a
+# rank with its place in the other half); the grid is the one _grid draws, so its loads run on the worlds that have
+# one (GRID_WORLDS: 4 ranks or more, not prime; 2 grids: 8, 12, 16), and the strategies draw those ("load_world:").
 COMM_METHODS = ("broadcast", "send_recv", "grouped_send_recv", "multi_group_broadcast", "parallel_broadcast")
 
 
@@ -79,7 +80,17 @@ def _grid(size: int) -> list[tuple[int, ...]] | None:
     return rows if len(rows) > 1 and len(rows[0]) > 1 else None
 
 
+def _grids(size: int, count: int) -> list[list[tuple[int, ...]]] | None:
+    """The world as ``count`` equal blocks of consecutive ranks, each a ``_grid`` (its rows, in global ranks), or
+    None where it has no such split."""
+    if size % count or _grid(size // count) is None:
+        return None
+    block = size // count
+    return [[tuple(start + r for r in row) for row in _grid(block)] for start in range(0, size, block)]
+
+
 GRID_WORLDS = tuple(size for size in range(1, 17) if _grid(size))
+PARALLEL_GRIDS = (1, 2)
 
 VIRTUAL_COMM = ("broadcast",)  # the virtual world emulates collectives, not point-to-point sends or sub-groups
 # coordinator_rank of both calls: Paddle's default, and the world's last rank (-1, resolved per op's world).
@@ -115,6 +126,8 @@ class PaddleDcpSut(PaddleAdapter):
          "split_families", "virtual", "nested"}
         | {f"choice:comm_method={m}" for m in COMM_METHODS}
         | {f"load_world:{size}@comm_method=parallel_broadcast" for size in GRID_WORLDS}
+        | {f"choice:parallel_grids={n}@comm_method=parallel_broadcast" for n in PARALLEL_GRIDS}
+        | {f"load_world:{size}@parallel_grids={n}" for n in PARALLEL_GRIDS for size in range(1, 17) if _grids(size, n)}
         | {f"choice:coordinator_rank={r}" for r in COORDINATORS}
         | {f"choice:mw_names={m}" for m in MW_NAMES}
         | {f"choice:load_api={a}" for a in LOAD_APIS}
@@ -152,7 +165,7 @@ class PaddleDcpSut(PaddleAdapter):
             else:
                 for tname, rt in group.items():
                     value, local = _wrap(state_key(tname, options, "save"), rt, to_paddle(rt.local.tensor), kind,
-                                         meshes)
+                                         meshes, options)
                     if value is not None:
                         state[tname] = value
                         handle.tensors.append(local)
@@ -244,7 +257,7 @@ class PaddleDcpSut(PaddleAdapter):
         for tname, rt in targets.items():
             lt = rt.local
             value, local = _wrap(state_key(tname, options, side), rt, zeros(lt.tensor.dtype, lt.tensor.shape), kind,
-                                 meshes)
+                                 meshes, options)
             if value is None:  # a zero-length flat slice: nothing to ask Paddle for
                 out[tname] = Tensor(lt.tensor.dtype, np.zeros(lt.tensor.shape, lt.tensor.dtype.bits_dtype))
                 continue
@@ -310,10 +323,12 @@ class PaddleDcpSut(PaddleAdapter):
         if case.options.get("comm_method") == "multi_group_broadcast" and lone:
             return f"op {lone[0]} loads with multi_group_broadcast in a world of one, which has no worker group"
         gridless = [i for i, op in enumerate(case.ops)
-                    if op.kind == "load" and _grid(case.world_size(case.op_layouts(i))) is None]
+                    if op.kind == "load" and _grids(case.world_size(case.op_layouts(i)),
+                                                    int(case.options.get("parallel_grids", 1))) is None]
         if case.options.get("comm_method") == "parallel_broadcast" and gridless:
             return (f"op {gridless[0]} loads with parallel_broadcast in a world of "
-                    f"{case.world_size(case.op_layouts(gridless[0]))}, which has no grid of groups of 2 ranks or more")
+                    f"{case.world_size(case.op_layouts(gridless[0]))}, which has no "
+                    f"{case.options.get('parallel_grids', 1)} grid(s) of groups of 2 ranks or more")
         if case.options.get("load_api") == "merge_sharded_state_dict":
             refused = _unmergeable(case)
             if refused:
@@ -473,18 +488,19 @@ def _unmergeable(case: Any) -> str | None:
     return None
 
 
-def _worker_groups(comm_method: str) -> list[Any] | None:
+def _worker_groups(options: dict) -> list[Any] | None:
     """``multi_group_broadcast`` broadcasts within groups the caller names (a trainer passes its parallel groups):
     the job here has one, the world's (none in a world of one, which has no group). ``parallel_broadcast`` takes a
-    horizontal, a vertical and a parallel group: the rank's row and column of _grid, and no parallel group (one
-    grid, the two-dimensional path)."""
+    horizontal, a vertical and a parallel group: the rank's row and column of its grid, and its parallel group
+    across the grids (none for one grid, the two-dimensional path)."""
     import paddle.distributed as dist
 
+    comm_method = options.get("comm_method", "broadcast")
     if comm_method not in ("multi_group_broadcast", "parallel_broadcast") or not dist.is_initialized():
         return None
     if comm_method == "parallel_broadcast":
-        groups = _grid_groups()
-        return [groups["h_group"], groups["v_group"], None]
+        groups = _grid_groups(int(options.get("parallel_grids", 1)))
+        return [groups["h_group"], groups["v_group"], groups.get("p_group")]
     from paddle.distributed.communication.group import _get_global_group
 
     return [_get_global_group()]
@@ -512,7 +528,7 @@ def _load_arguments(options: dict) -> dict[str, Any]:
     """load_state_dict's keyword arguments the case's options choose (besides the path, version and AoA config)."""
     return {"safetensors": options.get("format") == "safetensors",
             "comm_method": options.get("comm_method", "broadcast"),
-            "worker_groups": _worker_groups(options.get("comm_method", "broadcast")),
+            "worker_groups": _worker_groups(options),
             "coordinator_rank": _coordinator(options),
             "process_group": _process_group(options)[0],
             "offload": bool(options.get("offload", False)),
@@ -612,17 +628,24 @@ def _full_param_groups(choice: str) -> dict[str, Any]:
     return {} if choice == "world" else _grid_groups()
 
 
-def _grid_groups() -> dict[str, Any]:
-    """The rank's row (``h_group``) and column (``v_group``) of ``_rows``. Every rank makes every group, in one
-    order, as Paddle's ``new_group`` requires; a process keeps its groups (its world never changes)."""
+def _grid_groups(count: int = 1) -> dict[str, Any]:
+    """The rank's row (``h_group``) and column (``v_group``) of its grid among ``count`` (``_grids``), and with
+    several its parallel group (``p_group``): the ranks at its place in every grid. Every rank makes every group,
+    in one order, as Paddle's ``new_group`` requires; a process keeps its groups (its world never changes)."""
     import paddle.distributed as dist
 
     size, rank = dist.get_world_size(), dist.get_rank()
-    rows = _rows(size)
-    row = len(rows[0])
-    columns = [tuple(r[i] for r in rows) for i in range(row)]
-    made = {ranks: _group(ranks) for ranks in (*rows, *columns)}
-    return {"h_group": made[rows[rank // row]], "v_group": made[columns[rank % row]]}
+    grids = _grids(size, count)
+    assert grids is not None, f"a world of {size} has no {count} grid(s)"
+    rows = [row for grid in grids for row in grid]
+    columns = [tuple(r[i] for r in grid) for grid in grids for i in range(len(grid[0]))]
+    block = size // count
+    parallel = [tuple(range(place, size, block)) for place in range(block)] if count > 1 else []
+    made = {ranks: _group(ranks) for ranks in (*rows, *columns, *parallel)}
+    mine = {"h_group": next(r for r in rows if rank in r), "v_group": next(c for c in columns if rank in c)}
+    if parallel:
+        mine["p_group"] = parallel[rank % block]
+    return {name: made[ranks] for name, ranks in mine.items()}
 
 
 _groups: dict[tuple[int, ...], Any] = {}
@@ -729,7 +752,7 @@ def _given(state: dict[str, Any], options: dict, family: str, side: str) -> dict
     return {state_key(tname, options, side): value for tname, value in state.items()}
 
 
-def _wrap(name: str, rt: RankTensor, local: Any, kind: str, meshes: dict) -> tuple[Any, Any]:
+def _wrap(name: str, rt: RankTensor, local: Any, kind: str, meshes: dict, options: dict) -> tuple[Any, Any]:
     """(what goes in Paddle's state dict, the dense local tensor holding the bits) for one rank's piece.
     ``meshes``: the ProcessMesh objects this state dict's dist tensors use so far (``_dist_tensor``)."""
     import paddle.distributed as dist
@@ -752,12 +775,14 @@ def _wrap(name: str, rt: RankTensor, local: Any, kind: str, meshes: dict) -> tup
     if kind == "dist_from_local":
         if rt.layout is None:
             return local, local  # a plain tensor on rank 0 only
-        return _dist_tensor(rt.layout, local, gshape, meshes), local
+        return _dist_tensor(rt.layout, local, gshape, meshes, group_members(options, dist.get_world_size())), local
     return dist.ShardedWeight(name, local, tuple(lt.region.shape), gshape, tuple(lt.region.offsets)), local
 
 
-def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...], meshes: dict) -> Any:
-    """A dist tensor over the layout's mesh (restricted to its owner coordinates) with the global shape given
+def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...], meshes: dict,
+                 members: tuple[int, ...]) -> Any:
+    """A dist tensor over the layout's mesh (restricted to its owner coordinates) of the processes that take part
+    (``members``: the layouts' rank r is the process members[r]), with the global shape given
     explicitly: ``dist.dtensor_from_local`` would infer local × mesh size, wrong for uneven splits. Tensors of one
     state dict on the same processes share one ProcessMesh (``meshes``), as a model's parameters do: each new one
     is registered process-wide by a linear scan of every mesh before it, so a mesh per piece would make a load's
@@ -765,7 +790,7 @@ def _dist_tensor(layout: Sharded, local: Any, gshape: tuple[int, ...], meshes: d
     import paddle
     import paddle.distributed as dist
 
-    ids = np.arange(layout.mesh.world_size).reshape(layout.mesh.shape)
+    ids = np.asarray(members)[np.arange(layout.mesh.world_size)].reshape(layout.mesh.shape)
     for mesh_dim, indices in owner_indices(layout.owner).items():
         ids = np.take(ids, indices, axis=mesh_dim)
     key = (ids.shape, ids.tobytes(), tuple(layout.mesh.dim_names))

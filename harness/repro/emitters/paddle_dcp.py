@@ -23,7 +23,7 @@ TEXT = paddle_text  # the framework's part of the script (set-up, tensors, launc
 INERT = frozenset({"encoding", "experts", "commit_timeout", "op_timeout"})
 RENDERED = frozenset({"format", "tensor_kind", "same_dir", "save_replicas", "unique_id", "comm_method", "nested",
                       "empty_dicts", "coordinator_rank", "offload", "mw_names", "load_api", "aoa",
-                      "full_param_groups", "full_param_splits", "producer"})
+                      "full_param_groups", "full_param_splits", "producer", "parallel_grids"})
 
 
 def settings(scripted: ScriptedCase) -> str:
@@ -45,6 +45,8 @@ def settings(scripted: ScriptedCase) -> str:
             + (f"NESTED = {options['nested']!r}  # a name's parts at this separator are nested dict keys\n"
                f"EMPTY_DICTS = {list(options.get('empty_dicts', ()))!r}  # sub-dicts with nothing in them\n"
                if options.get("nested") else "")
+            + (f"PARALLEL_GRIDS = {options.get('parallel_grids', 1)!r}  # parallel_broadcast's grids of groups\n"
+               if options.get("comm_method") == "parallel_broadcast" else "")
             + (f"COORDINATOR_RANK = {options['coordinator_rank']!r}  # of both calls; negative: from the group's end\n"
                if "coordinator_rank" in options else "")
             + (f"IDLE_RANK = {options.get(IDLE_RANK, -1)!r}  # the launch's rank (negative: from its end) that "
@@ -132,6 +134,10 @@ def helpers(scripted: ScriptedCase) -> str:
             "safetensors=SAFETENSORS,", "safetensors=True,")
     if idle_ranks(scripted.options):  # the calls run on a group of all ranks but one, and on it alone
         blocks = [OWN_GROUP, *blocks[:-2], *(_on_own_group(b) for b in blocks[-2:])]
+        # a dist tensor's mesh names the processes that hold it: the layouts' rank r is the group's r-th member
+        blocks = [b.replace("ids = np.arange(int(np.prod(p.mesh))).reshape(p.mesh)",
+                            "ids = np.asarray(own_group()[1])[np.arange(int(np.prod(p.mesh)))].reshape(p.mesh)")
+                  for b in blocks]
     if _full_param(scripted):  # the load above gives the pieces full_param assembles
         blocks[-1] = blocks[-1].replace("def load(", "def load_pieces(") + "\n\n" + FULL_PARAM.replace(
             "FULL_PARAM_KEY", '".".join(n.split(NESTED))' if nested else 'key(n, "load")')
@@ -238,25 +244,31 @@ LOCATION = '''def location(name):
 
 '''
 
-GRID = '''def grid_groups():
-    """The rank's row (horizontal group) and column (vertical group) of the world's ranks in rows of its largest
-    proper divisor (the whole world when its size is prime). Every rank makes every group, in one order, as
-    new_group requires."""
+GRID = '''def grid_groups(count=1):
+    """The rank's row (horizontal group) and column (vertical group) of its grid: the world in ``count`` equal
+    blocks of consecutive ranks, each in rows of its largest proper divisor (the whole block when its size is
+    prime); with several grids, its parallel group too: the ranks at its place in every block. Every rank makes
+    every group, in one order, as new_group requires."""
     size, rank = dist.get_world_size(), dist.get_rank()
-    row = max([d for d in range(2, size) if size % d == 0], default=size)
+    block = size // count
+    row = max([d for d in range(2, block) if block % d == 0], default=block)
     rows = [list(range(start, start + row)) for start in range(0, size, row)]
-    columns = [[r[i] for r in rows] for i in range(row)]
-    groups = {tuple(g): dist.new_group(g) for g in rows + columns}
-    return {"h_group": groups[tuple(rows[rank // row])], "v_group": groups[tuple(columns[rank % row])]}
+    columns = [[start + r + i for r in range(0, block, row)] for start in range(0, size, block) for i in range(row)]
+    parallel = [list(range(place, size, block)) for place in range(block)] if count > 1 else []
+    groups = {tuple(g): dist.new_group(g) for g in rows + columns + parallel}
+    mine = {"h_group": rows[rank // row], "v_group": next(c for c in columns if rank in c)}
+    if parallel:
+        mine["p_group"] = parallel[rank % block]
+    return {name: groups[tuple(ranks)] for name, ranks in mine.items()}
 
 
 '''
 
 WORKER_GROUPS_GRID = '''def worker_groups():
-    """parallel_broadcast's horizontal, vertical and parallel groups: the rank's row and column of grid_groups(),
-    and no parallel group (one grid: the two-dimensional path)."""
-    groups = grid_groups()
-    return [groups["h_group"], groups["v_group"], None]
+    """parallel_broadcast's horizontal, vertical and parallel groups: the rank's row and column of its grid among
+    PARALLEL_GRIDS, and its parallel group across them (none for one grid: the two-dimensional path)."""
+    groups = grid_groups(PARALLEL_GRIDS)
+    return [groups["h_group"], groups["v_group"], groups.get("p_group")]
 
 
 '''
