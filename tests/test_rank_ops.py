@@ -92,6 +92,9 @@ class _OneStalledSave:
     def layouts(self, which: str) -> dict:
         return {}
 
+    def layout_rank(self, rank: int, which: str) -> int:
+        return rank
+
     def expected(self, version: int, which: str) -> dict:
         return {}
 

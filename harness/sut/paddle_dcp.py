@@ -80,13 +80,15 @@ def _grid(size: int) -> list[tuple[int, ...]] | None:
     return rows if len(rows) > 1 and len(rows[0]) > 1 else None
 
 
-def _grids(size: int, count: int) -> list[list[tuple[int, ...]]] | None:
-    """The world as ``count`` equal blocks of consecutive ranks, each a ``_grid`` (its rows, in global ranks), or
-    None where it has no such split."""
-    if size % count or _grid(size // count) is None:
-        return None
+def _blocks(size: int, count: int) -> list[list[tuple[int, ...]]]:
+    """The world as ``count`` equal blocks of consecutive ranks, each laid out as ``_rows`` (in global ranks)."""
     block = size // count
-    return [[tuple(start + r for r in row) for row in _grid(block)] for start in range(0, size, block)]
+    return [[tuple(start + r for r in row) for row in _rows(block)] for start in range(0, size, block)]
+
+
+def _grids(size: int, count: int) -> list[list[tuple[int, ...]]] | None:
+    """``_blocks`` where the world splits into ``count`` blocks that are each a ``_grid``, else None."""
+    return _blocks(size, count) if size % count == 0 and _grid(size // count) else None
 
 
 GRID_WORLDS = tuple(size for size in range(1, 17) if _grid(size))
@@ -629,14 +631,14 @@ def _full_param_groups(choice: str) -> dict[str, Any]:
 
 
 def _grid_groups(count: int = 1) -> dict[str, Any]:
-    """The rank's row (``h_group``) and column (``v_group``) of its grid among ``count`` (``_grids``), and with
+    """The rank's row (``h_group``) and column (``v_group``) of its block among ``count`` (``_blocks``), and with
     several its parallel group (``p_group``): the ranks at its place in every grid. Every rank makes every group,
     in one order, as Paddle's ``new_group`` requires; a process keeps its groups (its world never changes)."""
     import paddle.distributed as dist
 
     size, rank = dist.get_world_size(), dist.get_rank()
-    grids = _grids(size, count)
-    assert grids is not None, f"a world of {size} has no {count} grid(s)"
+    assert size % count == 0, f"a world of {size} has no {count} equal blocks"
+    grids = _blocks(size, count)
     rows = [row for grid in grids for row in grid]
     columns = [tuple(r[i] for r in grid) for grid in grids for i in range(len(grid[0]))]
     block = size // count
