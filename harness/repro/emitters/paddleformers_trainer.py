@@ -147,10 +147,11 @@ class HarnessModel(PretrainedModel):
 
 
 def tiny_model():
-    """The model at step 0: its parameters ("layers.0.w" nests sub-layers) hold the job's initial pieces."""
+    """The model at step 0: its parameters ("layers.0.w" nests sub-layers) hold the job's initial values, whole on
+    every rank (data parallel), as the first save's rank 0 holds them: a resume may run on more ranks than saved."""
     model = HarnessModel(HarnessConfig())
     for name, dtype in sorted(PARAMS.items()):
-        piece = DATA["save", 0][RANK]["model/" + name]
+        piece = DATA["save", 0][0]["model/" + name]
         layer, (*path, leaf) = model, name.split(".")
         for part in path:
             if part not in layer._sub_layers:
@@ -345,7 +346,7 @@ def observe(trainer, pieces):
     for part in gathered:
         for key, value in part.items():
             state.setdefault(key, tuple(value))
-    for key, p in DATA["save", 0][RANK].items():
+    for key, p in DATA["save", 0][0].items():  # whole on every rank
         if key.split("/")[0] in ("model", "master", "optimizer", "ema"):
             state.setdefault(key, (DTYPE_NAMES[p.dtype], list(p.shape), p.bits))
     state["meta/step"] = ("int64", [], np.array(trainer.state.global_step, np.int64).tobytes().hex())
