@@ -225,7 +225,7 @@ class PaddleFormersTrainerSut(PaddleAdapter):
                 pass
             else:
                 raise RuntimeError(f"the Trainer resumed from {path} without starting a step")
-        _first_step_slots(trainer)
+            _first_step_slots(trainer)  # names its slots as the resumed job's process would: fresh
         self._trainer, self._died = trainer, None
         self._start = _Start(path, trainer.state.global_step)
         state = _observe(trainer, spec, params)
