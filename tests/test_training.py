@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, find, given, settings
 from hypothesis import strategies as st
 
 from harness.cli import main
@@ -147,7 +147,7 @@ def test_a_slice_trained_alone_is_the_slice_of_the_whole_run(data) -> None:
     rank training its own pieces from the seeds — and from a resharded checkpoint — gets the oracle's bits."""
     caps = Caps(REFERENCE_CAPS)
     ranks = data.draw(st.integers(1, 4))
-    tensors, save, load = data.draw(_layouts(caps, ranks, data.draw(st.booleans()), {}))
+    tensors, save, load, _ = data.draw(_layouts(caps, ranks, data.draw(st.booleans()), {}))
     spec = TrainingSpec.from_json(data.draw(specs()))
     params = tuple(Param(t.name, t.dtype, t.shape, t.seed) for t in tensors)
     s, n = data.draw(st.integers(0, 4)), data.draw(st.integers(0, 4))
@@ -160,6 +160,40 @@ def test_a_slice_trained_alone_is_the_slice_of_the_whole_run(data) -> None:
             train(spec, params, pieces, stop)
             expected = local_tensors(trained_state(spec, params, stop), lay, rank)
             assert _bits({k: v.tensor for k, v in pieces.items()}) == _bits({k: v.tensor for k, v in expected.items()})
+
+
+def _worlds(case: Case) -> tuple[int, int]:
+    return case.world_size("save"), case.world_size("load")
+
+
+def test_a_job_that_reshards_grows_and_shrinks_within_its_smallest_world() -> None:
+    """A training SUT claiming "reshard" saves on fewer ranks than the campaign's too, so a resume may grow as well as
+    shrink; "min_world:N" keeps every world of the change at N ranks or more; without "reshard" both stay whole."""
+    caps = sorted({*REFERENCE_CAPS, "min_world:2"})
+    drawn = training_cases("P-RESUME", "reference", 4, caps)
+    assert find(drawn, lambda c: _worlds(c)[0] < _worlds(c)[1]) is not None  # grows
+    assert find(drawn, lambda c: _worlds(c)[0] > _worlds(c)[1]) is not None  # shrinks
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(drawn)
+    def smallest(case: Case) -> None:
+        assert min(_worlds(case)) >= 2, case.dumps()
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(training_cases("P-RESUME", "reference", 3, sorted(set(REFERENCE_CAPS) - {"reshard"})))
+    def whole(case: Case) -> None:
+        assert _worlds(case) == (3, 3), case.dumps()
+
+    smallest()
+    whole()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(training_cases("P-RESUME", "reference", 4, REFERENCE_CAPS, with_faults=True, ptrace=False).filter(
+    lambda c: c.fault is not None))
+def test_a_resume_fault_strikes_a_rank_of_the_saving_job(case: Case) -> None:
+    """A fault in a save kills a rank that saves: the save may run on fewer ranks than the campaign has."""
+    assert case.fault.rank < case.world_size("save"), case.dumps()
 
 
 # --- case files ----------------------------------------------------------------------------------------------

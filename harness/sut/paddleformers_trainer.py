@@ -96,11 +96,15 @@ _run: Any = None  # the Trainer the shims serve (one run at a time in a rank pro
 
 
 class PaddleFormersTrainerSut(PaddleAdapter):
+    """"reshard": a job resumes on another world (data parallel, or sharding stage 1 on another degree).
+    "min_world:2": a job with an EMA on one rank dies as training starts (paddleformers-trainer-ema-needs-hybrid-
+    parallel, which no patch fixes), so no world of a drawn world change has one rank."""
+
     name = "paddleformers-trainer"
     framework = "paddleformers"
     capabilities: ClassVar[frozenset[str]] = frozenset(
         {"trains", "replicated", "latest", "ema_start:first", "master_init:param", "dtype:I64", "async", "kill_writer",
-         "flag:use_async_save"}
+         "flag:use_async_save", "reshard", "min_world:2"}
         | {f"dtype:{d}" for d in PARAM_DTYPES} | {f"format:{f}" for f in FORMATS}
         | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}
     )

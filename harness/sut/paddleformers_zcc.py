@@ -90,8 +90,8 @@ class _Save:
 class PaddleFormersZccSut(PaddleFormersTrainerSut):
     name = "paddleformers-zcc"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"trains", "replicated", "moe", "moe:keyed", "ep_change", "latest", "async", "kill_writer", "master_init:param",
-         "ema_seen:saved", "ema_every:1",
+        {"trains", "replicated", "reshard", "moe", "moe:keyed", "ep_change", "latest", "async", "kill_writer",
+         "master_init:param", "ema_seen:saved", "ema_every:1",
          "dtype:I64", "dtype:F32", "dtype:BF16", f"format:{FORMAT}"}
         | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}
         | {f"choice:gradient_accumulation_steps={n}" for n in ACCUMULATIONS}

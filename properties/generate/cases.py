@@ -70,6 +70,9 @@ class Caps:
         # "load_world:N@KEY=V": where option KEY is V, a load runs on a world of N ranks (one of the Ns listed), as
         # a communicator that reshards within a grid of groups needs a world that has one
         self.load_worlds: dict[tuple[str, object], set[int]] = {}
+        # "min_world:N": the SUT's job cannot run on fewer than N ranks (a known bug no patch fixes, or its design):
+        # no world of a drawn world change is smaller
+        self.min_world = max((int(c.split(":", 1)[1]) for c in self.caps if c.startswith("min_world:")), default=1)
         for c in self.caps:
             if c.startswith("load_world:"):
                 size, _, when = c.split(":", 1)[1].partition("@")
@@ -112,12 +115,13 @@ def options(draw, caps: Caps, rotation: bool = False) -> dict:
 
 @st.composite
 def load_world_of(draw, caps: Caps, opts: dict, ranks: int) -> int:
-    """A load's world of 1..``ranks`` ranks, among those that every drawn option fixing it allows ("load_world:");
-    any where none of them fits, which the SUT then refuses."""
-    fits = [n for n in range(1, ranks + 1)
+    """A load's world of ``caps.min_world``..``ranks`` ranks, among those that every drawn option fixing it allows
+    ("load_world:"); any where none of them fits, which the SUT then refuses."""
+    least = min(caps.min_world, ranks)
+    fits = [n for n in range(least, ranks + 1)
             if all(n in sizes for (key, value), sizes in caps.load_worlds.items() if opts.get(key) == value)]
-    if not fits or len(fits) == ranks:
-        return draw(st.integers(1, ranks))
+    if not fits or len(fits) == ranks - least + 1:
+        return draw(st.integers(least, ranks))
     return draw(st.sampled_from(fits))
 
 

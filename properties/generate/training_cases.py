@@ -86,9 +86,11 @@ def _state_layouts(params: dict[str, TensorLayout], mesh: Mesh) -> dict[str, dic
 
 @st.composite
 def _layouts(draw, caps: Caps, ranks: int, moe: bool, opts: dict):
-    """(parameters, save layouts, load layouts): dense parameters on any mesh, or DP-MoE on (dp, ep) meshes where
-    the experts keep their global ids across EP degrees."""
-    save_world = ranks
+    """(parameters, save layouts, load layouts, save world): dense parameters on any mesh, or DP-MoE on (dp, ep)
+    meshes where the experts keep their global ids across EP degrees. A SUT that reshards saves on a world of its
+    own too (a job resumed on more ranks than it saved on grows; on fewer, shrinks)."""
+    fewer = draw(st.integers(0, ranks - min(caps.min_world, ranks))) if caps.reshard else 0  # shrinks to none
+    save_world = ranks - fewer
     load_world = draw(load_world_of(caps, opts, ranks)) if caps.reshard else ranks
     flat_ok = "flat" in caps.caps
     dense = draw(_dense_params(caps, min_params=0 if moe else 1))
@@ -101,7 +103,7 @@ def _layouts(draw, caps: Caps, ranks: int, moe: bool, opts: dict):
         else:
             save = draw(_dense_layouts(dense, save_mesh, flat_ok))
             load = draw(_dense_layouts(dense, load_mesh, flat_ok)) if caps.reshard else save
-        return dense, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh)
+        return dense, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh), save_world
 
     save_mesh = draw(ep_meshes(save_world))
     # "ep_change": the load may run on another EP degree of the same world (a SUT that cannot change world size)
@@ -120,7 +122,7 @@ def _layouts(draw, caps: Caps, ranks: int, moe: bool, opts: dict):
     # ranks with ep > 0 save their experts only.
     save = {p.name: replicated(save_mesh) for p in dense} | save_experts
     load = {p.name: replicated(load_mesh) for p in dense} | load_experts
-    return params, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh)
+    return params, _state_layouts(save, save_mesh), _state_layouts(load, load_mesh), save_world
 
 
 @st.composite
@@ -131,7 +133,7 @@ def training_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
     caps = Caps(capabilities)
     moe = "moe" in caps.caps and (prop == "P-COVER" or draw(st.booleans()))
     opts = draw(options(caps))
-    params, save, load = draw(_layouts(caps, ranks, moe, opts))
+    params, save, load, save_world = draw(_layouts(caps, ranks, moe, opts))
     if "split_families" in caps.caps and draw(st.booleans()):  # one checkpoint per family, a kind for each
         opts["split_families"] = True
         if caps.tensor_kinds:
@@ -173,7 +175,7 @@ def training_cases(draw, prop: str, sut: str, ranks: int, capabilities: Iterable
                Op("save", f"step-{s2}", s2, use_async), Op("load", None if latest else name, s2 if latest else s),
                Op("train", None, max(n, s2)))
         if scenario == "fault":
-            fault = draw(faults("P-ATOMIC", ranks, use_async, ptrace, op=3))
+            fault = draw(faults("P-ATOMIC", save_world, use_async, ptrace, op=3))  # a rank of the saving job
     if spec.get("ema_seen") == "saved":  # only a checkpoint shows such an EMA: the resumed job saves one more step
         end = ops[-1].version + 1
         ops = (*ops, Op("train", None, end), Op("save", f"step-{end}", end), Op("load", f"step-{end}", end))

@@ -273,9 +273,10 @@ def observe(trainer, pieces, ema=None):
     gathered = []
     dist.all_gather_object(gathered, mine)
     state = assemble(gathered)
-    for key, p in DATA["save", 0][RANK].items():
-        if key.split("/")[0] in ("model", "master", "optimizer"):
-            state.setdefault(key, (DTYPE_NAMES[p.dtype], list(p.shape), p.bits))
+    for row in DATA["save", 0].values():  # each key whole on some rank of the first save, whatever world now runs
+        for key, p in row.items():
+            if key.split("/")[0] in ("model", "master", "optimizer"):
+                state.setdefault(key, (DTYPE_NAMES[p.dtype], list(p.shape), p.bits))
     for name in PARAMS if ema is not None else ():  # no rank handed its worker an EMA: it starts at zero
         state.setdefault("ema/" + name, whole(name, np.zeros(size_of(name), np.float32)))
     state["meta/step"] = ("int64", [], np.array(trainer.state.global_step, np.int64).tobytes().hex())
