@@ -282,6 +282,21 @@ def test_a_zcc_script_runs_one_live_job_with_zccs_shims_as_text() -> None:
     assert "def holding(" not in unheld and "def owned_range(" in unheld
 
 
+def test_a_zcc_script_resumed_on_another_world_gets_that_worlds_arguments() -> None:
+    """ZCC's arguments depend on the job's world (its sharding degree): a resume on another world runs a launch of
+    that world, which builds its job with that world's arguments."""
+    from reference.layout import Mesh, replicated
+
+    case = _case("paddleformers-zcc-stalled-save-torn")
+    grown = replicated(Mesh((3,))).to_json()
+    scripted = script_case(dataclasses.replace(case, load_layout={k: grown for k in case.load_layout}))
+    assert sorted({phase.world for phase in scripted.phases}) == [2, 3]
+    text = repro_py(scripted, "t", "s")
+    compile(text, "repro.py", "exec")
+    assert "ZCC_ARGUMENTS = {2: {" in text and ", 3: {" in text
+    assert 'ZCC_ARGUMENTS[int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))]' in text
+
+
 def test_a_kill_in_a_training_job_reaches_the_processes_its_ranks_spawned() -> None:
     """A kill at a syscall in a training case (strace follows the rank's whole tree) is armed in the rank and in the
     processes it spawned (ZCC's worker, which imports the script again, started before the step): they count the

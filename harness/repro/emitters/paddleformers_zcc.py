@@ -17,7 +17,7 @@ from pathlib import Path
 
 from harness.repro.emitters import paddleformers_trainer as trainer
 from harness.repro.emitters import zcc_text
-from harness.repro.scripted_case import ReproUnsupported, ScriptedCase
+from harness.repro.scripted_case import ScriptedCase
 from harness.sut import paddleformers_zcc as adapter
 from harness.sut import trainer_job, zcc_shims
 from harness.sut.paddleformers_trainer import PaddleFormersTrainerSut, _optimizers
@@ -36,23 +36,23 @@ def settings(scripted: ScriptedCase) -> str:
     return trainer.loop_settings(scripted, RENDERED) + (
         f"HORIZON = {adapter.HORIZON}  # max_steps of a live job: the steps, not the loop, decide where it stops\n"
         f"# Zero-Cost Checkpointing on, beyond the Trainer's arguments: sharding stage 1 V2 with fused optimizer\n"
-        f"# states (ZCC asserts them), one worker (ZCC's EMA asserts it), the case's micro-batches per step\n"
+        f"# states (ZCC asserts them), one worker (ZCC's EMA asserts it), the case's micro-batches per step; by the\n"
+        f"# job's world\n"
         f"ZCC_ARGUMENTS = {zcc_arguments(scripted)!r}\n")
 
 
-def zcc_arguments(scripted: ScriptedCase) -> dict:
-    """What the adapter's ``_arguments`` sets beyond the Trainer SUT's, for the case's world: the adapter is the
-    spec, the script says only the difference (its ``trainer_for`` builds the rest)."""
+def zcc_arguments(scripted: ScriptedCase) -> dict[int, dict]:
+    """What the adapter's ``_arguments`` sets beyond the Trainer SUT's, for each world the case's jobs run on (a
+    resume may run on another): the adapter is the spec, the script says only the difference (its ``trainer_for``
+    builds the rest)."""
     spec, params, options = scripted.training, scripted.params, scripted.options
-    differences = []
+    differences = {}
     for world in sorted({phase.world for phase in scripted.phases}):
         args = [Path("ROOT"), spec, params, options, world, adapter.HORIZON]
         base = PaddleFormersTrainerSut._arguments(adapter.PaddleFormersZccSut(), *args)
         zcc = adapter.PaddleFormersZccSut()._arguments(*args)
-        differences.append({k: v for k, v in zcc.items() if base.get(k, not v) != v})
-    if any(d != differences[0] for d in differences):
-        raise ReproUnsupported("a ZCC job on worlds of different sizes (its arguments differ by world)")
-    return differences[0]
+        differences[world] = {k: v for k, v in zcc.items() if base.get(k, not v) != v}
+    return differences
 
 
 def helpers(scripted: ScriptedCase) -> str:
@@ -125,7 +125,7 @@ def start_job(resume_from):
     """A live job with ZCC on (its manager spawns its worker), resumed from ``resume_from`` (None: step 0), paused
     as its first step begins. Paddle names parameters from a process-wide counter; each job counts from zero."""
     with paddle.utils.unique_name.guard():
-        trainer = trainer_for(HORIZON, **ZCC_ARGUMENTS)
+        trainer = trainer_for(HORIZON, **ZCC_ARGUMENTS[int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))])
     LIVE[0] = TrainerJob(trainer, resume_from, scope=paddle.utils.unique_name.guard)
     return LIVE[0]
 
