@@ -38,7 +38,8 @@ needs_pf = pytest.mark.skipif(not framework_available(REGISTRY[SUT]),
 def test_a_training_job_is_given_training_cases_only() -> None:
     assert drawable_properties(CAPS) == ["P-EMA", "P-RESUME"]
     assert drawable_properties(CAPS, faults=True) == ["P-EMA", "P-RESUME"]
-    assert {"reshard", "moe", "flat"}.isdisjoint(CAPS)  # not claimed until they run
+    assert {"moe", "flat"}.isdisjoint(CAPS)  # not claimed until they run
+    assert {"reshard", "min_world:2"} <= CAPS  # resumes on other worlds of 2 ranks or more run on CPU ranks
     assert {"async", "kill_writer", "flag:use_async_save"} <= CAPS  # the Trainer's AsyncSaver
     assert "latest" in CAPS  # get_last_checkpoint, as resume_from_checkpoint=True uses it
 

@@ -88,10 +88,13 @@ class _Save:
 
 
 class PaddleFormersZccSut(PaddleFormersTrainerSut):
+    """"min_world:2": TrainingArguments asserts hybrid parallelism for Zero-Cost Checkpointing, which a job of one
+    rank does not have (ZCC's design)."""
+
     name = "paddleformers-zcc"
     capabilities: ClassVar[frozenset[str]] = frozenset(
-        {"trains", "replicated", "reshard", "moe", "moe:keyed", "ep_change", "latest", "async", "kill_writer",
-         "master_init:param", "ema_seen:saved", "ema_every:1",
+        {"trains", "replicated", "reshard", "min_world:2", "moe", "moe:keyed", "ep_change", "latest", "async",
+         "kill_writer", "master_init:param", "ema_seen:saved", "ema_every:1",
          "dtype:I64", "dtype:F32", "dtype:BF16", f"format:{FORMAT}"}
         | {f"choice:logging_steps={n}" for n in LOGGING_STEPS}
         | {f"choice:gradient_accumulation_steps={n}" for n in ACCUMULATIONS}
